@@ -1,0 +1,5 @@
+//! The `exactly` command.
+
+fn main() {
+    println!("exactly {}", env!("CARGO_PKG_VERSION"));
+}

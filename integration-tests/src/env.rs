@@ -1,0 +1,151 @@
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use tokio::sync::OnceCell;
+
+/// What a failing scenario prints when a service is missing.
+pub const HOW_TO_START: &str = "Start the local services (no Docker needed) and export their settings:\n\
+     \n    scripts/services up && eval \"$(scripts/services env)\"\n\
+     \nor run the whole suite with `scripts/test`, which does both. With a Docker engine and no \
+     EXACTLY_* variables set, the harness starts Kafka and MySQL containers itself.";
+
+/// Where the services of this test run are.
+#[derive(Debug, Clone)]
+pub struct TestEnv {
+    /// Kafka bootstrap servers, `host:port`.
+    pub kafka_bootstrap: String,
+    /// `mysql://user:password@host:port/database`.
+    pub mysql_url: String,
+    /// The broker's log file, when the broker was started by `scripts/services`.
+    pub kafka_log: Option<String>,
+    /// The `scripts/services` entry point, when the services were started by it (crash tests use
+    /// it to kill and restart MariaDB).
+    pub services_script: Option<String>,
+}
+
+static ENV: OnceCell<TestEnv> = OnceCell::const_new();
+
+impl TestEnv {
+    /// The services for this test process, found once. Fails (never skips) when they are absent.
+    pub async fn get() -> Result<&'static TestEnv> {
+        ENV.get_or_try_init(find).await
+    }
+
+    /// The last lines of the broker's log, for failure messages.
+    pub fn kafka_log_tail(&self, lines: usize) -> String {
+        let Some(path) = &self.kafka_log else {
+            return String::from("(broker log not available)");
+        };
+        match std::fs::read_to_string(path) {
+            Ok(text) => {
+                let all: Vec<&str> = text.lines().collect();
+                all[all.len().saturating_sub(lines)..].join("\n")
+            }
+            Err(err) => format!("(cannot read {path}: {err})"),
+        }
+    }
+}
+
+async fn find() -> Result<TestEnv> {
+    let kafka = std::env::var("EXACTLY_KAFKA_BOOTSTRAP").ok();
+    let mysql = std::env::var("EXACTLY_MYSQL_URL").ok();
+    match (kafka, mysql) {
+        (Some(kafka_bootstrap), Some(mysql_url)) => {
+            check_reachable("Kafka", &kafka_bootstrap)?;
+            check_reachable("MySQL", mysql_host_port(&mysql_url)?)?;
+            Ok(TestEnv {
+                kafka_bootstrap,
+                mysql_url,
+                kafka_log: std::env::var("EXACTLY_KAFKA_LOG").ok(),
+                services_script: std::env::var("EXACTLY_SERVICES").ok(),
+            })
+        }
+        (None, None) if docker_answers() => containers::start().await,
+        (None, None) => bail!(
+            "Kafka and MySQL are needed by this test and neither EXACTLY_KAFKA_BOOTSTRAP nor \
+             EXACTLY_MYSQL_URL is set, and no Docker engine answers.\n{HOW_TO_START}"
+        ),
+        (kafka, _) => bail!(
+            "only one of EXACTLY_KAFKA_BOOTSTRAP and EXACTLY_MYSQL_URL is set ({} is missing).\n{HOW_TO_START}",
+            if kafka.is_some() { "EXACTLY_MYSQL_URL" } else { "EXACTLY_KAFKA_BOOTSTRAP" }
+        ),
+    }
+}
+
+fn mysql_host_port(url: &str) -> Result<&str> {
+    let rest = url
+        .strip_prefix("mysql://")
+        .ok_or_else(|| anyhow!("EXACTLY_MYSQL_URL must start with mysql:// (got {url})"))?;
+    let after_auth = rest.rsplit_once('@').map_or(rest, |(_, hp)| hp);
+    Ok(after_auth.split('/').next().unwrap_or(after_auth))
+}
+
+fn check_reachable(what: &str, host_port: &str) -> Result<()> {
+    let first = host_port.split(',').next().unwrap_or(host_port);
+    let addrs: Vec<_> = first
+        .to_socket_addrs()
+        .with_context(|| format!("{what} address {first:?} does not resolve"))?
+        .collect();
+    for addr in &addrs {
+        if TcpStream::connect_timeout(addr, Duration::from_secs(3)).is_ok() {
+            return Ok(());
+        }
+    }
+    bail!("{what} is not reachable at {first}.\n{HOW_TO_START}")
+}
+
+fn docker_answers() -> bool {
+    if std::env::var_os("DOCKER_HOST").is_some() {
+        return true;
+    }
+    std::os::unix::net::UnixStream::connect("/var/run/docker.sock").is_ok()
+}
+
+/// The Docker path: containers of the same Kafka version the scripts run, and MySQL 8.4.
+mod containers {
+    use anyhow::{Context, Result};
+    use testcontainers_modules::kafka::apache::{Kafka, KAFKA_PORT};
+    use testcontainers_modules::mysql::Mysql;
+    use testcontainers_modules::testcontainers::runners::AsyncRunner;
+    use testcontainers_modules::testcontainers::{ContainerAsync, ImageExt};
+    use tokio::sync::OnceCell;
+
+    use super::TestEnv;
+
+    struct Running {
+        _kafka: ContainerAsync<Kafka>,
+        _mysql: ContainerAsync<Mysql>,
+    }
+
+    // Held for the life of the test process; testcontainers removes them when it exits.
+    static RUNNING: OnceCell<Running> = OnceCell::const_new();
+
+    pub(super) async fn start() -> Result<TestEnv> {
+        let kafka = Kafka::default()
+            .with_jvm_image()
+            .with_tag("4.1.1")
+            .with_env_var("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
+            .with_env_var("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
+            .with_env_var("KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS", "0")
+            .with_env_var("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
+            .start()
+            .await
+            .context("starting the Kafka container")?;
+        let mysql = Mysql::default()
+            .with_tag("8.4")
+            .start()
+            .await
+            .context("starting the MySQL container")?;
+        let kafka_port = kafka.get_host_port_ipv4(KAFKA_PORT).await?;
+        let mysql_port = mysql.get_host_port_ipv4(3306).await?;
+        let env = TestEnv {
+            kafka_bootstrap: format!("127.0.0.1:{kafka_port}"),
+            mysql_url: format!("mysql://root@127.0.0.1:{mysql_port}/test"),
+            kafka_log: None,
+            services_script: None,
+        };
+        let _ = RUNNING.set(Running { _kafka: kafka, _mysql: mysql });
+        Ok(env)
+    }
+}

@@ -1,0 +1,156 @@
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::BaseProducer;
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+
+use crate::TestEnv;
+
+/// One record as a `read_committed` consumer sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommittedRecord {
+    /// Partition it was read from.
+    pub partition: i32,
+    /// Its offset in that partition.
+    pub offset: i64,
+    /// Key bytes, if any.
+    pub key: Option<Vec<u8>>,
+    /// Value bytes, if any.
+    pub value: Option<Vec<u8>>,
+}
+
+impl CommittedRecord {
+    /// The value as UTF-8 (lossy), for assertions.
+    pub fn value_str(&self) -> String {
+        String::from_utf8_lossy(self.value.as_deref().unwrap_or_default()).into_owned()
+    }
+}
+
+/// Creates `topic` with `partitions` partitions (replication 1) and waits until its metadata shows.
+pub async fn create_topic(env: &TestEnv, topic: &str, partitions: i32) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &env.kafka_bootstrap)
+        .create()
+        .context("creating an admin client")?;
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let results = admin
+        .create_topics(&[new], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))))
+        .await
+        .with_context(|| format!("CreateTopics {topic}"))?;
+    for result in results {
+        result.map_err(|(name, code)| anyhow!("creating topic {name} failed: {code}"))?;
+    }
+    Ok(())
+}
+
+/// A producer with `transactional.id = id`, transactions initialised.
+pub fn transactional_producer(env: &TestEnv, id: &str) -> Result<BaseProducer> {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &env.kafka_bootstrap)
+        .set("transactional.id", id)
+        .set("transaction.timeout.ms", "60000")
+        .set("linger.ms", "5")
+        .create()
+        .context("creating a transactional producer")?;
+    producer
+        .init_transactions(Duration::from_secs(30))
+        .with_context(|| format!("init_transactions for {id}"))?;
+    Ok(producer)
+}
+
+fn committed_consumer(env: &TestEnv, topic: &str, timeout: Duration) -> Result<(BaseConsumer, usize)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &env.kafka_bootstrap)
+        .set("group.id", crate::unique("verifier"))
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .context("creating the verifying consumer")?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), timeout)
+        .with_context(|| format!("metadata of {topic}"))?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+        .unwrap_or_default();
+    if partitions.is_empty() {
+        bail!("topic {topic} has no partitions (does it exist?)");
+    }
+    let mut tpl = TopicPartitionList::new();
+    for p in &partitions {
+        tpl.add_partition_offset(topic, *p, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    Ok((consumer, partitions.len()))
+}
+
+/// Everything a fresh `read_committed` consumer sees in `topic` now: it reads every partition from
+/// the beginning up to its last stable offset (where librdkafka reports end of partition for
+/// read_committed). Records of open transactions are therefore not returned. Fails if the end is not
+/// reached within `timeout`.
+pub fn read_committed(env: &TestEnv, topic: &str, timeout: Duration) -> Result<Vec<CommittedRecord>> {
+    let deadline = Instant::now() + timeout;
+    let (consumer, partitions) = committed_consumer(env, topic, timeout)?;
+    let mut at_end = HashSet::new();
+    let mut records = Vec::new();
+    while at_end.len() < partitions {
+        if Instant::now() > deadline {
+            bail!(
+                "read_committed of {topic}: only {} of {partitions} partitions reached their end within {timeout:?} ({} records so far)",
+                at_end.len(),
+                records.len()
+            );
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            None => {}
+            Some(Ok(msg)) => {
+                at_end.remove(&msg.partition());
+                records.push(to_record(&msg));
+            }
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                at_end.insert(p);
+            }
+            Some(Err(err)) => return Err(err).context("polling the verifying consumer"),
+        }
+    }
+    Ok(records)
+}
+
+/// Polls `topic` with a fresh `read_committed` consumer until at least `count` records have been
+/// seen or `timeout` passes; returns what was seen (callers assert on it).
+pub fn wait_for_committed(
+    env: &TestEnv,
+    topic: &str,
+    count: usize,
+    timeout: Duration,
+) -> Result<Vec<CommittedRecord>> {
+    let deadline = Instant::now() + timeout;
+    let (consumer, _) = committed_consumer(env, topic, timeout)?;
+    let mut records = Vec::new();
+    while records.len() < count && Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(200)) {
+            None | Some(Err(KafkaError::PartitionEOF(_))) => {}
+            Some(Ok(msg)) => records.push(to_record(&msg)),
+            Some(Err(err)) => return Err(err).context("polling the verifying consumer"),
+        }
+    }
+    Ok(records)
+}
+
+fn to_record<M: Message>(msg: &M) -> CommittedRecord {
+    CommittedRecord {
+        partition: msg.partition(),
+        offset: msg.offset(),
+        key: msg.key().map(<[u8]>::to_vec),
+        value: msg.payload().map(<[u8]>::to_vec),
+    }
+}

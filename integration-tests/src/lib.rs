@@ -1,0 +1,22 @@
+//! Test harness for scenarios that run against a real Apache Kafka broker and a real MariaDB/MySQL.
+//!
+//! [`TestEnv::get`] finds the services: the endpoints in `EXACTLY_KAFKA_BOOTSTRAP` and
+//! `EXACTLY_MYSQL_URL` (printed by `scripts/services env`), else containers started with
+//! testcontainers when a Docker engine answers, else it fails with a message that says how to start
+//! them. There is no third way: a scenario never passes without the service it tests.
+//!
+//! Every scenario names its topics, groups and transactional ids with [`unique`], so tests can run
+//! in parallel against one broker, and checks what it wrote with an independent `read_committed`
+//! consumer ([`read_committed`]) or SQL, polling with deadlines rather than sleeping.
+
+mod env;
+mod ids;
+mod kafka;
+mod mysql;
+
+pub use env::{TestEnv, HOW_TO_START};
+pub use ids::unique;
+pub use kafka::{
+    create_topic, read_committed, transactional_producer, wait_for_committed, CommittedRecord,
+};
+pub use mysql::{connect_mysql, query_i64};

@@ -1,0 +1,1 @@
+//! `exactly-mysql-sink`: a MySQL/MariaDB sink with XA two-phase commit or idempotent upserts.
