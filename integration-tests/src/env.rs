@@ -5,7 +5,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use tokio::sync::OnceCell;
 
 /// What a failing scenario prints when a service is missing.
-pub const HOW_TO_START: &str = "Start the local services (no Docker needed) and export their settings:\n\
+pub const HOW_TO_START: &str =
+    "Start the local services (no Docker needed) and export their settings:\n\
      \n    scripts/services up && eval \"$(scripts/services env)\"\n\
      \nor run the whole suite with `scripts/test`, which does both. With a Docker engine and no \
      EXACTLY_* variables set, the harness starts Kafka and MySQL containers itself.";
@@ -145,7 +146,34 @@ mod containers {
             kafka_log: None,
             services_script: None,
         };
-        let _ = RUNNING.set(Running { _kafka: kafka, _mysql: mysql });
+        let _ = RUNNING.set(Running {
+            _kafka: kafka,
+            _mysql: mysql,
+        });
         Ok(env)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreachable_service_fails_with_instructions() {
+        // Port 1 on loopback: nothing listens there.
+        let err = check_reachable("Kafka", "127.0.0.1:1")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not reachable at 127.0.0.1:1"), "{err}");
+        assert!(err.contains("scripts/services up"), "{err}");
+    }
+
+    #[test]
+    fn mysql_url_host_is_parsed() {
+        assert_eq!(
+            mysql_host_port("mysql://u:p@127.0.0.1:13306/db").unwrap(),
+            "127.0.0.1:13306"
+        );
+        assert!(mysql_host_port("postgres://x").is_err());
     }
 }

@@ -6,7 +6,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::producer::BaseProducer;
+use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 use crate::TestEnv;
@@ -39,7 +39,10 @@ pub async fn create_topic(env: &TestEnv, topic: &str, partitions: i32) -> Result
         .context("creating an admin client")?;
     let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
     let results = admin
-        .create_topics(&[new], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))))
+        .create_topics(
+            &[new],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
+        )
         .await
         .with_context(|| format!("CreateTopics {topic}"))?;
     for result in results {
@@ -63,7 +66,11 @@ pub fn transactional_producer(env: &TestEnv, id: &str) -> Result<BaseProducer> {
     Ok(producer)
 }
 
-fn committed_consumer(env: &TestEnv, topic: &str, timeout: Duration) -> Result<(BaseConsumer, usize)> {
+fn committed_consumer(
+    env: &TestEnv,
+    topic: &str,
+    timeout: Duration,
+) -> Result<(BaseConsumer, usize)> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &env.kafka_bootstrap)
         .set("group.id", crate::unique("verifier"))
@@ -97,7 +104,11 @@ fn committed_consumer(env: &TestEnv, topic: &str, timeout: Duration) -> Result<(
 /// the beginning up to its last stable offset (where librdkafka reports end of partition for
 /// read_committed). Records of open transactions are therefore not returned. Fails if the end is not
 /// reached within `timeout`.
-pub fn read_committed(env: &TestEnv, topic: &str, timeout: Duration) -> Result<Vec<CommittedRecord>> {
+pub fn read_committed(
+    env: &TestEnv,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Vec<CommittedRecord>> {
     let deadline = Instant::now() + timeout;
     let (consumer, partitions) = committed_consumer(env, topic, timeout)?;
     let mut at_end = HashSet::new();

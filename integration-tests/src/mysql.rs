@@ -6,17 +6,24 @@ use crate::TestEnv;
 
 /// A fresh connection to the test database (not pooled: XA statements bind to their connection).
 pub async fn connect_mysql(env: &TestEnv) -> Result<MySqlConnection> {
-    let options: MySqlConnectOptions = env.mysql_url.parse().context("parsing EXACTLY_MYSQL_URL")?;
-    let conn = options
-        .connect()
-        .await
-        .with_context(|| format!("connecting to MySQL ({})\n{}", redact(&env.mysql_url), crate::HOW_TO_START))?;
+    let options: MySqlConnectOptions =
+        env.mysql_url.parse().context("parsing EXACTLY_MYSQL_URL")?;
+    let conn = options.connect().await.with_context(|| {
+        format!(
+            "connecting to MySQL ({})\n{}",
+            redact(&env.mysql_url),
+            crate::HOW_TO_START
+        )
+    })?;
     Ok(conn)
 }
 
 /// Runs a query returning one integer (e.g. `SELECT COUNT(*) ...`).
 pub async fn query_i64(conn: &mut MySqlConnection, sql: &str) -> Result<i64> {
-    let row = sqlx::query(sql).fetch_one(&mut *conn).await.with_context(|| sql.to_owned())?;
+    let row = sqlx::query(sql)
+        .fetch_one(&mut *conn)
+        .await
+        .with_context(|| sql.to_owned())?;
     Ok(row.try_get::<i64, _>(0)?)
 }
 
@@ -29,4 +36,3 @@ fn redact(url: &str) -> String {
         None => url.to_owned(),
     }
 }
-

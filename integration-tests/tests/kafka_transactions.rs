@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use exactly_integration_tests::{create_topic, read_committed, transactional_producer, unique, TestEnv};
+use exactly_integration_tests::{
+    create_topic, read_committed, transactional_producer, unique, TestEnv,
+};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseRecord, Producer};
@@ -16,7 +18,12 @@ const T: Duration = Duration::from_secs(30);
 
 fn send(producer: &rdkafka::producer::BaseProducer, topic: &str, value: &str) -> Result<()> {
     producer
-        .send(BaseRecord::<str, str>::to(topic).partition(0).key(value).payload(value))
+        .send(
+            BaseRecord::<str, str>::to(topic)
+                .partition(0)
+                .key(value)
+                .payload(value),
+        )
         .map_err(|(err, _)| err)
         .with_context(|| format!("producing {value}"))?;
     producer.flush(T)?;
@@ -55,11 +62,19 @@ async fn read_committed_sees_committed_not_aborted_nor_open() -> Result<()> {
     committer.commit_transaction(T)?;
 
     let seen = read_committed(env, &topic, T)?;
-    assert_eq!(values(&seen), ["c1", "c2"], "while o1's transaction is open");
+    assert_eq!(
+        values(&seen),
+        ["c1", "c2"],
+        "while o1's transaction is open"
+    );
 
     open.commit_transaction(T)?;
     let seen = read_committed(env, &topic, T)?;
-    assert_eq!(values(&seen), ["c1", "c2", "o1", "c3"], "after o1's transaction committed");
+    assert_eq!(
+        values(&seen),
+        ["c1", "c2", "o1", "c3"],
+        "after o1's transaction committed"
+    );
     Ok(())
 }
 
@@ -82,7 +97,10 @@ async fn a_second_producer_with_the_same_id_fences_the_first() -> Result<()> {
         KafkaError::Transaction(e) => e.is_fatal() || e.txn_requires_abort(),
         _ => false,
     };
-    assert!(fenced, "expected a fatal or abortable transaction error, got {err:?}");
+    assert!(
+        fenced,
+        "expected a fatal or abortable transaction error, got {err:?}"
+    );
 
     new.begin_transaction()?;
     send(&new, &topic, "from-new")?;
@@ -91,16 +109,23 @@ async fn a_second_producer_with_the_same_id_fences_the_first() -> Result<()> {
     Ok(())
 }
 
-fn group_offset(env: &TestEnv, group: &str, topic: &str) -> Result<Offset> {
+/// The group's committed offset for partition 0 of `topic`. A read_committed client asks the
+/// broker for stable offsets only (it waits while a transaction holds pending offsets); a
+/// read_uncommitted one gets the last materialised offset at once.
+fn group_offset(env: &TestEnv, group: &str, topic: &str, isolation: &str) -> Result<Offset> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &env.kafka_bootstrap)
         .set("group.id", group)
         .set("enable.auto.commit", "false")
+        .set("isolation.level", isolation)
         .create()?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(topic, 0);
     let committed = consumer.committed_offsets(tpl, T)?;
-    Ok(committed.find_partition(topic, 0).map(|p| p.offset()).unwrap_or(Offset::Invalid))
+    Ok(committed
+        .find_partition(topic, 0)
+        .map(|p| p.offset())
+        .unwrap_or(Offset::Invalid))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -127,7 +152,11 @@ async fn offsets_sent_to_a_transaction_are_visible_only_after_commit() -> Result
     offsets.add_partition_offset(&input, 0, Offset::Offset(3))?;
     producer.send_offsets_to_transaction(&offsets, &metadata, T)?;
     producer.abort_transaction(T)?;
-    assert_eq!(group_offset(env, &group, &input)?, Offset::Invalid, "after abort");
+    assert_eq!(
+        group_offset(env, &group, &input, "read_committed")?,
+        Offset::Invalid,
+        "after abort"
+    );
 
     // Committed: pending while open, visible after commit.
     producer.begin_transaction()?;
@@ -135,9 +164,17 @@ async fn offsets_sent_to_a_transaction_are_visible_only_after_commit() -> Result
     let mut offsets = TopicPartitionList::new();
     offsets.add_partition_offset(&input, 0, Offset::Offset(5))?;
     producer.send_offsets_to_transaction(&offsets, &metadata, T)?;
-    assert_eq!(group_offset(env, &group, &input)?, Offset::Invalid, "while the transaction is open");
+    assert_eq!(
+        group_offset(env, &group, &input, "read_uncommitted")?,
+        Offset::Invalid,
+        "while the transaction is open"
+    );
     producer.commit_transaction(T)?;
-    assert_eq!(group_offset(env, &group, &input)?, Offset::Offset(5), "after commit");
+    assert_eq!(
+        group_offset(env, &group, &input, "read_committed")?,
+        Offset::Offset(5),
+        "after commit"
+    );
     assert_eq!(values(&read_committed(env, &output, T)?), ["committed"]);
     Ok(())
 }

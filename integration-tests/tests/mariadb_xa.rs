@@ -17,9 +17,11 @@ async fn prepared_branch_survives_disconnect_and_commits_from_another_connection
     let xid = format!("X'{}', X'{}', 1", hex(gtrid.as_bytes()), hex(b"b0"));
 
     let mut setup = connect_mysql(env).await?;
-    sqlx::raw_sql(&format!("CREATE TABLE {table} (id BIGINT PRIMARY KEY, v VARCHAR(32)) ENGINE=InnoDB"))
-        .execute(&mut setup)
-        .await?;
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE {table} (id BIGINT PRIMARY KEY, v VARCHAR(32)) ENGINE=InnoDB"
+    ))
+    .execute(&mut setup)
+    .await?;
 
     let mut owner = connect_mysql(env).await?;
     sqlx::raw_sql(&format!(
@@ -33,21 +35,36 @@ async fn prepared_branch_survives_disconnect_and_commits_from_another_connection
     let mut other = connect_mysql(env).await?;
     let recovered = sqlx::raw_sql("XA RECOVER").fetch_all(&mut other).await?;
     let listed = recovered.iter().any(|row| {
-        row.try_get::<Vec<u8>, _>("data").map(|d| d.starts_with(gtrid.as_bytes())).unwrap_or(false)
+        row.try_get::<Vec<u8>, _>("data")
+            .map(|d| d.starts_with(gtrid.as_bytes()))
+            .unwrap_or(false)
     });
     assert!(listed, "XA RECOVER must list the prepared branch {gtrid}");
     let visible = query_i64(&mut other, &format!("SELECT COUNT(*) FROM {table}")).await?;
     assert_eq!(visible, 0, "prepared rows are invisible before commit");
 
-    sqlx::raw_sql(&format!("XA COMMIT {xid}")).execute(&mut other).await.context("XA COMMIT")?;
+    sqlx::raw_sql(&format!("XA COMMIT {xid}"))
+        .execute(&mut other)
+        .await
+        .context("XA COMMIT")?;
     let visible = query_i64(&mut other, &format!("SELECT COUNT(*) FROM {table}")).await?;
-    assert_eq!(visible, 2, "rows are visible after XA COMMIT from another connection");
+    assert_eq!(
+        visible, 2,
+        "rows are visible after XA COMMIT from another connection"
+    );
 
     // A second commit of the same xid is indistinguishable from an unknown xid (XAER_NOTA, 1397).
-    let again = sqlx::raw_sql(&format!("XA COMMIT {xid}")).execute(&mut other).await;
-    let code = again.expect_err("committing twice must fail").as_database_error().and_then(|e| e.code().map(|c| c.into_owned()));
+    let again = sqlx::raw_sql(&format!("XA COMMIT {xid}"))
+        .execute(&mut other)
+        .await;
+    let code = again
+        .expect_err("committing twice must fail")
+        .as_database_error()
+        .and_then(|e| e.code().map(|c| c.into_owned()));
     assert_eq!(code.as_deref(), Some("XAE04"), "XAER_NOTA's SQLSTATE");
 
-    sqlx::raw_sql(&format!("DROP TABLE {table}")).execute(&mut other).await?;
+    sqlx::raw_sql(&format!("DROP TABLE {table}"))
+        .execute(&mut other)
+        .await?;
     Ok(())
 }

@@ -1,0 +1,7 @@
+//! Checkpoint barriers at multi-input subtasks, and the metadata of completed checkpoints.
+
+pub mod alignment;
+mod metadata;
+
+pub use alignment::{AbortReason, AlignerEvent, AlignmentMode, BarrierAligner};
+pub use metadata::*;

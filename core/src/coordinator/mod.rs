@@ -1,0 +1,274 @@
+//! The checkpoint coordinator's decisions: when to trigger, which acknowledgements complete a
+//! checkpoint, what times out, how many failures are tolerated. It is a plain state machine driven
+//! with the current time; the runtime does the I/O (injecting barriers, writing metadata,
+//! notifying) in the order this module dictates: durable first, then notify.
+
+mod config;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+pub use config::{CheckpointConfig, CheckpointingMode};
+
+use crate::checkpoint::{CheckpointMetadata, OperatorSnapshot, SubtaskSnapshot, METADATA_VERSION};
+use crate::error::{CoreError, Result};
+use crate::message::{CheckpointBarrier, CheckpointId, SnapshotKind};
+
+/// The state one operator subtask contributed to a checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OperatorSubtaskState {
+    /// Operator uid.
+    pub uid: String,
+    /// Subtask index.
+    pub subtask: u32,
+    /// Operator parallelism.
+    pub parallelism: u32,
+    /// Operator max parallelism.
+    pub max_parallelism: u32,
+    /// The state.
+    pub state: SubtaskSnapshot,
+}
+
+/// Everything one task (a chain of operators in one subtask) acknowledged.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TaskSnapshot {
+    /// One entry per chained operator.
+    pub operators: Vec<OperatorSubtaskState>,
+    /// Time the task spent aligning the barrier.
+    pub alignment: Duration,
+}
+
+/// A checkpoint waiting for acknowledgements.
+#[derive(Debug)]
+pub struct PendingCheckpoint {
+    /// The barrier that was injected.
+    pub barrier: CheckpointBarrier,
+    /// When it was triggered.
+    pub started: Instant,
+    acks: BTreeMap<usize, TaskSnapshot>,
+}
+
+impl PendingCheckpoint {
+    /// Whether `task` has acknowledged.
+    pub fn acknowledged_by(&self, task: usize) -> bool {
+        self.acks.contains_key(&task)
+    }
+
+    /// Longest alignment among the tasks.
+    pub fn max_alignment(&self) -> Duration {
+        self.acks
+            .values()
+            .map(|a| a.alignment)
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// The metadata to persist once every task acknowledged.
+    pub fn into_metadata(self, job: &str, completed_ms: u64) -> Result<CheckpointMetadata> {
+        let mut operators: BTreeMap<String, OperatorSnapshot> = BTreeMap::new();
+        let mut states: Vec<OperatorSubtaskState> =
+            self.acks.into_values().flat_map(|t| t.operators).collect();
+        states.sort_by(|a, b| (&a.uid, a.subtask).cmp(&(&b.uid, b.subtask)));
+        for s in states {
+            let op = operators
+                .entry(s.uid.clone())
+                .or_insert_with(|| OperatorSnapshot {
+                    parallelism: s.parallelism,
+                    max_parallelism: s.max_parallelism,
+                    subtasks: Vec::new(),
+                });
+            if op.subtasks.len() as u32 != s.subtask || op.parallelism != s.parallelism {
+                return Err(CoreError::InvalidJob(format!(
+                    "operator uid {:?} is used by more than one operator, or a subtask acknowledged twice",
+                    s.uid
+                )));
+            }
+            op.subtasks.push(s.state);
+        }
+        Ok(CheckpointMetadata {
+            version: METADATA_VERSION,
+            job: job.to_owned(),
+            id: self.barrier.id,
+            kind: self.barrier.kind,
+            timestamp_ms: self.barrier.timestamp_ms,
+            completed_ms,
+            operators,
+        })
+    }
+}
+
+/// What an acknowledgement led to.
+#[derive(Debug)]
+pub enum Acknowledged {
+    /// Unknown checkpoint (aborted, timed out, or late): ignore.
+    Unknown,
+    /// Still waiting for other tasks.
+    Pending,
+    /// Every task acknowledged: persist it, then call [`CheckpointCoordinator::completed`].
+    AllAcknowledged(PendingCheckpoint),
+}
+
+/// The coordinator's state for one run of a job.
+#[derive(Debug)]
+pub struct CheckpointCoordinator {
+    interval: Duration,
+    min_pause: Duration,
+    timeout: Duration,
+    max_concurrent: usize,
+    tolerable_failures: u32,
+    tasks: usize,
+    next_id: CheckpointId,
+    pending: BTreeMap<CheckpointId, PendingCheckpoint>,
+    last_trigger: Instant,
+    last_completion: Option<Instant>,
+    consecutive_failures: u32,
+    latest_completed: Option<CheckpointId>,
+}
+
+impl CheckpointCoordinator {
+    /// A coordinator for `tasks` tasks; the first checkpoint gets id `first_id`.
+    pub fn new(
+        config: &CheckpointConfig,
+        tasks: usize,
+        first_id: CheckpointId,
+        now: Instant,
+    ) -> Self {
+        CheckpointCoordinator {
+            interval: config.interval,
+            min_pause: config.min_pause,
+            timeout: config.timeout,
+            max_concurrent: config.max_concurrent,
+            tolerable_failures: config.tolerable_failures,
+            tasks,
+            next_id: first_id,
+            pending: BTreeMap::new(),
+            last_trigger: now,
+            last_completion: None,
+            consecutive_failures: 0,
+            latest_completed: None,
+        }
+    }
+
+    /// The id the next checkpoint will get.
+    pub fn next_id(&self) -> CheckpointId {
+        self.next_id
+    }
+
+    /// Checkpoints in flight.
+    pub fn pending(&self) -> impl Iterator<Item = &PendingCheckpoint> {
+        self.pending.values()
+    }
+
+    /// Whether a periodic checkpoint is due at `now`.
+    pub fn due(&self, now: Instant) -> bool {
+        self.pending.len() < self.max_concurrent
+            && now.duration_since(self.last_trigger) >= self.interval
+            && self
+                .last_completion
+                .is_none_or(|t| now.duration_since(t) >= self.min_pause)
+    }
+
+    /// When [`due`](Self::due) may next become true (for sleeping until then).
+    pub fn next_due(&self) -> Instant {
+        let by_interval = self.last_trigger + self.interval;
+        let by_pause = self
+            .last_completion
+            .map_or(by_interval, |t| t + self.min_pause);
+        by_interval.max(by_pause)
+    }
+
+    /// Starts checkpoint `next_id` (periodic or savepoint) and returns its barrier.
+    pub fn trigger(
+        &mut self,
+        now: Instant,
+        kind: SnapshotKind,
+        timestamp_ms: u64,
+    ) -> CheckpointBarrier {
+        let barrier = CheckpointBarrier {
+            id: self.next_id,
+            timestamp_ms,
+            kind,
+        };
+        self.next_id += 1;
+        self.last_trigger = now;
+        self.pending.insert(
+            barrier.id,
+            PendingCheckpoint {
+                barrier,
+                started: now,
+                acks: BTreeMap::new(),
+            },
+        );
+        barrier
+    }
+
+    /// Task `task` acknowledged checkpoint `id` with its state.
+    pub fn acknowledge(
+        &mut self,
+        id: CheckpointId,
+        task: usize,
+        snapshot: TaskSnapshot,
+    ) -> Acknowledged {
+        let Some(p) = self.pending.get_mut(&id) else {
+            return Acknowledged::Unknown;
+        };
+        p.acks.insert(task, snapshot);
+        if p.acks.len() < self.tasks {
+            return Acknowledged::Pending;
+        }
+        Acknowledged::AllAcknowledged(self.pending.remove(&id).expect("present"))
+    }
+
+    /// A task declined checkpoint `id`; returns the barrier if it was still pending (now aborted).
+    pub fn decline(&mut self, id: CheckpointId) -> Option<CheckpointBarrier> {
+        self.pending.remove(&id).map(|p| p.barrier)
+    }
+
+    /// Removes and returns the checkpoints pending for longer than the timeout.
+    pub fn expired(&mut self, now: Instant) -> Vec<CheckpointBarrier> {
+        let timeout = self.timeout;
+        let ids: Vec<_> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| now.duration_since(p.started) >= timeout)
+            .map(|(id, _)| *id)
+            .collect();
+        ids.into_iter()
+            .filter_map(|id| self.pending.remove(&id).map(|p| p.barrier))
+            .collect()
+    }
+
+    /// Checkpoint `id` is durable. Older pending checkpoints are subsumed and returned (abort them).
+    pub fn completed(&mut self, id: CheckpointId, now: Instant) -> Vec<CheckpointBarrier> {
+        self.last_completion = Some(now);
+        self.consecutive_failures = 0;
+        self.latest_completed = Some(self.latest_completed.map_or(id, |l| l.max(id)));
+        let older: Vec<_> = self.pending.range(..id).map(|(id, _)| *id).collect();
+        older
+            .into_iter()
+            .filter_map(|id| self.pending.remove(&id).map(|p| p.barrier))
+            .collect()
+    }
+
+    /// The latest checkpoint completed in this run.
+    pub fn latest_completed(&self) -> Option<CheckpointId> {
+        self.latest_completed
+    }
+
+    /// A checkpoint failed (declined, expired, or not persisted). Errors when the tolerance is
+    /// exceeded: the job must fail and restart.
+    pub fn failed(&mut self, now: Instant) -> Result<()> {
+        self.last_completion = Some(now);
+        self.consecutive_failures += 1;
+        if self.consecutive_failures > self.tolerable_failures {
+            return Err(CoreError::TooManyCheckpointFailures {
+                failures: self.consecutive_failures,
+                tolerated: self.tolerable_failures,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

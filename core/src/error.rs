@@ -1,0 +1,172 @@
+//! Errors of the engine, classified so the runtime knows whether to retry, restart or stop.
+
+use std::path::PathBuf;
+
+/// A boxed error from user code (operators, sources, sinks) or a connector.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Result of the engine's operations.
+pub type Result<T, E = CoreError> = std::result::Result<T, E>;
+
+/// How the runtime should react to an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// Transient (a network stall, a broker restart): back off and retry the same operation.
+    Retriable,
+    /// The attempt cannot continue (fenced, invalid state, a failed task): restart from the latest
+    /// completed checkpoint as the restart strategy allows.
+    Restart,
+    /// Restarting cannot help (bad configuration, corrupt state, data known lost): stop the job
+    /// and say what is at risk.
+    Fatal,
+}
+
+/// Errors of `exactly-core`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CoreError {
+    /// An I/O operation on checkpoint storage or local state failed.
+    #[error("{action} {path}: {source}")]
+    Io {
+        /// What was being done ("writing", "reading", "renaming", ...).
+        action: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Stored data failed validation (checksum, magic, version, truncation).
+    #[error("corrupt checkpoint data at {path}: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A value could not be encoded or decoded.
+    #[error("serialization of {what} failed: {reason}")]
+    Serialization {
+        /// What was being (de)serialized.
+        what: String,
+        /// The codec's message.
+        reason: String,
+    },
+    /// The RocksDB state backend failed.
+    #[error("rocksdb state backend: {0}")]
+    RocksDb(#[from] rocksdb::Error),
+    /// No checkpoint or savepoint to restore from was found where one was required.
+    #[error("no completed checkpoint found in {0}")]
+    NoCheckpoint(PathBuf),
+    /// A savepoint holds state for operators the job does not have.
+    #[error(
+        "the snapshot holds state for operator uid(s) {uids:?} that this job does not have; \
+         set allow_non_restored_state to drop it"
+    )]
+    UnknownOperatorState {
+        /// The uids with state but no operator.
+        uids: Vec<String>,
+    },
+    /// A checkpoint was declined or aborted.
+    #[error("checkpoint {id} aborted: {reason}")]
+    CheckpointAborted {
+        /// The checkpoint.
+        id: u64,
+        /// Why.
+        reason: String,
+    },
+    /// Too many checkpoints failed in a row.
+    #[error("{failures} consecutive checkpoint failures exceed the tolerated {tolerated}")]
+    TooManyCheckpointFailures {
+        /// How many failed in a row.
+        failures: u32,
+        /// The configured tolerance.
+        tolerated: u32,
+    },
+    /// Invalid configuration; the message says what to change.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// Invalid job graph (a wiring mistake of the program).
+    #[error("invalid job: {0}")]
+    InvalidJob(String),
+    /// User code or a connector failed.
+    #[error("{operator} failed: {source}")]
+    Operator {
+        /// The operator's uid or name.
+        operator: String,
+        /// Classification chosen by the operator.
+        class: ErrorClass,
+        /// The error.
+        #[source]
+        source: BoxError,
+    },
+    /// The restart strategy gave up; carries the last failure.
+    #[error("job failed after {restarts} restart(s); last failure: {last}")]
+    RestartsExhausted {
+        /// Restarts made before giving up.
+        restarts: u32,
+        /// The failure that ended the job.
+        last: Box<CoreError>,
+    },
+    /// A task ended unexpectedly (a panic in user code, a dropped channel).
+    #[error("task {task} ended unexpectedly: {reason}")]
+    TaskLost {
+        /// The task.
+        task: String,
+        /// What happened.
+        reason: String,
+    },
+}
+
+impl CoreError {
+    /// How the runtime should react.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            CoreError::Io { .. }
+            | CoreError::CheckpointAborted { .. }
+            | CoreError::TaskLost { .. } => ErrorClass::Restart,
+            CoreError::Operator { class, .. } => *class,
+            CoreError::TooManyCheckpointFailures { .. } => ErrorClass::Restart,
+            CoreError::RocksDb(_) => ErrorClass::Restart,
+            CoreError::Corrupt { .. }
+            | CoreError::Serialization { .. }
+            | CoreError::NoCheckpoint(_)
+            | CoreError::UnknownOperatorState { .. }
+            | CoreError::Config(_)
+            | CoreError::InvalidJob(_)
+            | CoreError::RestartsExhausted { .. } => ErrorClass::Fatal,
+        }
+    }
+
+    /// Wraps an error of user code or a connector, with its classification.
+    pub fn operator(
+        operator: impl Into<String>,
+        class: ErrorClass,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        CoreError::Operator {
+            operator: operator.into(),
+            class,
+            source: source.into(),
+        }
+    }
+
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+        source: std::io::Error,
+    ) -> Self {
+        CoreError::Io {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn ser(what: impl Into<String>, err: impl std::fmt::Display) -> Self {
+        CoreError::Serialization {
+            what: what.into(),
+            reason: err.to_string(),
+        }
+    }
+}

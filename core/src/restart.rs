@@ -1,0 +1,340 @@
+//! Restart strategies: whether, and after how long, a failed job restarts from its latest completed
+//! checkpoint. The parameters are the ones Flink documents. Decisions take the current time as an
+//! argument, so they are tested over a simulated clock.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{CoreError, Result};
+
+/// How a failed job is restarted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum RestartStrategy {
+    /// Never restart: the first failure ends the job.
+    None,
+    /// Restart up to `attempts` times, waiting `delay` before each.
+    FixedDelay {
+        /// Restarts allowed over the job's life.
+        attempts: u32,
+        /// Wait before each restart.
+        #[serde(with = "humantime_serde")]
+        delay: Duration,
+    },
+    /// Restart unless more than `max_failures` failures happen within `interval`.
+    FailureRate {
+        /// Failures tolerated within one interval.
+        max_failures: u32,
+        /// The measuring interval.
+        #[serde(with = "humantime_serde")]
+        interval: Duration,
+        /// Wait before each restart.
+        #[serde(with = "humantime_serde")]
+        delay: Duration,
+    },
+    /// Restart with a delay that grows by `multiplier` per failure up to `max_delay`, with random
+    /// jitter, back to `initial_delay` after `reset_threshold` without failure.
+    ExponentialDelay {
+        /// First delay.
+        #[serde(with = "humantime_serde")]
+        initial_delay: Duration,
+        /// Largest delay.
+        #[serde(with = "humantime_serde")]
+        max_delay: Duration,
+        /// Growth factor per consecutive failure (> 1).
+        multiplier: f64,
+        /// A run this long without failure resets the delay.
+        #[serde(with = "humantime_serde")]
+        reset_threshold: Duration,
+        /// Relative jitter in [0, 1): the delay varies by up to this fraction either way.
+        jitter: f64,
+        /// Give up after this many restarts without a reset (none: never).
+        #[serde(default)]
+        max_attempts: Option<u32>,
+    },
+}
+
+impl Default for RestartStrategy {
+    fn default() -> Self {
+        RestartStrategy::ExponentialDelay {
+            initial_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(60),
+            multiplier: 2.0,
+            reset_threshold: Duration::from_secs(3600),
+            jitter: 0.1,
+            max_attempts: None,
+        }
+    }
+}
+
+impl RestartStrategy {
+    /// Checks the parameters; the error says what to change.
+    pub fn validate(&self) -> Result<()> {
+        match self {
+            RestartStrategy::FailureRate { max_failures: 0, .. } => Err(CoreError::Config(
+                "restart_strategy.max_failures must be at least 1 (use type = \"none\" to never restart)".into(),
+            )),
+            RestartStrategy::ExponentialDelay { multiplier, .. } if !(*multiplier >= 1.0) => Err(CoreError::Config(
+                format!("restart_strategy.multiplier ({multiplier}) must be at least 1.0"),
+            )),
+            RestartStrategy::ExponentialDelay { jitter, .. } if !(0.0..1.0).contains(jitter) => Err(
+                CoreError::Config(format!("restart_strategy.jitter ({jitter}) must be in [0, 1)")),
+            ),
+            RestartStrategy::ExponentialDelay { initial_delay, max_delay, .. } if initial_delay > max_delay => {
+                Err(CoreError::Config(format!(
+                    "restart_strategy.initial_delay ({initial_delay:?}) must not exceed max_delay ({max_delay:?})"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// What to do after a failure.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RestartDecision {
+    /// Restart after this delay.
+    Restart(Duration),
+    /// Stop the job.
+    GiveUp,
+}
+
+/// Applies a strategy to a job's failures. Times are durations since any fixed origin.
+#[derive(Debug)]
+pub struct RestartTracker {
+    strategy: RestartStrategy,
+    restarts: u32,
+    failures: VecDeque<Duration>,
+    consecutive: u32,
+    last_failure: Option<Duration>,
+    rng: StdRng,
+}
+
+impl RestartTracker {
+    /// A tracker for `strategy`.
+    pub fn new(strategy: RestartStrategy) -> Self {
+        Self::with_seed(strategy, rand::random())
+    }
+
+    /// A tracker whose jitter comes from a seeded generator (for tests).
+    pub fn with_seed(strategy: RestartStrategy, seed: u64) -> Self {
+        RestartTracker {
+            strategy,
+            restarts: 0,
+            failures: VecDeque::new(),
+            consecutive: 0,
+            last_failure: None,
+            rng: StdRng::seed_from_u64(seed),
+        }
+    }
+
+    /// Restarts granted so far.
+    pub fn restarts(&self) -> u32 {
+        self.restarts
+    }
+
+    /// Records a failure at `now` and decides.
+    pub fn on_failure(&mut self, now: Duration) -> RestartDecision {
+        let decision = match &self.strategy {
+            RestartStrategy::None => RestartDecision::GiveUp,
+            RestartStrategy::FixedDelay { attempts, delay } => {
+                if self.restarts < *attempts {
+                    RestartDecision::Restart(*delay)
+                } else {
+                    RestartDecision::GiveUp
+                }
+            }
+            RestartStrategy::FailureRate {
+                max_failures,
+                interval,
+                delay,
+            } => {
+                self.failures.push_back(now);
+                while self
+                    .failures
+                    .front()
+                    .is_some_and(|t| now.saturating_sub(*t) > *interval)
+                {
+                    self.failures.pop_front();
+                }
+                if self.failures.len() as u32 > *max_failures {
+                    RestartDecision::GiveUp
+                } else {
+                    RestartDecision::Restart(*delay)
+                }
+            }
+            RestartStrategy::ExponentialDelay {
+                initial_delay,
+                max_delay,
+                multiplier,
+                reset_threshold,
+                jitter,
+                max_attempts,
+            } => {
+                if self
+                    .last_failure
+                    .is_some_and(|t| now.saturating_sub(t) >= *reset_threshold)
+                {
+                    self.consecutive = 0;
+                }
+                if max_attempts.is_some_and(|m| self.consecutive >= m) {
+                    RestartDecision::GiveUp
+                } else {
+                    let base =
+                        initial_delay.as_secs_f64() * multiplier.powi(self.consecutive as i32);
+                    let base = base.min(max_delay.as_secs_f64());
+                    let factor = if *jitter > 0.0 {
+                        self.rng.random_range(-jitter..*jitter)
+                    } else {
+                        0.0
+                    };
+                    let delay = (base * (1.0 + factor)).clamp(0.0, max_delay.as_secs_f64());
+                    self.consecutive += 1;
+                    RestartDecision::Restart(Duration::from_secs_f64(delay))
+                }
+            }
+        };
+        self.last_failure = Some(now);
+        if matches!(decision, RestartDecision::Restart(_)) {
+            self.restarts += 1;
+        }
+        decision
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(secs: u64) -> Duration {
+        Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn none_never_restarts() {
+        let mut t = RestartTracker::new(RestartStrategy::None);
+        assert_eq!(t.on_failure(s(0)), RestartDecision::GiveUp);
+    }
+
+    #[test]
+    fn fixed_delay_allows_exactly_its_attempts() {
+        let mut t = RestartTracker::new(RestartStrategy::FixedDelay {
+            attempts: 2,
+            delay: s(3),
+        });
+        assert_eq!(t.on_failure(s(0)), RestartDecision::Restart(s(3)));
+        assert_eq!(t.on_failure(s(100)), RestartDecision::Restart(s(3)));
+        assert_eq!(t.on_failure(s(10_000)), RestartDecision::GiveUp);
+        assert_eq!(t.restarts(), 2);
+    }
+
+    #[test]
+    fn failure_rate_counts_failures_within_the_interval() {
+        let mut t = RestartTracker::new(RestartStrategy::FailureRate {
+            max_failures: 2,
+            interval: s(60),
+            delay: s(1),
+        });
+        assert_eq!(t.on_failure(s(0)), RestartDecision::Restart(s(1)));
+        assert_eq!(t.on_failure(s(30)), RestartDecision::Restart(s(1)));
+        // Third within 60 s of the first two: too many.
+        assert_eq!(t.on_failure(s(59)), RestartDecision::GiveUp);
+        // Spread out, failures never exceed the rate.
+        let mut t = RestartTracker::new(RestartStrategy::FailureRate {
+            max_failures: 2,
+            interval: s(60),
+            delay: s(1),
+        });
+        for i in 0..10 {
+            assert_eq!(
+                t.on_failure(s(i * 40)),
+                RestartDecision::Restart(s(1)),
+                "failure {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn exponential_delay_grows_caps_and_resets() {
+        let strategy = RestartStrategy::ExponentialDelay {
+            initial_delay: s(1),
+            max_delay: s(10),
+            multiplier: 2.0,
+            reset_threshold: s(300),
+            jitter: 0.0,
+            max_attempts: None,
+        };
+        let mut t = RestartTracker::new(strategy);
+        let delays: Vec<_> = (0..6)
+            .map(|i| match t.on_failure(s(i)) {
+                RestartDecision::Restart(d) => d.as_secs(),
+                RestartDecision::GiveUp => panic!("gave up"),
+            })
+            .collect();
+        assert_eq!(delays, [1, 2, 4, 8, 10, 10]);
+        // A long quiet run resets the backoff.
+        assert_eq!(t.on_failure(s(1000)), RestartDecision::Restart(s(1)));
+    }
+
+    #[test]
+    fn exponential_delay_jitter_stays_within_bounds_and_attempts_limit() {
+        let strategy = RestartStrategy::ExponentialDelay {
+            initial_delay: s(10),
+            max_delay: s(100),
+            multiplier: 1.0,
+            reset_threshold: s(300),
+            jitter: 0.2,
+            max_attempts: Some(50),
+        };
+        let mut t = RestartTracker::with_seed(strategy, 42);
+        let mut distinct = std::collections::BTreeSet::new();
+        for i in 0..50 {
+            match t.on_failure(s(i)) {
+                RestartDecision::Restart(d) => {
+                    assert!(
+                        d >= Duration::from_secs(8) && d <= Duration::from_secs(12),
+                        "{d:?}"
+                    );
+                    distinct.insert(d.as_millis());
+                }
+                RestartDecision::GiveUp => panic!("gave up at {i}"),
+            }
+        }
+        assert!(distinct.len() > 10, "jitter varies the delay");
+        assert_eq!(t.on_failure(s(51)), RestartDecision::GiveUp);
+    }
+
+    #[test]
+    fn invalid_parameters_are_refused_with_the_field_named() {
+        let bad = RestartStrategy::ExponentialDelay {
+            initial_delay: s(1),
+            max_delay: s(10),
+            multiplier: 0.5,
+            reset_threshold: s(1),
+            jitter: 0.0,
+            max_attempts: None,
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("multiplier"));
+    }
+
+    #[test]
+    fn strategies_parse_from_human_durations() {
+        let parsed: RestartStrategy =
+            serde_json::from_str(r#"{"type":"fixed_delay","attempts":3,"delay":"2s"}"#).unwrap();
+        assert_eq!(
+            parsed,
+            RestartStrategy::FixedDelay {
+                attempts: 3,
+                delay: s(2)
+            }
+        );
+    }
+}

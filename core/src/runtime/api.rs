@@ -1,0 +1,251 @@
+//! What user code implements: sources, sinks, process functions, and the checkpoint hooks they
+//! share (Flink's `CheckpointedFunction` and `CheckpointListener`, with no-op defaults).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use crate::error::Result;
+use crate::message::{CheckpointId, SnapshotKind, Watermark};
+use crate::state::{KeyedContext, RestoredState};
+
+/// Where a subtask stands in the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubtaskInfo {
+    /// The operator's uid.
+    pub uid: String,
+    /// This subtask's index.
+    pub index: u32,
+    /// The operator's parallelism.
+    pub parallelism: u32,
+    /// The job's max parallelism (number of key groups).
+    pub max_parallelism: u32,
+    /// Restart attempt (0 for the first run).
+    pub attempt: u32,
+}
+
+/// Given to `initialize_state`: the restored state of this subtask, if any.
+#[derive(Debug)]
+pub struct InitContext<'a> {
+    /// This subtask.
+    pub info: &'a SubtaskInfo,
+    pub(crate) restored: Option<&'a RestoredState>,
+}
+
+impl InitContext<'_> {
+    /// Whether the job restores from a checkpoint or savepoint that has state for this operator.
+    pub fn is_restored(&self) -> bool {
+        self.restored.is_some()
+    }
+
+    /// This subtask's share of list state `name` (empty when fresh).
+    pub fn list_state(&self, name: &str) -> Vec<Vec<u8>> {
+        self.restored
+            .and_then(|r| r.list_state.get(name).cloned())
+            .unwrap_or_default()
+    }
+
+    /// Every subtask's entries of union list state `name` (empty when fresh).
+    pub fn union_state(&self, name: &str) -> Vec<Vec<u8>> {
+        self.restored
+            .and_then(|r| r.union_state.get(name).cloned())
+            .unwrap_or_default()
+    }
+}
+
+/// Given to `snapshot_state`: the checkpoint, and where to put operator state.
+#[derive(Debug)]
+pub struct SnapshotContext {
+    /// The checkpoint being taken.
+    pub checkpoint_id: CheckpointId,
+    /// Checkpoint or savepoint.
+    pub kind: SnapshotKind,
+    /// When it was triggered (ms since the Unix epoch).
+    pub timestamp_ms: u64,
+    pub(crate) list_state: BTreeMap<String, Vec<Vec<u8>>>,
+    pub(crate) union_state: BTreeMap<String, Vec<Vec<u8>>>,
+}
+
+impl SnapshotContext {
+    pub(crate) fn new(checkpoint_id: CheckpointId, kind: SnapshotKind, timestamp_ms: u64) -> Self {
+        SnapshotContext {
+            checkpoint_id,
+            kind,
+            timestamp_ms,
+            list_state: BTreeMap::new(),
+            union_state: BTreeMap::new(),
+        }
+    }
+
+    /// Stores list state `name`: on restore with another parallelism its entries are dealt among
+    /// the subtasks.
+    pub fn put_list_state(&mut self, name: impl Into<String>, entries: Vec<Vec<u8>>) {
+        self.list_state.insert(name.into(), entries);
+    }
+
+    /// Stores union list state `name`: on restore every subtask receives every subtask's entries.
+    pub fn put_union_state(&mut self, name: impl Into<String>, entries: Vec<Vec<u8>>) {
+        self.union_state.insert(name.into(), entries);
+    }
+}
+
+/// State that takes part in checkpoints.
+pub trait CheckpointedFunction {
+    /// Called once before any record, with restored state if the job restores.
+    fn initialize_state(&mut self, _ctx: &InitContext<'_>) -> Result<()> {
+        Ok(())
+    }
+    /// Called when the barrier of a checkpoint reaches this operator.
+    fn snapshot_state(&mut self, _ctx: &mut SnapshotContext) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Told when checkpoints complete or abort. Completion of `id` implies every earlier checkpoint is
+/// complete too: a listener that missed a notification must act on everything up to `id`.
+pub trait CheckpointListener {
+    /// Checkpoint `id` is durable.
+    fn notify_checkpoint_complete(&mut self, _id: CheckpointId) -> Result<()> {
+        Ok(())
+    }
+    /// Checkpoint `id` was aborted.
+    fn notify_checkpoint_aborted(&mut self, _id: CheckpointId) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Where an operator emits its output.
+pub struct Collector<'a, T> {
+    pub(crate) out: &'a mut dyn super::chain::Output<T>,
+}
+
+impl<T> Collector<'_, T> {
+    /// Emits a record downstream.
+    pub fn emit(&mut self, record: T) -> Result<()> {
+        self.out.record(record)
+    }
+}
+
+/// A stateful operator on a (non-keyed) stream.
+pub trait ProcessFunction<I, O>:
+    CheckpointedFunction + CheckpointListener + Send + 'static
+{
+    /// Handles one record.
+    fn process(&mut self, record: I, out: &mut Collector<'_, O>) -> Result<()>;
+    /// Called before the barrier is forwarded (Flink's `prepareSnapshotPreBarrier`): emit what
+    /// must belong to this checkpoint.
+    fn prepare_snapshot_pre_barrier(
+        &mut self,
+        _id: CheckpointId,
+        _out: &mut Collector<'_, O>,
+    ) -> Result<()> {
+        Ok(())
+    }
+    /// Called when the event-time watermark advances.
+    fn on_watermark(&mut self, _watermark: Watermark, _out: &mut Collector<'_, O>) -> Result<()> {
+        Ok(())
+    }
+    /// Called at end of input.
+    fn finish(&mut self, _out: &mut Collector<'_, O>) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A stateful operator on a keyed stream: keyed state is scoped to the current record's key.
+pub trait KeyedProcessFunction<I, O>:
+    CheckpointedFunction + CheckpointListener + Send + 'static
+{
+    /// Handles one record; `state` accesses the current key's state.
+    fn process(
+        &mut self,
+        record: I,
+        state: &mut KeyedContext<'_>,
+        out: &mut Collector<'_, O>,
+    ) -> Result<()>;
+}
+
+/// What a source poll produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceStatus {
+    /// Records may follow.
+    More,
+    /// Nothing now; poll again (the source waited briefly before returning).
+    Idle,
+    /// The source is exhausted (bounded input).
+    End,
+}
+
+/// A parallel source. The runtime calls `poll_next` in a loop and injects barriers between calls,
+/// so `snapshot_state` sees the position right after the records it returned last.
+pub trait Source<T>: Send + 'static {
+    /// Called once before polling, with restored state if the job restores.
+    fn initialize_state(
+        &mut self,
+        _ctx: &InitContext<'_>,
+    ) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+    /// Appends records to `out` and returns promptly (within a few tens of milliseconds when there
+    /// is no data, so barriers are not delayed).
+    fn poll_next(&mut self, out: &mut Vec<T>) -> impl Future<Output = Result<SourceStatus>> + Send;
+    /// Snapshots the read position.
+    fn snapshot_state(
+        &mut self,
+        _ctx: &mut SnapshotContext,
+    ) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+    /// Checkpoint `id` (and all before it) is durable.
+    fn notify_checkpoint_complete(
+        &mut self,
+        _id: CheckpointId,
+    ) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+    /// Checkpoint `id` was aborted.
+    fn notify_checkpoint_aborted(
+        &mut self,
+        _id: CheckpointId,
+    ) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+}
+
+/// A parallel sink.
+pub trait Sink<T>: Send + 'static {
+    /// Called once before any record, with restored state if the job restores. A transactional
+    /// sink commits what the restored checkpoint pre-committed here.
+    fn initialize_state(
+        &mut self,
+        _ctx: &InitContext<'_>,
+    ) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+    /// Writes a batch of records.
+    fn write(&mut self, records: Vec<T>) -> impl Future<Output = Result<()>> + Send;
+    /// The barrier of checkpoint `ctx.checkpoint_id` arrived: flush or pre-commit, and record in
+    /// `ctx` what a restore needs.
+    fn snapshot_state(
+        &mut self,
+        _ctx: &mut SnapshotContext,
+    ) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+    /// Checkpoint `id` (and all before it) is durable: commit.
+    fn notify_checkpoint_complete(
+        &mut self,
+        _id: CheckpointId,
+    ) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+    /// Checkpoint `id` was aborted.
+    fn notify_checkpoint_aborted(
+        &mut self,
+        _id: CheckpointId,
+    ) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+    /// End of input: flush what is buffered (a final checkpoint follows when checkpointing is on).
+    fn finish(&mut self) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+}

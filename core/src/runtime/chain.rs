@@ -1,0 +1,500 @@
+//! Operators chained in one task: each node handles a record synchronously and pushes its output
+//! into the next node; the chain ends in a sink or in the channels to the next stage. Barriers,
+//! notifications and end of input travel the same path, so every operator snapshots in order.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use super::api::{
+    CheckpointListener, Collector, InitContext, KeyedProcessFunction, ProcessFunction, Sink,
+    SnapshotContext, SubtaskInfo,
+};
+use super::graph::Partitioner;
+use crate::coordinator::{OperatorSubtaskState, TaskSnapshot};
+use crate::error::{CoreError, Result};
+use crate::message::{CheckpointBarrier, CheckpointId, Message, Watermark};
+use crate::state::{key_group, KeyedContext, KeyedStateBackend, RestoredState};
+use crate::storage::CheckpointStorage;
+
+pub(crate) type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What travels on a channel between stages: which input of the receiver it is, and the message.
+pub(crate) struct Envelope<T> {
+    pub(crate) input: usize,
+    pub(crate) msg: Message<Vec<T>>,
+}
+
+/// A checkpoint outcome delivered to every operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Notification {
+    Complete(CheckpointId),
+    Aborted(CheckpointId),
+}
+
+/// What a checkpoint barrier carries through a chain.
+pub(crate) struct BarrierCtx<'a> {
+    pub(crate) barrier: CheckpointBarrier,
+    pub(crate) snapshot: &'a mut TaskSnapshot,
+    pub(crate) storage: Option<&'a Arc<dyn CheckpointStorage>>,
+    /// False for a task that already ended: snapshot, but nothing downstream listens.
+    pub(crate) forward: bool,
+}
+
+/// One node of a chain, receiving records of type `T`.
+pub(crate) trait Output<T>: Send {
+    /// Initialises the node and the rest of the chain (restored state is applied here).
+    fn open(&mut self) -> BoxFut<'_, Result<()>>;
+    fn record(&mut self, record: T) -> Result<()>;
+    fn watermark(&mut self, watermark: Watermark) -> Result<()>;
+    /// Sends or writes what the chain buffered.
+    fn flush(&mut self) -> BoxFut<'_, Result<()>>;
+    fn barrier<'a>(&'a mut self, ctx: BarrierCtx<'a>) -> BoxFut<'a, Result<()>>;
+    fn cancel(&mut self, id: CheckpointId) -> BoxFut<'_, Result<()>>;
+    fn notify(&mut self, n: Notification) -> BoxFut<'_, Result<()>>;
+    /// End of input.
+    fn end(&mut self) -> BoxFut<'_, Result<()>>;
+}
+
+fn user_error(uid: &str, e: CoreError) -> CoreError {
+    match e {
+        e @ CoreError::Operator { .. } => e,
+        other => CoreError::operator(uid, other.class(), other),
+    }
+}
+
+/// A stateless node (map, filter, flat_map): `f` emits zero or more records per input.
+pub(crate) struct Stateless<I, O> {
+    pub(crate) f: Arc<dyn Fn(I, &mut Collector<'_, O>) -> Result<()> + Send + Sync>,
+    pub(crate) next: Box<dyn Output<O>>,
+}
+
+impl<I: Send, O: Send> Output<I> for Stateless<I, O> {
+    fn open(&mut self) -> BoxFut<'_, Result<()>> {
+        self.next.open()
+    }
+    fn record(&mut self, record: I) -> Result<()> {
+        (self.f)(
+            record,
+            &mut Collector {
+                out: self.next.as_mut(),
+            },
+        )
+    }
+    fn watermark(&mut self, w: Watermark) -> Result<()> {
+        self.next.watermark(w)
+    }
+    fn flush(&mut self) -> BoxFut<'_, Result<()>> {
+        self.next.flush()
+    }
+    fn barrier<'a>(&'a mut self, ctx: BarrierCtx<'a>) -> BoxFut<'a, Result<()>> {
+        self.next.barrier(ctx)
+    }
+    fn cancel(&mut self, id: CheckpointId) -> BoxFut<'_, Result<()>> {
+        self.next.cancel(id)
+    }
+    fn notify(&mut self, n: Notification) -> BoxFut<'_, Result<()>> {
+        self.next.notify(n)
+    }
+    fn end(&mut self) -> BoxFut<'_, Result<()>> {
+        self.next.end()
+    }
+}
+
+fn push_state(info: &SubtaskInfo, snapshot: &mut TaskSnapshot, ctx: SnapshotContext) -> usize {
+    snapshot.operators.push(OperatorSubtaskState {
+        uid: info.uid.clone(),
+        subtask: info.index,
+        parallelism: info.parallelism,
+        max_parallelism: info.max_parallelism,
+        state: crate::checkpoint::SubtaskSnapshot {
+            list_state: ctx.list_state,
+            union_state: ctx.union_state,
+            keyed: None,
+        },
+    });
+    snapshot.operators.len() - 1
+}
+
+fn notify_listener(uid: &str, l: &mut dyn CheckpointListener, n: Notification) -> Result<()> {
+    match n {
+        Notification::Complete(id) => l.notify_checkpoint_complete(id),
+        Notification::Aborted(id) => l.notify_checkpoint_aborted(id),
+    }
+    .map_err(|e| user_error(uid, e))
+}
+
+/// A node running a [`ProcessFunction`].
+pub(crate) struct ProcessNode<I, O, P> {
+    pub(crate) info: SubtaskInfo,
+    pub(crate) f: P,
+    pub(crate) restored: Option<RestoredState>,
+    pub(crate) next: Box<dyn Output<O>>,
+    pub(crate) _i: std::marker::PhantomData<fn(I)>,
+}
+
+impl<I: Send, O: Send, P: ProcessFunction<I, O>> Output<I> for ProcessNode<I, O, P> {
+    fn open(&mut self) -> BoxFut<'_, Result<()>> {
+        Box::pin(async move {
+            let ctx = InitContext {
+                info: &self.info,
+                restored: self.restored.as_ref(),
+            };
+            self.f
+                .initialize_state(&ctx)
+                .map_err(|e| user_error(&self.info.uid, e))?;
+            self.restored = None;
+            self.next.open().await
+        })
+    }
+    fn record(&mut self, record: I) -> Result<()> {
+        self.f.process(
+            record,
+            &mut Collector {
+                out: self.next.as_mut(),
+            },
+        )
+    }
+    fn watermark(&mut self, w: Watermark) -> Result<()> {
+        self.f.on_watermark(
+            w,
+            &mut Collector {
+                out: self.next.as_mut(),
+            },
+        )?;
+        self.next.watermark(w)
+    }
+    fn flush(&mut self) -> BoxFut<'_, Result<()>> {
+        self.next.flush()
+    }
+    fn barrier<'a>(&'a mut self, ctx: BarrierCtx<'a>) -> BoxFut<'a, Result<()>> {
+        Box::pin(async move {
+            let b = ctx.barrier;
+            if ctx.forward {
+                self.f.prepare_snapshot_pre_barrier(
+                    b.id,
+                    &mut Collector {
+                        out: self.next.as_mut(),
+                    },
+                )?;
+            }
+            let mut sctx = SnapshotContext::new(b.id, b.kind, b.timestamp_ms);
+            self.f
+                .snapshot_state(&mut sctx)
+                .map_err(|e| user_error(&self.info.uid, e))?;
+            push_state(&self.info, ctx.snapshot, sctx);
+            self.next.barrier(ctx).await
+        })
+    }
+    fn cancel(&mut self, id: CheckpointId) -> BoxFut<'_, Result<()>> {
+        self.next.cancel(id)
+    }
+    fn notify(&mut self, n: Notification) -> BoxFut<'_, Result<()>> {
+        Box::pin(async move {
+            notify_listener(&self.info.uid, &mut self.f, n)?;
+            self.next.notify(n).await
+        })
+    }
+    fn end(&mut self) -> BoxFut<'_, Result<()>> {
+        Box::pin(async move {
+            self.f.finish(&mut Collector {
+                out: self.next.as_mut(),
+            })?;
+            self.next.end().await
+        })
+    }
+}
+
+/// Builds a subtask's keyed state backend (fresh or restored).
+pub(crate) type BackendFactory = Arc<
+    dyn Fn(&SubtaskInfo, Option<&RestoredState>) -> Result<Box<dyn KeyedStateBackend>>
+        + Send
+        + Sync,
+>;
+
+/// A node running a [`KeyedProcessFunction`] with its keyed state backend.
+pub(crate) struct KeyedNode<I, O, P> {
+    pub(crate) info: SubtaskInfo,
+    pub(crate) f: P,
+    pub(crate) key: Arc<dyn Fn(&I) -> Vec<u8> + Send + Sync>,
+    pub(crate) backend: Option<Box<dyn KeyedStateBackend>>,
+    pub(crate) make_backend: BackendFactory,
+    pub(crate) restored: Option<RestoredState>,
+    pub(crate) next: Box<dyn Output<O>>,
+}
+
+impl<I: Send, O: Send, P: KeyedProcessFunction<I, O>> Output<I> for KeyedNode<I, O, P> {
+    fn open(&mut self) -> BoxFut<'_, Result<()>> {
+        Box::pin(async move {
+            let ctx = InitContext {
+                info: &self.info,
+                restored: self.restored.as_ref(),
+            };
+            self.f
+                .initialize_state(&ctx)
+                .map_err(|e| user_error(&self.info.uid, e))?;
+            let backend = (self.make_backend)(&self.info, self.restored.as_ref())?;
+            self.backend = Some(backend);
+            self.restored = None;
+            self.next.open().await
+        })
+    }
+    fn record(&mut self, record: I) -> Result<()> {
+        let key = (self.key)(&record);
+        let backend = self.backend.as_deref_mut().expect("opened before records");
+        let mut state = KeyedContext {
+            key_group: key_group(&key, self.info.max_parallelism),
+            backend,
+            key: &key,
+        };
+        self.f.process(
+            record,
+            &mut state,
+            &mut Collector {
+                out: self.next.as_mut(),
+            },
+        )
+    }
+    fn watermark(&mut self, w: Watermark) -> Result<()> {
+        self.next.watermark(w)
+    }
+    fn flush(&mut self) -> BoxFut<'_, Result<()>> {
+        self.next.flush()
+    }
+    fn barrier<'a>(&'a mut self, ctx: BarrierCtx<'a>) -> BoxFut<'a, Result<()>> {
+        Box::pin(async move {
+            let b = ctx.barrier;
+            let mut sctx = SnapshotContext::new(b.id, b.kind, b.timestamp_ms);
+            self.f
+                .snapshot_state(&mut sctx)
+                .map_err(|e| user_error(&self.info.uid, e))?;
+            let at = push_state(&self.info, ctx.snapshot, sctx);
+            if let Some(storage) = ctx.storage {
+                let writer = storage.writer(b.id)?;
+                let name = format!("{}-{}", self.info.uid, self.info.index);
+                let backend = self.backend.as_deref_mut().expect("opened before barriers");
+                let handle = tokio::task::block_in_place(|| {
+                    backend.snapshot(b.id, b.kind, &name, writer.as_ref())
+                })?;
+                ctx.snapshot.operators[at].state.keyed = Some(handle);
+            }
+            self.next.barrier(ctx).await
+        })
+    }
+    fn cancel(&mut self, id: CheckpointId) -> BoxFut<'_, Result<()>> {
+        self.next.cancel(id)
+    }
+    fn notify(&mut self, n: Notification) -> BoxFut<'_, Result<()>> {
+        Box::pin(async move {
+            notify_listener(&self.info.uid, &mut self.f, n)?;
+            if let (Notification::Complete(id), Some(b)) = (n, self.backend.as_deref_mut()) {
+                b.checkpoint_complete(id);
+            }
+            self.next.notify(n).await
+        })
+    }
+    fn end(&mut self) -> BoxFut<'_, Result<()>> {
+        self.next.end()
+    }
+}
+
+/// The end of a chain that writes into a [`Sink`].
+pub(crate) struct SinkNode<T, S> {
+    pub(crate) info: SubtaskInfo,
+    pub(crate) sink: S,
+    pub(crate) restored: Option<RestoredState>,
+    pub(crate) buffer: Vec<T>,
+}
+
+impl<T: Send + 'static, S: Sink<T>> SinkNode<T, S> {
+    async fn write_buffered(&mut self) -> Result<()> {
+        if !self.buffer.is_empty() {
+            let batch = std::mem::take(&mut self.buffer);
+            self.sink
+                .write(batch)
+                .await
+                .map_err(|e| user_error(&self.info.uid, e))?;
+        }
+        Ok(())
+    }
+}
+
+impl<T: Send + 'static, S: Sink<T>> Output<T> for SinkNode<T, S> {
+    fn open(&mut self) -> BoxFut<'_, Result<()>> {
+        Box::pin(async move {
+            let ctx = InitContext {
+                info: &self.info,
+                restored: self.restored.as_ref(),
+            };
+            self.sink
+                .initialize_state(&ctx)
+                .await
+                .map_err(|e| user_error(&self.info.uid, e))?;
+            self.restored = None;
+            Ok(())
+        })
+    }
+    fn record(&mut self, record: T) -> Result<()> {
+        self.buffer.push(record);
+        Ok(())
+    }
+    fn watermark(&mut self, _w: Watermark) -> Result<()> {
+        Ok(())
+    }
+    fn flush(&mut self) -> BoxFut<'_, Result<()>> {
+        Box::pin(self.write_buffered())
+    }
+    fn barrier<'a>(&'a mut self, ctx: BarrierCtx<'a>) -> BoxFut<'a, Result<()>> {
+        Box::pin(async move {
+            self.write_buffered().await?;
+            let b = ctx.barrier;
+            let mut sctx = SnapshotContext::new(b.id, b.kind, b.timestamp_ms);
+            self.sink
+                .snapshot_state(&mut sctx)
+                .await
+                .map_err(|e| user_error(&self.info.uid, e))?;
+            push_state(&self.info, ctx.snapshot, sctx);
+            Ok(())
+        })
+    }
+    fn cancel(&mut self, _id: CheckpointId) -> BoxFut<'_, Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+    fn notify(&mut self, n: Notification) -> BoxFut<'_, Result<()>> {
+        Box::pin(async move {
+            match n {
+                Notification::Complete(id) => self.sink.notify_checkpoint_complete(id).await,
+                Notification::Aborted(id) => self.sink.notify_checkpoint_aborted(id).await,
+            }
+            .map_err(|e| user_error(&self.info.uid, e))
+        })
+    }
+    fn end(&mut self) -> BoxFut<'_, Result<()>> {
+        Box::pin(async move {
+            self.write_buffered().await?;
+            self.sink
+                .finish()
+                .await
+                .map_err(|e| user_error(&self.info.uid, e))
+        })
+    }
+}
+
+/// The end of a chain that sends into the channels of the next stage.
+pub(crate) struct ChannelOut<T> {
+    pub(crate) task: String,
+    /// (sender, input index at the receiver) per downstream subtask this subtask feeds.
+    pub(crate) targets: Vec<(mpsc::Sender<Envelope<T>>, usize)>,
+    pub(crate) partitioner: Partitioner<T>,
+    pub(crate) buffers: Vec<Vec<T>>,
+    pub(crate) next_target: usize,
+    /// Sent to every target after the buffered records at the next flush.
+    pub(crate) pending_watermark: Option<Watermark>,
+}
+
+impl<T: Send + 'static> ChannelOut<T> {
+    async fn send_all(&mut self, msg: impl Fn() -> Message<Vec<T>>) -> Result<()> {
+        self.send_buffers().await?;
+        for (tx, input) in &self.targets {
+            tx.send(Envelope {
+                input: *input,
+                msg: msg(),
+            })
+            .await
+            .map_err(|_| self.lost())?;
+        }
+        Ok(())
+    }
+
+    async fn send_buffers(&mut self) -> Result<()> {
+        for (i, buf) in self.buffers.iter_mut().enumerate() {
+            if !buf.is_empty() {
+                let (tx, input) = &self.targets[i];
+                let batch = std::mem::take(buf);
+                if tx
+                    .send(Envelope {
+                        input: *input,
+                        msg: Message::Record(batch),
+                    })
+                    .await
+                    .is_err()
+                {
+                    return Err(CoreError::TaskLost {
+                        task: self.task.clone(),
+                        reason: "the downstream task is gone".into(),
+                    });
+                }
+            }
+        }
+        if let Some(w) = self.pending_watermark.take() {
+            for (tx, input) in &self.targets {
+                tx.send(Envelope {
+                    input: *input,
+                    msg: Message::Watermark(w),
+                })
+                .await
+                .map_err(|_| self.lost())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn lost(&self) -> CoreError {
+        CoreError::TaskLost {
+            task: self.task.clone(),
+            reason: "the downstream task is gone".into(),
+        }
+    }
+}
+
+impl<T: Send + 'static> Output<T> for ChannelOut<T> {
+    fn open(&mut self) -> BoxFut<'_, Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+    fn record(&mut self, record: T) -> Result<()> {
+        let target = match &self.partitioner {
+            Partitioner::Forward => 0,
+            Partitioner::Rebalance => {
+                self.next_target = (self.next_target + 1) % self.targets.len();
+                self.next_target
+            }
+            Partitioner::Hash {
+                key,
+                max_parallelism,
+            } => {
+                let kg = key_group(&key(&record), *max_parallelism);
+                crate::state::subtask_for_key_group(*max_parallelism, self.targets.len() as u32, kg)
+                    as usize
+            }
+        };
+        self.buffers[target].push(record);
+        Ok(())
+    }
+    fn watermark(&mut self, w: Watermark) -> Result<()> {
+        self.pending_watermark = Some(self.pending_watermark.map_or(w, |p| p.max(w)));
+        Ok(())
+    }
+    fn flush(&mut self) -> BoxFut<'_, Result<()>> {
+        Box::pin(self.send_buffers())
+    }
+    fn barrier<'a>(&'a mut self, ctx: BarrierCtx<'a>) -> BoxFut<'a, Result<()>> {
+        Box::pin(async move {
+            if ctx.forward {
+                let b = ctx.barrier;
+                self.send_all(|| Message::Barrier(b)).await?;
+            }
+            Ok(())
+        })
+    }
+    fn cancel(&mut self, id: CheckpointId) -> BoxFut<'_, Result<()>> {
+        Box::pin(self.send_all(move || Message::CancelCheckpoint(id)))
+    }
+    fn notify(&mut self, _n: Notification) -> BoxFut<'_, Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+    fn end(&mut self) -> BoxFut<'_, Result<()>> {
+        Box::pin(self.send_all(|| Message::EndOfStream))
+    }
+}

@@ -1,0 +1,690 @@
+//! Running a job: one run (attempt) spawns every task and coordinates checkpoints; a failed run
+//! is restarted from the latest completed checkpoint as the restart strategy allows.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
+use tracing::{info, warn};
+
+use super::chain::{BackendFactory, Notification};
+use super::graph::{PrepareInputs, Vertex};
+use super::metrics::JobMetrics;
+use super::task::{Control, TaskContext, TaskEvent};
+use super::{JobConfig, StateBackendConfig};
+use crate::coordinator::{
+    Acknowledged, CheckpointConfig, CheckpointCoordinator, PendingCheckpoint,
+};
+use crate::error::{CoreError, ErrorClass, Result};
+use crate::message::{CheckpointBarrier, CheckpointId, SnapshotKind};
+use crate::restart::{RestartDecision, RestartTracker};
+use crate::state::{KeyGroupRange, KeyedStateBackend, MemoryBackend, RocksDbBackend};
+use crate::storage::{CheckpointStorage, LocalStorage, Retention, Snapshot};
+
+/// A built job, ready to run.
+pub struct Job {
+    config: JobConfig,
+    vertices: Vec<Vertex>,
+    inputs: Vec<Arc<dyn PrepareInputs>>,
+    uids: BTreeSet<String>,
+    metrics: Arc<JobMetrics>,
+}
+
+/// How a job ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobOutcome {
+    /// Checkpoints completed over all runs.
+    pub checkpoints: u64,
+    /// Restarts made.
+    pub restarts: u32,
+    /// The latest completed checkpoint.
+    pub latest_checkpoint: Option<CheckpointId>,
+    /// Whether it was cancelled (rather than finishing its input or stopping with a savepoint).
+    pub cancelled: bool,
+}
+
+enum Command {
+    Savepoint {
+        dir: Option<PathBuf>,
+        stop: bool,
+        reply: oneshot::Sender<Result<PathBuf>>,
+    },
+    Cancel,
+}
+
+/// Controls a started job.
+pub struct JobHandle {
+    commands: mpsc::UnboundedSender<Command>,
+    join: tokio::task::JoinHandle<Result<JobOutcome>>,
+    metrics: Arc<JobMetrics>,
+}
+
+impl JobHandle {
+    async fn request(&self, dir: Option<PathBuf>, stop: bool) -> Result<PathBuf> {
+        let (reply, rx) = oneshot::channel();
+        self.commands
+            .send(Command::Savepoint { dir, stop, reply })
+            .map_err(|_| CoreError::Config("the job is no longer running".into()))?;
+        rx.await
+            .map_err(|_| CoreError::Config("the job ended before the savepoint completed".into()))?
+    }
+
+    /// Takes a savepoint into `dir` (self-contained) and keeps running.
+    pub async fn savepoint(&self, dir: impl Into<PathBuf>) -> Result<PathBuf> {
+        self.request(Some(dir.into()), false).await
+    }
+
+    /// Takes a savepoint into `dir`, then stops: sources produce nothing after its barrier and
+    /// sinks commit before the job ends.
+    pub async fn stop_with_savepoint(&self, dir: impl Into<PathBuf>) -> Result<PathBuf> {
+        self.request(Some(dir.into()), true).await
+    }
+
+    /// Stops gracefully: a final checkpoint, its commits, then the end. Returns the checkpoint's
+    /// directory.
+    pub async fn stop(&self) -> Result<PathBuf> {
+        self.request(None, true).await
+    }
+
+    /// Cancels at once (no final checkpoint; open transactions are left to the next start).
+    pub fn cancel(&self) {
+        let _ = self.commands.send(Command::Cancel);
+    }
+
+    /// Live metrics.
+    pub fn metrics(&self) -> Arc<JobMetrics> {
+        self.metrics.clone()
+    }
+
+    /// Waits for the job to end.
+    pub async fn join(self) -> Result<JobOutcome> {
+        match self.join.await {
+            Ok(r) => r,
+            Err(e) => Err(CoreError::TaskLost {
+                task: "job".into(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+enum RunEnd {
+    Finished,
+    Cancelled,
+    Failed(CoreError),
+}
+
+impl Job {
+    pub(crate) fn new(
+        config: JobConfig,
+        vertices: Vec<Vertex>,
+        inputs: Vec<Arc<dyn PrepareInputs>>,
+        uids: BTreeSet<String>,
+    ) -> Result<Self> {
+        config.validate()?;
+        Ok(Job {
+            config,
+            vertices,
+            inputs,
+            uids,
+            metrics: Arc::new(JobMetrics::default()),
+        })
+    }
+
+    /// Starts the job on the current tokio runtime (which must be multi-threaded).
+    pub fn start(self) -> JobHandle {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let metrics = self.metrics.clone();
+        let join = tokio::spawn(self.run_with(rx));
+        JobHandle {
+            commands: tx,
+            join,
+            metrics,
+        }
+    }
+
+    /// Runs the job to its end.
+    pub async fn run(self) -> Result<JobOutcome> {
+        self.start().join().await
+    }
+
+    async fn run_with(self, mut commands: mpsc::UnboundedReceiver<Command>) -> Result<JobOutcome> {
+        let storage: Option<Arc<LocalStorage>> = self
+            .config
+            .checkpointing
+            .as_ref()
+            .map(|c| LocalStorage::new(&c.dir).map(Arc::new))
+            .transpose()?;
+        let mut tracker = RestartTracker::new(self.config.restart.clone());
+        let started = Instant::now();
+        let mut attempt = 0u32;
+        let mut last_id: CheckpointId = 0;
+        let mut completed = 0u64;
+        loop {
+            let restore = self.pick_restore(storage.as_deref())?;
+            if let Some(r) = &restore {
+                info!(job = %self.config.name, checkpoint_id = r.meta.id, kind = ?r.meta.kind, attempt, "Restoring.");
+                self.metrics.update(|s| s.restored += 1);
+                last_id = last_id.max(r.meta.id);
+            }
+            if let Some(s) = &storage {
+                last_id = last_id.max(s.completed()?.last().copied().unwrap_or(0));
+            }
+            let end = self
+                .run_once(
+                    attempt,
+                    restore,
+                    storage.clone(),
+                    last_id + 1,
+                    &mut commands,
+                    &mut last_id,
+                    &mut completed,
+                )
+                .await;
+            let outcome = |cancelled, restarts| JobOutcome {
+                checkpoints: completed,
+                restarts,
+                latest_checkpoint: self.metrics.checkpoints().latest_id,
+                cancelled,
+            };
+            match end {
+                RunEnd::Finished => return Ok(outcome(false, tracker.restarts())),
+                RunEnd::Cancelled => {
+                    if let (Some(s), Some(c)) = (&storage, &self.config.checkpointing) {
+                        if c.retention == Retention::DeleteOnCancellation {
+                            s.discard_all()?;
+                        }
+                    }
+                    return Ok(outcome(true, tracker.restarts()));
+                }
+                RunEnd::Failed(error) => {
+                    if error.class() == ErrorClass::Fatal {
+                        return Err(error);
+                    }
+                    match tracker.on_failure(started.elapsed()) {
+                        RestartDecision::GiveUp => {
+                            return Err(CoreError::RestartsExhausted {
+                                restarts: tracker.restarts(),
+                                last: Box::new(error),
+                            })
+                        }
+                        RestartDecision::Restart(delay) => {
+                            self.metrics.restarts.fetch_add(1, Ordering::Relaxed);
+                            warn!(
+                                job = %self.config.name,
+                                restart = tracker.restarts(),
+                                cause = %error,
+                                delay_ms = delay.as_millis() as u64,
+                                "Job failed; restarting from the latest completed checkpoint."
+                            );
+                            tokio::select! {
+                                _ = tokio::time::sleep(delay) => {}
+                                Some(Command::Cancel) = commands.recv() => return Ok(outcome(true, tracker.restarts())),
+                            }
+                            attempt += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The newest of: the configured `restore_from`, and the latest verified checkpoint in storage.
+    fn pick_restore(&self, storage: Option<&LocalStorage>) -> Result<Option<Arc<Snapshot>>> {
+        let explicit = self
+            .config
+            .restore_from
+            .as_deref()
+            .map(LocalStorage::open_path)
+            .transpose()?;
+        let latest = storage
+            .map(CheckpointStorage::latest)
+            .transpose()?
+            .flatten();
+        let chosen = match (explicit, latest) {
+            (Some(e), Some(l)) => Some(if e.meta.id > l.meta.id { e } else { l }),
+            (e, l) => e.or(l),
+        };
+        if let Some(s) = &chosen {
+            let unknown: Vec<String> = s
+                .meta
+                .operators
+                .keys()
+                .filter(|u| !self.uids.contains(*u))
+                .cloned()
+                .collect();
+            if !unknown.is_empty() {
+                if !self.config.allow_non_restored_state {
+                    return Err(CoreError::UnknownOperatorState { uids: unknown });
+                }
+                warn!(uids = ?unknown, "Dropping state of operators this job does not have.");
+            }
+        }
+        Ok(chosen.map(Arc::new))
+    }
+
+    fn backend_factory(&self, restore: Option<Arc<Snapshot>>) -> BackendFactory {
+        let config = self.config.state_backend.clone();
+        let job = self.config.name.clone();
+        Arc::new(move |info, restored| {
+            let range =
+                KeyGroupRange::for_subtask(info.max_parallelism, info.parallelism, info.index);
+            let handles: Vec<_> = match (restored, &restore) {
+                (Some(r), Some(s)) => r.keyed.iter().map(|h| (h, s.reader.as_ref())).collect(),
+                _ => Vec::new(),
+            };
+            Ok(match &config {
+                StateBackendConfig::Memory => {
+                    Box::new(MemoryBackend::restore(range, &handles)?) as Box<dyn KeyedStateBackend>
+                }
+                StateBackendConfig::RocksDb { local_dir } => {
+                    let root = local_dir
+                        .clone()
+                        .unwrap_or_else(|| std::env::temp_dir().join("exactly-state").join(&job));
+                    Box::new(RocksDbBackend::restore(range, &handles, &root)?)
+                }
+            })
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn run_once(
+        &self,
+        attempt: u32,
+        restore: Option<Arc<Snapshot>>,
+        storage: Option<Arc<LocalStorage>>,
+        first_id: CheckpointId,
+        commands: &mut mpsc::UnboundedReceiver<Command>,
+        last_id: &mut CheckpointId,
+        completed: &mut u64,
+    ) -> RunEnd {
+        for p in &self.inputs {
+            p.prepare(self.config.channel_capacity);
+        }
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let backend = self.backend_factory(restore.clone());
+        let (alignment, max_alignment_buffer) = self.config.checkpointing.as_ref().map_or(
+            (crate::checkpoint::AlignmentMode::ExactlyOnce, usize::MAX),
+            |c| (c.mode.alignment(), c.max_alignment_buffer),
+        );
+        let mut controls = Vec::new();
+        let mut sources = Vec::new();
+        let mut set = JoinSet::new();
+        for v in &self.vertices {
+            for index in 0..v.parallelism {
+                let (ctl_tx, ctl_rx) = mpsc::unbounded_channel();
+                let mut ctx = TaskContext {
+                    task_id: controls.len(),
+                    name: v.name.clone(),
+                    index,
+                    parallelism: v.parallelism,
+                    max_parallelism: self.config.max_parallelism,
+                    attempt,
+                    restore: restore.clone(),
+                    storage: storage.clone().map(|s| s as Arc<dyn CheckpointStorage>),
+                    backend: backend.clone(),
+                    alignment,
+                    max_alignment_buffer,
+                    control: Some(ctl_rx),
+                    events: events_tx.clone(),
+                };
+                let body = match (v.make)(&mut ctx) {
+                    Ok(b) => b,
+                    Err(e) => return RunEnd::Failed(e),
+                };
+                let id = controls.len();
+                controls.push(ctl_tx);
+                sources.push(v.is_source);
+                set.spawn(async move { (id, body.await) });
+            }
+        }
+        drop(events_tx);
+        let mut run =
+            Run {
+                job: self,
+                storage,
+                coordinator: self.config.checkpointing.as_ref().map(|c| {
+                    CheckpointCoordinator::new(c, controls.len(), first_id, Instant::now())
+                }),
+                controls,
+                sources,
+                ended: BTreeSet::new(),
+                waiters: BTreeMap::new(),
+                shutdown_after: None,
+                shutting_down: false,
+                completed,
+                last_id,
+            };
+        let end = run.drive(&mut set, events, commands).await;
+        if !matches!(end, RunEnd::Finished) {
+            run.shutdown();
+            let deadline = tokio::time::sleep(self.config.shutdown_timeout);
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    r = set.join_next() => if r.is_none() { break },
+                    _ = &mut deadline => { set.abort_all(); }
+                }
+            }
+        }
+        for (_, w) in std::mem::take(&mut run.waiters) {
+            let _ = w.reply.send(Err(CoreError::Config(
+                "the job run ended before the savepoint completed".into(),
+            )));
+        }
+        end
+    }
+}
+
+struct Waiter {
+    dir: Option<PathBuf>,
+    reply: oneshot::Sender<Result<PathBuf>>,
+}
+
+/// The coordinator side of one run.
+struct Run<'a> {
+    job: &'a Job,
+    storage: Option<Arc<LocalStorage>>,
+    coordinator: Option<CheckpointCoordinator>,
+    controls: Vec<mpsc::UnboundedSender<Control>>,
+    sources: Vec<bool>,
+    ended: BTreeSet<usize>,
+    waiters: BTreeMap<CheckpointId, Waiter>,
+    /// Shut down once this checkpoint is complete and notified (final checkpoint, stop).
+    shutdown_after: Option<CheckpointId>,
+    shutting_down: bool,
+    completed: &'a mut u64,
+    last_id: &'a mut CheckpointId,
+}
+
+impl Run<'_> {
+    fn config(&self) -> Option<&CheckpointConfig> {
+        self.job.config.checkpointing.as_ref()
+    }
+
+    fn broadcast(&self, c: Control) {
+        for tx in &self.controls {
+            let _ = tx.send(c);
+        }
+    }
+
+    fn shutdown(&mut self) {
+        self.shutting_down = true;
+        self.broadcast(Control::Shutdown);
+    }
+
+    async fn drive(
+        &mut self,
+        set: &mut JoinSet<(usize, Result<()>)>,
+        mut events: mpsc::UnboundedReceiver<TaskEvent>,
+        commands: &mut mpsc::UnboundedReceiver<Command>,
+    ) -> RunEnd {
+        let tasks = self.controls.len();
+        let mut finished = 0usize;
+        loop {
+            let wake = self.next_wake();
+            tokio::select! {
+                joined = set.join_next() => match joined {
+                    None => return RunEnd::Finished,
+                    Some(Ok((_, Ok(())))) => {
+                        finished += 1;
+                        if !self.shutting_down {
+                            return RunEnd::Failed(CoreError::TaskLost { task: "a task".into(), reason: "ended before the job did".into() });
+                        }
+                        if finished == tasks {
+                            return RunEnd::Finished;
+                        }
+                    }
+                    Some(Ok((task, Err(e)))) => {
+                        warn!(task, error = %e, "Task failed.");
+                        return RunEnd::Failed(e);
+                    }
+                    Some(Err(e)) => {
+                        return RunEnd::Failed(CoreError::TaskLost { task: "a task".into(), reason: e.to_string() });
+                    }
+                },
+                Some(event) = events.recv() => {
+                    if let Err(e) = self.on_event(event).await {
+                        return RunEnd::Failed(e);
+                    }
+                }
+                Some(cmd) = commands.recv(), if !self.shutting_down => match cmd {
+                    Command::Cancel => {
+                        info!(job = %self.job.config.name, "Cancelling.");
+                        self.shutdown();
+                        while set.join_next().await.is_some() {}
+                        return RunEnd::Cancelled;
+                    }
+                    Command::Savepoint { dir, stop, reply } => {
+                        if self.coordinator.is_none() {
+                            let _ = reply.send(Err(CoreError::Config(
+                                "checkpointing is disabled for this job: savepoints need it".into(),
+                            )));
+                            continue;
+                        }
+                        let kind = if dir.is_some() { SnapshotKind::Savepoint } else { SnapshotKind::Checkpoint };
+                        let id = self.trigger(kind, stop);
+                        self.waiters.insert(id, Waiter { dir, reply });
+                        if stop {
+                            self.shutdown_after = Some(id);
+                        }
+                    }
+                },
+                _ = tokio::time::sleep_until(wake.into()) => {
+                    if let Err(e) = self.on_timer().await {
+                        return RunEnd::Failed(e);
+                    }
+                }
+            }
+        }
+    }
+
+    fn next_wake(&self) -> Instant {
+        let soon = Instant::now() + Duration::from_millis(100);
+        match &self.coordinator {
+            Some(c) => c.next_due().min(soon),
+            None => soon,
+        }
+    }
+
+    /// Starts a checkpoint: barriers at live sources, direct snapshots at ended tasks.
+    fn trigger(&mut self, kind: SnapshotKind, stop: bool) -> CheckpointId {
+        let coordinator = self.coordinator.as_mut().expect("checkpointing on");
+        let barrier = coordinator.trigger(Instant::now(), kind, now_ms());
+        *self.last_id = barrier.id;
+        for (task, tx) in self.controls.iter().enumerate() {
+            let c = if self.ended.contains(&task) {
+                Control::SnapshotIfEnded(barrier)
+            } else if self.sources[task] {
+                Control::Trigger { barrier, stop }
+            } else {
+                continue;
+            };
+            let _ = tx.send(c);
+        }
+        barrier.id
+    }
+
+    async fn on_timer(&mut self) -> Result<()> {
+        let Some(c) = self.coordinator.as_mut() else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        for b in c.expired(now) {
+            self.abort(b, "timed out").await?;
+        }
+        let c = self.coordinator.as_ref().expect("checked");
+        if !self.shutting_down
+            && self.shutdown_after.is_none()
+            && self.ended.len() < self.controls.len()
+            && c.due(now)
+        {
+            self.trigger(SnapshotKind::Checkpoint, false);
+        }
+        Ok(())
+    }
+
+    async fn on_event(&mut self, event: TaskEvent) -> Result<()> {
+        match event {
+            TaskEvent::Ack { task, id, snapshot } => {
+                let Some(c) = self.coordinator.as_mut() else {
+                    return Ok(());
+                };
+                if let Acknowledged::AllAcknowledged(p) = c.acknowledge(id, task, snapshot) {
+                    self.complete(p).await?;
+                }
+            }
+            TaskEvent::Decline { id, reason, task } => {
+                let Some(c) = self.coordinator.as_mut() else {
+                    return Ok(());
+                };
+                if let Some(b) = c.decline(id) {
+                    warn!(checkpoint_id = id, task, %reason, "Checkpoint declined.");
+                    self.abort(b, &reason).await?;
+                }
+            }
+            TaskEvent::Ended { task } => {
+                self.ended.insert(task);
+                if let Some(c) = &self.coordinator {
+                    for p in c.pending() {
+                        if !p.acknowledged_by(task) {
+                            let _ = self.controls[task].send(Control::SnapshotIfEnded(p.barrier));
+                        }
+                    }
+                }
+                if self.ended.len() == self.controls.len() && self.shutdown_after.is_none() {
+                    if self.coordinator.is_some() {
+                        // Final checkpoint: every task snapshots its end state; sinks commit on completion.
+                        let id = self.trigger(SnapshotKind::Checkpoint, false);
+                        self.shutdown_after = Some(id);
+                    } else {
+                        self.shutdown();
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn complete(&mut self, p: PendingCheckpoint) -> Result<()> {
+        let barrier = p.barrier;
+        let duration = p.started.elapsed();
+        let alignment = p.max_alignment();
+        let storage = self.storage.clone().expect("checkpointing on");
+        let meta = p.into_metadata(&self.job.config.name, now_ms())?;
+        let size = meta.state_size();
+        let persisted = {
+            let storage = storage.clone();
+            let meta = meta.clone();
+            tokio::task::spawn_blocking(move || storage.commit(&meta))
+                .await
+                .unwrap_or_else(|e| {
+                    Err(CoreError::TaskLost {
+                        task: "storage".into(),
+                        reason: e.to_string(),
+                    })
+                })
+        };
+        if let Err(e) = persisted {
+            warn!(checkpoint_id = barrier.id, error = %e, "Writing checkpoint metadata failed.");
+            return self.abort(barrier, &format!("not persisted: {e}")).await;
+        }
+        let coordinator = self.coordinator.as_mut().expect("checkpointing on");
+        let subsumed = coordinator.completed(barrier.id, Instant::now());
+        *self.completed += 1;
+        info!(
+            checkpoint_id = barrier.id,
+            duration_ms = duration.as_millis() as u64,
+            alignment_ms = alignment.as_millis() as u64,
+            state_bytes = size,
+            "Checkpoint complete."
+        );
+        self.job.metrics.update(|s| {
+            s.completed += 1;
+            s.latest_id = Some(barrier.id);
+            if s.durations.len() >= 10_000 {
+                s.durations.remove(0);
+            }
+            s.durations.push(duration);
+            s.last_alignment = alignment;
+            s.last_state_size = size;
+        });
+        for b in subsumed {
+            self.broadcast(Control::Notify(Notification::Aborted(b.id)));
+            let _ = storage.abort(b.id);
+        }
+        // Durable first, then notify: sinks commit on this.
+        self.broadcast(Control::Notify(Notification::Complete(barrier.id)));
+        if let Some(keep) = self.config().map(|c| c.retained) {
+            let s = storage.clone();
+            match tokio::task::spawn_blocking(move || s.retain(keep)).await {
+                Ok(Err(e)) => warn!(error = %e, "Deleting old checkpoints failed."),
+                Err(e) => warn!(error = %e, "Deleting old checkpoints failed."),
+                Ok(Ok(_)) => {}
+            }
+        }
+        if let Some(w) = self.waiters.remove(&barrier.id) {
+            let result = match w.dir {
+                Some(dir) => {
+                    let s = storage.clone();
+                    let out = dir.join(format!("savepoint-{}", barrier.id));
+                    let out2 = out.clone();
+                    tokio::task::spawn_blocking(move || s.export(barrier.id, &out2))
+                        .await
+                        .unwrap_or_else(|e| {
+                            Err(CoreError::TaskLost {
+                                task: "storage".into(),
+                                reason: e.to_string(),
+                            })
+                        })
+                        .map(|()| out)
+                }
+                None => Ok(storage.checkpoint_dir(barrier.id)),
+            };
+            if let Ok(path) = &result {
+                info!(checkpoint_id = barrier.id, path = %path.display(), "Savepoint written.");
+            }
+            let _ = w.reply.send(result);
+        }
+        if self.shutdown_after == Some(barrier.id) {
+            self.shutdown();
+        }
+        Ok(())
+    }
+
+    async fn abort(&mut self, barrier: CheckpointBarrier, reason: &str) -> Result<()> {
+        warn!(checkpoint_id = barrier.id, %reason, "Checkpoint aborted.");
+        self.broadcast(Control::Notify(Notification::Aborted(barrier.id)));
+        if let Some(s) = self.storage.clone() {
+            let id = barrier.id;
+            let _ = tokio::task::spawn_blocking(move || s.abort(id)).await;
+        }
+        self.job.metrics.update(|s| s.failed += 1);
+        if let Some(w) = self.waiters.remove(&barrier.id) {
+            let _ = w.reply.send(Err(CoreError::CheckpointAborted {
+                id: barrier.id,
+                reason: reason.to_owned(),
+            }));
+        }
+        if self.shutdown_after == Some(barrier.id) {
+            // Sources stopped after this barrier: only a restart resumes them.
+            return Err(CoreError::CheckpointAborted {
+                id: barrier.id,
+                reason: reason.to_owned(),
+            });
+        }
+        let c = self.coordinator.as_mut().expect("checkpointing on");
+        c.failed(Instant::now())
+    }
+}

@@ -1,0 +1,460 @@
+//! Building a job: sources, chained operators, stage boundaries (key_by, rebalance, union) and
+//! sinks. A [`Stream`] is a chain under construction; it becomes a stage when it meets a
+//! boundary or a sink.
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+use std::marker::PhantomData;
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+
+use super::api::{Collector, KeyedProcessFunction, ProcessFunction, Sink, Source, SubtaskInfo};
+use super::chain::{ChannelOut, Envelope, KeyedNode, Output, ProcessNode, SinkNode, Stateless};
+use super::task::{input_task, source_task, TaskBody, TaskContext};
+use super::{Job, JobConfig};
+use crate::error::{CoreError, Result};
+
+/// How records are routed from one stage to the next.
+pub(crate) enum Partitioner<T> {
+    /// Subtask i to subtask i.
+    Forward,
+    /// Round robin over every downstream subtask.
+    Rebalance,
+    /// By key group of the key.
+    Hash {
+        key: Arc<dyn Fn(&T) -> Vec<u8> + Send + Sync>,
+        max_parallelism: u32,
+    },
+}
+
+impl<T> Clone for Partitioner<T> {
+    fn clone(&self) -> Self {
+        match self {
+            Partitioner::Forward => Partitioner::Forward,
+            Partitioner::Rebalance => Partitioner::Rebalance,
+            Partitioner::Hash {
+                key,
+                max_parallelism,
+            } => Partitioner::Hash {
+                key: key.clone(),
+                max_parallelism: *max_parallelism,
+            },
+        }
+    }
+}
+
+/// Builds the chain of one subtask: given the rest of the chain, returns the task.
+type Attach<T> =
+    Arc<dyn Fn(&mut TaskContext, Box<dyn Output<T>>) -> Result<TaskBody> + Send + Sync>;
+
+/// Creates one subtask's task (the whole chain, head to terminal).
+pub(crate) type MakeTask = Box<dyn Fn(&mut TaskContext) -> Result<TaskBody> + Send + Sync>;
+
+/// A stage: `parallelism` subtasks running the same chain.
+pub(crate) struct Vertex {
+    pub(crate) name: String,
+    pub(crate) parallelism: u32,
+    pub(crate) is_source: bool,
+    pub(crate) make: MakeTask,
+}
+
+/// Fresh channels for a run of the job.
+pub(crate) trait PrepareInputs: Send + Sync {
+    fn prepare(&self, capacity: usize);
+}
+
+/// The input channels of one stage: a receiver per subtask, and the senders upstream stages use.
+pub(crate) struct InputSlots<T> {
+    parallelism: u32,
+    receivers: Mutex<Vec<Option<mpsc::Receiver<Envelope<T>>>>>,
+    senders: Mutex<Vec<mpsc::Sender<Envelope<T>>>>,
+    /// Inputs per subtask, summed over incoming edges.
+    inputs: Mutex<usize>,
+}
+
+impl<T: Send + 'static> PrepareInputs for InputSlots<T> {
+    fn prepare(&self, capacity: usize) {
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..self.parallelism)
+            .map(|_| mpsc::channel(capacity))
+            .map(|(t, r)| (t, Some(r)))
+            .unzip();
+        *self.receivers.lock().expect("not poisoned") = rxs;
+        *self.senders.lock().expect("not poisoned") = txs;
+    }
+}
+
+impl<T> InputSlots<T> {
+    fn take_receiver(&self, index: u32) -> Option<mpsc::Receiver<Envelope<T>>> {
+        self.receivers
+            .lock()
+            .expect("not poisoned")
+            .get_mut(index as usize)
+            .and_then(Option::take)
+    }
+}
+
+struct Graph {
+    config: JobConfig,
+    vertices: Vec<Vertex>,
+    /// Every stage's input channels, created anew for each run.
+    inputs: Vec<Arc<dyn PrepareInputs>>,
+    uids: BTreeSet<String>,
+    error: Option<CoreError>,
+}
+
+/// Builds a job. Every stateful operator, source and sink has a uid: state is addressed by it.
+pub struct JobBuilder {
+    graph: Rc<RefCell<Graph>>,
+}
+
+/// A stream of `T` whose chain is still open for more operators.
+pub struct Stream<T> {
+    graph: Rc<RefCell<Graph>>,
+    name: String,
+    parallelism: u32,
+    is_source: bool,
+    attach: Attach<T>,
+}
+
+/// A stream partitioned by key: the next operator sees each key on one subtask only.
+pub struct KeyedStream<T> {
+    stream: Stream<T>,
+    key: Arc<dyn Fn(&T) -> Vec<u8> + Send + Sync>,
+}
+
+impl JobBuilder {
+    /// A builder for a job with `config`.
+    pub fn new(config: JobConfig) -> Self {
+        JobBuilder {
+            graph: Rc::new(RefCell::new(Graph {
+                config,
+                vertices: Vec::new(),
+                inputs: Vec::new(),
+                uids: BTreeSet::new(),
+                error: None,
+            })),
+        }
+    }
+
+    /// Adds a source with `parallelism` subtasks, each made by `factory`.
+    pub fn source<T, S, F>(&mut self, uid: &str, parallelism: u32, factory: F) -> Stream<T>
+    where
+        T: Send + 'static,
+        S: Source<T>,
+        F: Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
+    {
+        register_uid(&self.graph, uid);
+        check_parallelism(&self.graph, uid, parallelism);
+        let uid = uid.to_owned();
+        let uid2 = uid.clone();
+        let attach: Attach<T> = Arc::new(move |ctx: &mut TaskContext, out: Box<dyn Output<T>>| {
+            let info = ctx.info(&uid);
+            let restored = ctx.restored(&uid);
+            let source = factory(&info);
+            Ok(source_task(ctx, info, restored, source, out))
+        });
+        Stream {
+            graph: self.graph.clone(),
+            name: uid2,
+            parallelism,
+            is_source: true,
+            attach,
+        }
+    }
+
+    /// The finished job.
+    pub fn build(self) -> Result<Job> {
+        let graph = Rc::try_unwrap(self.graph)
+            .map_err(|_| {
+                CoreError::InvalidJob("a stream is still open: connect it to a sink".into())
+            })?
+            .into_inner();
+        if let Some(e) = graph.error {
+            return Err(e);
+        }
+        if graph.vertices.is_empty() {
+            return Err(CoreError::InvalidJob("the job has no sink".into()));
+        }
+        Job::new(graph.config, graph.vertices, graph.inputs, graph.uids)
+    }
+}
+
+fn register_uid(graph: &Rc<RefCell<Graph>>, uid: &str) {
+    let mut g = graph.borrow_mut();
+    if !g.uids.insert(uid.to_owned()) && g.error.is_none() {
+        g.error = Some(CoreError::InvalidJob(format!(
+            "operator uid {uid:?} is used twice"
+        )));
+    }
+}
+
+fn check_parallelism(graph: &Rc<RefCell<Graph>>, uid: &str, parallelism: u32) {
+    let mut g = graph.borrow_mut();
+    let max = g.config.max_parallelism;
+    if (parallelism == 0 || parallelism > max) && g.error.is_none() {
+        g.error = Some(CoreError::InvalidJob(format!(
+            "{uid}: parallelism {parallelism} must be between 1 and max_parallelism ({max})"
+        )));
+    }
+}
+
+impl<T: Send + 'static> Stream<T> {
+    /// Chains a stateless function over every record.
+    pub fn flat_map<O: Send + 'static>(
+        self,
+        f: impl Fn(T, &mut Collector<'_, O>) -> Result<()> + Send + Sync + 'static,
+    ) -> Stream<O> {
+        let f: Arc<dyn Fn(T, &mut Collector<'_, O>) -> Result<()> + Send + Sync> = Arc::new(f);
+        let prev = self.attach;
+        Stream {
+            graph: self.graph,
+            name: self.name,
+            parallelism: self.parallelism,
+            is_source: self.is_source,
+            attach: Arc::new(move |ctx, next| {
+                prev(ctx, Box::new(Stateless { f: f.clone(), next }))
+            }),
+        }
+    }
+
+    /// Chains a stateless 1:1 transformation.
+    pub fn map<O: Send + 'static>(self, f: impl Fn(T) -> O + Send + Sync + 'static) -> Stream<O> {
+        self.flat_map(move |r, out| out.emit(f(r)))
+    }
+
+    /// Chains a filter.
+    pub fn filter(self, f: impl Fn(&T) -> bool + Send + Sync + 'static) -> Stream<T> {
+        self.flat_map(move |r, out| if f(&r) { out.emit(r) } else { Ok(()) })
+    }
+
+    /// Chains a stateful operator (its uid addresses its state).
+    pub fn process<O, P, F>(self, uid: &str, factory: F) -> Stream<O>
+    where
+        O: Send + 'static,
+        P: ProcessFunction<T, O>,
+        F: Fn(&SubtaskInfo) -> P + Send + Sync + 'static,
+    {
+        register_uid(&self.graph, uid);
+        let uid = uid.to_owned();
+        let prev = self.attach;
+        Stream {
+            graph: self.graph,
+            name: self.name,
+            parallelism: self.parallelism,
+            is_source: self.is_source,
+            attach: Arc::new(move |ctx, next| {
+                let info = ctx.info(&uid);
+                let restored = ctx.restored(&uid);
+                let f = factory(&info);
+                prev(
+                    ctx,
+                    Box::new(ProcessNode {
+                        info,
+                        f,
+                        restored,
+                        next,
+                        _i: PhantomData,
+                    }),
+                )
+            }),
+        }
+    }
+
+    /// Partitions by key: records with the same key bytes go to the same subtask.
+    pub fn key_by(self, key: impl Fn(&T) -> Vec<u8> + Send + Sync + 'static) -> KeyedStream<T> {
+        KeyedStream {
+            stream: self,
+            key: Arc::new(key),
+        }
+    }
+
+    /// Redistributes round robin to a new stage of `parallelism` subtasks.
+    pub fn rebalance(self, parallelism: u32) -> Stream<T> {
+        let name = format!("{}-rebalanced", self.name);
+        connect(vec![(self, Partitioner::Rebalance)], name, parallelism)
+    }
+
+    /// Merges streams of the same type into one new stage (forward edges where parallelism is
+    /// equal, round robin otherwise).
+    pub fn union(self, others: Vec<Stream<T>>) -> Stream<T> {
+        let parallelism = self.parallelism;
+        let name = format!("{}-union", self.name);
+        let inputs = std::iter::once(self)
+            .chain(others)
+            .map(|s| {
+                let p = if s.parallelism == parallelism {
+                    Partitioner::Forward
+                } else {
+                    Partitioner::Rebalance
+                };
+                (s, p)
+            })
+            .collect();
+        connect(inputs, name, parallelism)
+    }
+
+    /// Ends the chain in a sink (same parallelism; use [`rebalance`](Self::rebalance) to change it).
+    pub fn sink<S, F>(self, uid: &str, factory: F)
+    where
+        S: Sink<T>,
+        F: Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
+    {
+        register_uid(&self.graph, uid);
+        let uid = uid.to_owned();
+        let attach = self.attach;
+        let make: MakeTask = Box::new(move |ctx| {
+            let info = ctx.info(&uid);
+            let restored = ctx.restored(&uid);
+            let sink = factory(&info);
+            attach(
+                ctx,
+                Box::new(SinkNode {
+                    info,
+                    sink,
+                    restored,
+                    buffer: Vec::new(),
+                }),
+            )
+        });
+        push_vertex(
+            &self.graph,
+            self.name,
+            self.parallelism,
+            self.is_source,
+            make,
+        );
+    }
+}
+
+impl<T: Send + 'static> KeyedStream<T> {
+    /// A stateful keyed operator in a new stage of `parallelism` subtasks.
+    pub fn process<O, P, F>(self, uid: &str, parallelism: u32, factory: F) -> Stream<O>
+    where
+        O: Send + 'static,
+        P: KeyedProcessFunction<T, O>,
+        F: Fn(&SubtaskInfo) -> P + Send + Sync + 'static,
+    {
+        let max_parallelism = self.stream.graph.borrow().config.max_parallelism;
+        let graph = self.stream.graph.clone();
+        check_parallelism(&graph, uid, parallelism);
+        register_uid(&graph, uid);
+        let key = self.key.clone();
+        let part = Partitioner::Hash {
+            key: self.key,
+            max_parallelism,
+        };
+        let inner = connect(vec![(self.stream, part)], uid.to_owned(), parallelism);
+        let uid = uid.to_owned();
+        let prev = inner.attach;
+        Stream {
+            graph: inner.graph,
+            name: inner.name,
+            parallelism,
+            is_source: false,
+            attach: Arc::new(move |ctx, next| {
+                let info = ctx.info(&uid);
+                let restored = ctx.restored(&uid);
+                let f = factory(&info);
+                let make_backend = ctx.backend.clone();
+                prev(
+                    ctx,
+                    Box::new(KeyedNode {
+                        info,
+                        f,
+                        key: key.clone(),
+                        backend: None,
+                        make_backend,
+                        restored,
+                        next,
+                    }),
+                )
+            }),
+        }
+    }
+}
+
+fn push_vertex(
+    graph: &Rc<RefCell<Graph>>,
+    name: String,
+    parallelism: u32,
+    is_source: bool,
+    make: MakeTask,
+) {
+    graph.borrow_mut().vertices.push(Vertex {
+        name,
+        parallelism,
+        is_source,
+        make,
+    });
+}
+
+/// Closes the upstream chains into stages that send to a new stage of `parallelism` subtasks.
+fn connect<T: Send + 'static>(
+    upstreams: Vec<(Stream<T>, Partitioner<T>)>,
+    name: String,
+    parallelism: u32,
+) -> Stream<T> {
+    let graph = upstreams[0].0.graph.clone();
+    let slots = Arc::new(InputSlots::<T> {
+        parallelism,
+        receivers: Mutex::new(Vec::new()),
+        senders: Mutex::new(Vec::new()),
+        inputs: Mutex::new(0),
+    });
+    let mut next_input = 0usize;
+    for (up, part) in upstreams {
+        let part = match part {
+            Partitioner::Forward if up.parallelism != parallelism => Partitioner::Rebalance,
+            p => p,
+        };
+        let base = next_input;
+        next_input += if matches!(part, Partitioner::Forward) {
+            1
+        } else {
+            up.parallelism as usize
+        };
+        let slots_up = slots.clone();
+        let attach = up.attach;
+        let task_name = up.name.clone();
+        let make: MakeTask = Box::new(move |ctx| {
+            let senders = slots_up.senders.lock().expect("not poisoned").clone();
+            let targets: Vec<_> = match part {
+                Partitioner::Forward => vec![(senders[ctx.index as usize].clone(), base)],
+                _ => senders
+                    .into_iter()
+                    .map(|s| (s, base + ctx.index as usize))
+                    .collect(),
+            };
+            let buffers = targets.iter().map(|_| Vec::new()).collect();
+            let out = ChannelOut {
+                task: format!("{task_name}[{}]", ctx.index),
+                targets,
+                partitioner: part.clone(),
+                buffers,
+                next_target: 0,
+                pending_watermark: None,
+            };
+            attach(ctx, Box::new(out))
+        });
+        push_vertex(&graph, up.name, up.parallelism, up.is_source, make);
+    }
+    *slots.inputs.lock().expect("not poisoned") = next_input;
+    let slots_down = slots.clone();
+    let attach: Attach<T> = Arc::new(move |ctx, out| {
+        let rx = slots_down.take_receiver(ctx.index).ok_or_else(|| {
+            CoreError::InvalidJob("input channel taken twice (internal error)".into())
+        })?;
+        let inputs = *slots_down.inputs.lock().expect("not poisoned");
+        Ok(input_task(ctx, rx, inputs, out))
+    });
+    graph.borrow_mut().inputs.push(slots);
+    Stream {
+        graph,
+        name,
+        parallelism,
+        is_source: false,
+        attach,
+    }
+}

@@ -1,0 +1,131 @@
+//! The runtime: build a job with [`JobBuilder`], run it with [`Job::start`] or [`Job::run`].
+//!
+//! Each stage runs `parallelism` tasks on tokio; operators within a stage are chained (no channel
+//! between them); stages are connected by bounded channels, so a slow sink slows the sources
+//! (backpressure). Barriers flow in-band from the sources; a task whose upstreams have all ended
+//! snapshots on request. A failed task fails the run; the restart strategy decides whether the job
+//! restarts from the latest completed checkpoint.
+
+mod api;
+mod chain;
+mod executor;
+mod graph;
+mod metrics;
+mod task;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use api::{
+    CheckpointListener, CheckpointedFunction, Collector, InitContext, KeyedProcessFunction,
+    ProcessFunction, Sink, SnapshotContext, Source, SourceStatus, SubtaskInfo,
+};
+pub use executor::{Job, JobHandle, JobOutcome};
+pub use graph::{JobBuilder, KeyedStream, Stream};
+pub use metrics::{CheckpointStats, JobMetrics};
+
+use crate::coordinator::CheckpointConfig;
+use crate::error::{CoreError, Result};
+use crate::restart::RestartStrategy;
+use crate::state::DEFAULT_MAX_PARALLELISM;
+
+/// Which keyed state backend operators use.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum StateBackendConfig {
+    /// In memory, full snapshots.
+    #[default]
+    Memory,
+    /// RocksDB with incremental snapshots; working copies under `local_dir`.
+    RocksDb {
+        /// Local working directory (default: the system temp directory).
+        #[serde(default)]
+        local_dir: Option<PathBuf>,
+    },
+}
+
+fn default_channel_capacity() -> usize {
+    64
+}
+
+/// Settings of a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobConfig {
+    /// The job's name (written into checkpoint metadata).
+    pub name: String,
+    /// Checkpointing; `None` runs without checkpoints (no exactly-once, no restore).
+    #[serde(default)]
+    pub checkpointing: Option<CheckpointConfig>,
+    /// Restarts after failures.
+    #[serde(default)]
+    pub restart: RestartStrategy,
+    /// Keyed state backend.
+    #[serde(default)]
+    pub state_backend: StateBackendConfig,
+    /// Number of key groups; fixed for the life of the job's state.
+    #[serde(default = "default_max_parallelism")]
+    pub max_parallelism: u32,
+    /// Batches buffered per channel between stages.
+    #[serde(default = "default_channel_capacity")]
+    pub channel_capacity: usize,
+    /// Start from this checkpoint or savepoint directory.
+    #[serde(default)]
+    pub restore_from: Option<PathBuf>,
+    /// Allow the snapshot to hold state of operators this job does not have (it is dropped).
+    #[serde(default)]
+    pub allow_non_restored_state: bool,
+    /// How long a graceful stop waits for tasks.
+    #[serde(default = "default_shutdown_timeout", with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
+}
+
+fn default_max_parallelism() -> u32 {
+    DEFAULT_MAX_PARALLELISM
+}
+
+fn default_shutdown_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+impl JobConfig {
+    /// Defaults for a job called `name` (no checkpointing).
+    pub fn new(name: impl Into<String>) -> Self {
+        JobConfig {
+            name: name.into(),
+            checkpointing: None,
+            restart: RestartStrategy::default(),
+            state_backend: StateBackendConfig::default(),
+            max_parallelism: DEFAULT_MAX_PARALLELISM,
+            channel_capacity: default_channel_capacity(),
+            restore_from: None,
+            allow_non_restored_state: false,
+            shutdown_timeout: default_shutdown_timeout(),
+        }
+    }
+
+    /// Checks the settings; the error names what to change.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(c) = &self.checkpointing {
+            c.validate()?;
+        }
+        self.restart.validate()?;
+        if self.max_parallelism == 0 || self.max_parallelism > u32::from(u16::MAX) {
+            return Err(CoreError::Config(format!(
+                "max_parallelism ({}) must be between 1 and 65535",
+                self.max_parallelism
+            )));
+        }
+        if self.channel_capacity == 0 {
+            return Err(CoreError::Config(
+                "channel_capacity must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,330 @@
+//! The loops of source tasks and input tasks, and what they exchange with the coordinator.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::api::{InitContext, SnapshotContext, Source, SourceStatus, SubtaskInfo};
+use super::chain::{BackendFactory, BarrierCtx, Envelope, Notification, Output};
+use crate::checkpoint::{AlignerEvent, AlignmentMode, BarrierAligner, SubtaskSnapshot};
+use crate::coordinator::{OperatorSubtaskState, TaskSnapshot};
+use crate::error::{CoreError, Result};
+use crate::message::{CheckpointBarrier, CheckpointId, Message};
+use crate::state::{redistribute, RestoredState};
+use crate::storage::{CheckpointStorage, Snapshot};
+
+/// A task's whole life as one future.
+pub(crate) type TaskBody = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
+
+/// What the coordinator tells a task.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Control {
+    /// (Sources) inject this barrier; with `stop`, produce nothing after it.
+    Trigger {
+        barrier: CheckpointBarrier,
+        stop: bool,
+    },
+    /// (Ended tasks) snapshot without forwarding.
+    SnapshotIfEnded(CheckpointBarrier),
+    Notify(Notification),
+    Shutdown,
+}
+
+/// What a task tells the coordinator.
+#[derive(Debug)]
+pub(crate) enum TaskEvent {
+    Ack {
+        task: usize,
+        id: CheckpointId,
+        snapshot: TaskSnapshot,
+    },
+    Decline {
+        task: usize,
+        id: CheckpointId,
+        reason: String,
+    },
+    /// The task processed its end of input (it stays to snapshot and hear notifications).
+    Ended { task: usize },
+}
+
+/// Everything a task needs from the run it belongs to.
+pub(crate) struct TaskContext {
+    pub(crate) task_id: usize,
+    pub(crate) name: String,
+    pub(crate) index: u32,
+    pub(crate) parallelism: u32,
+    pub(crate) max_parallelism: u32,
+    pub(crate) attempt: u32,
+    pub(crate) restore: Option<Arc<Snapshot>>,
+    pub(crate) storage: Option<Arc<dyn CheckpointStorage>>,
+    pub(crate) backend: BackendFactory,
+    pub(crate) alignment: AlignmentMode,
+    pub(crate) max_alignment_buffer: usize,
+    pub(crate) control: Option<mpsc::UnboundedReceiver<Control>>,
+    pub(crate) events: mpsc::UnboundedSender<TaskEvent>,
+}
+
+impl TaskContext {
+    pub(crate) fn info(&self, uid: &str) -> SubtaskInfo {
+        SubtaskInfo {
+            uid: uid.to_owned(),
+            index: self.index,
+            parallelism: self.parallelism,
+            max_parallelism: self.max_parallelism,
+            attempt: self.attempt,
+        }
+    }
+
+    pub(crate) fn restored(&self, uid: &str) -> Option<RestoredState> {
+        let snapshot = self.restore.as_ref()?;
+        let op = snapshot.meta.operators.get(uid)?;
+        Some(redistribute(op, self.parallelism, self.index))
+    }
+
+    fn parts(&mut self) -> TaskParts {
+        TaskParts {
+            task_id: self.task_id,
+            name: format!("{}[{}]", self.name, self.index),
+            control: self.control.take().expect("one task per context"),
+            events: self.events.clone(),
+            storage: self.storage.clone(),
+        }
+    }
+}
+
+struct TaskParts {
+    task_id: usize,
+    name: String,
+    control: mpsc::UnboundedReceiver<Control>,
+    events: mpsc::UnboundedSender<TaskEvent>,
+    storage: Option<Arc<dyn CheckpointStorage>>,
+}
+
+impl TaskParts {
+    fn send(&self, e: TaskEvent) {
+        // The coordinator is gone only when the run is being torn down.
+        let _ = self.events.send(e);
+    }
+
+    async fn checkpoint<T>(
+        &self,
+        chain: &mut Box<dyn Output<T>>,
+        barrier: CheckpointBarrier,
+        mut snapshot: TaskSnapshot,
+        forward: bool,
+    ) -> Result<()> {
+        chain.flush().await?;
+        chain
+            .barrier(BarrierCtx {
+                barrier,
+                snapshot: &mut snapshot,
+                storage: self.storage.as_ref(),
+                forward,
+            })
+            .await?;
+        self.send(TaskEvent::Ack {
+            task: self.task_id,
+            id: barrier.id,
+            snapshot,
+        });
+        Ok(())
+    }
+}
+
+/// The loop of a source subtask: poll, push through the chain, inject barriers between polls.
+pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
+    ctx: &mut TaskContext,
+    info: SubtaskInfo,
+    restored: Option<RestoredState>,
+    mut source: S,
+    mut chain: Box<dyn Output<T>>,
+) -> TaskBody {
+    let mut parts = ctx.parts();
+    Box::pin(async move {
+        chain.open().await?;
+        source
+            .initialize_state(&InitContext {
+                info: &info,
+                restored: restored.as_ref(),
+            })
+            .await
+            .map_err(|e| wrap(&info.uid, e))?;
+        drop(restored);
+        let mut ended = false;
+        let mut stopped = false;
+        let mut buf = Vec::with_capacity(1024);
+        loop {
+            let control = if ended || stopped {
+                match parts.control.recv().await {
+                    Some(c) => Some(c),
+                    None => return Ok(()),
+                }
+            } else {
+                match parts.control.try_recv() {
+                    Ok(c) => Some(c),
+                    Err(mpsc::error::TryRecvError::Empty) => None,
+                    Err(mpsc::error::TryRecvError::Disconnected) => return Ok(()),
+                }
+            };
+            if let Some(c) = control {
+                match c {
+                    Control::Trigger { barrier, stop } => {
+                        let snapshot = source_snapshot(&info, &mut source, barrier).await?;
+                        parts
+                            .checkpoint(&mut chain, barrier, snapshot, !ended)
+                            .await?;
+                        stopped |= stop;
+                    }
+                    Control::SnapshotIfEnded(barrier) if ended => {
+                        let snapshot = source_snapshot(&info, &mut source, barrier).await?;
+                        parts
+                            .checkpoint(&mut chain, barrier, snapshot, false)
+                            .await?;
+                    }
+                    Control::SnapshotIfEnded(_) => {}
+                    Control::Notify(n) => {
+                        match n {
+                            Notification::Complete(id) => {
+                                source.notify_checkpoint_complete(id).await
+                            }
+                            Notification::Aborted(id) => source.notify_checkpoint_aborted(id).await,
+                        }
+                        .map_err(|e| wrap(&info.uid, e))?;
+                        chain.notify(n).await?;
+                    }
+                    Control::Shutdown => return Ok(()),
+                }
+                continue;
+            }
+            let status = source
+                .poll_next(&mut buf)
+                .await
+                .map_err(|e| wrap(&info.uid, e))?;
+            for r in buf.drain(..) {
+                chain.record(r)?;
+            }
+            chain.flush().await?;
+            if status == SourceStatus::End {
+                chain.end().await?;
+                ended = true;
+                parts.send(TaskEvent::Ended {
+                    task: parts.task_id,
+                });
+            }
+        }
+    })
+}
+
+async fn source_snapshot<T, S: Source<T>>(
+    info: &SubtaskInfo,
+    source: &mut S,
+    barrier: CheckpointBarrier,
+) -> Result<TaskSnapshot> {
+    let mut sctx = SnapshotContext::new(barrier.id, barrier.kind, barrier.timestamp_ms);
+    source
+        .snapshot_state(&mut sctx)
+        .await
+        .map_err(|e| wrap(&info.uid, e))?;
+    Ok(TaskSnapshot {
+        operators: vec![OperatorSubtaskState {
+            uid: info.uid.clone(),
+            subtask: info.index,
+            parallelism: info.parallelism,
+            max_parallelism: info.max_parallelism,
+            state: SubtaskSnapshot {
+                list_state: sctx.list_state,
+                union_state: sctx.union_state,
+                keyed: None,
+            },
+        }],
+        alignment: Duration::ZERO,
+    })
+}
+
+fn wrap(uid: &str, e: CoreError) -> CoreError {
+    match e {
+        e @ CoreError::Operator { .. } => e,
+        other => CoreError::operator(uid, other.class(), other),
+    }
+}
+
+/// The loop of a subtask fed by channels: align barriers, push records through the chain.
+pub(crate) fn input_task<T: Send + 'static>(
+    ctx: &mut TaskContext,
+    mut input: mpsc::Receiver<Envelope<T>>,
+    inputs: usize,
+    mut chain: Box<dyn Output<T>>,
+) -> TaskBody {
+    let mut parts = ctx.parts();
+    let mut aligner = BarrierAligner::new(inputs, ctx.alignment, ctx.max_alignment_buffer);
+    Box::pin(async move {
+        chain.open().await?;
+        let mut ended = false;
+        let mut events = Vec::new();
+        loop {
+            tokio::select! {
+                biased;
+                c = parts.control.recv() => match c {
+                    Some(Control::Notify(n)) => chain.notify(n).await?,
+                    Some(Control::SnapshotIfEnded(barrier)) if ended => {
+                        parts.checkpoint(&mut chain, barrier, TaskSnapshot::default(), false).await?;
+                    }
+                    Some(Control::SnapshotIfEnded(_) | Control::Trigger { .. }) => {}
+                    Some(Control::Shutdown) | None => return Ok(()),
+                },
+                env = input.recv(), if !ended => {
+                    let Some(env) = env else {
+                        return Err(CoreError::TaskLost {
+                            task: parts.name.clone(),
+                            reason: "an upstream task ended without end of stream".into(),
+                        });
+                    };
+                    if inputs == 1 {
+                        // Single input: nothing to align.
+                        events.push(match env.msg {
+                            Message::Record(r) => AlignerEvent::Record(r),
+                            Message::Watermark(w) => AlignerEvent::Watermark(w),
+                            Message::Barrier(barrier) => AlignerEvent::Barrier { barrier, alignment: Duration::ZERO },
+                            Message::CancelCheckpoint(id) => AlignerEvent::Aborted {
+                                id,
+                                reason: crate::checkpoint::AbortReason::CanceledUpstream,
+                            },
+                            Message::EndOfStream => AlignerEvent::EndOfStream,
+                        });
+                    } else {
+                        aligner.push(env.input, env.msg, &mut |e| events.push(e));
+                    }
+                    for event in events.drain(..) {
+                        match event {
+                            AlignerEvent::Record(batch) => {
+                                for r in batch {
+                                    chain.record(r)?;
+                                }
+                            }
+                            AlignerEvent::Watermark(w) => chain.watermark(w)?,
+                            AlignerEvent::Barrier { barrier, alignment } => {
+                                let snapshot = TaskSnapshot { operators: Vec::new(), alignment };
+                                parts.checkpoint(&mut chain, barrier, snapshot, true).await?;
+                            }
+                            AlignerEvent::Aborted { id, reason } => {
+                                chain.flush().await?;
+                                chain.cancel(id).await?;
+                                parts.send(TaskEvent::Decline { task: parts.task_id, id, reason: reason.to_string() });
+                            }
+                            AlignerEvent::EndOfStream => {
+                                chain.flush().await?;
+                                chain.end().await?;
+                                ended = true;
+                                parts.send(TaskEvent::Ended { task: parts.task_id });
+                            }
+                        }
+                    }
+                    chain.flush().await?;
+                }
+            }
+        }
+    })
+}

@@ -1,0 +1,19 @@
+//! State: keyed state backends (in memory, RocksDB), typed state handles, key groups, and the
+//! redistribution of operator state when parallelism changes.
+
+mod backend;
+mod key_groups;
+mod memory;
+mod operator_state;
+mod rocks;
+
+pub use backend::{KeyedContext, KeyedStateBackend, ListState, MapState, ValueState};
+pub use key_groups::{
+    hash_key, key_group, subtask_for_key_group, KeyGroupRange, DEFAULT_MAX_PARALLELISM,
+};
+pub use memory::MemoryBackend;
+pub use operator_state::{redistribute, RestoredState};
+pub use rocks::RocksDbBackend;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,242 @@
+//! RocksDB keyed state with incremental snapshots.
+//!
+//! A snapshot flushes the memtable and takes a RocksDB checkpoint (hard links). SST files are
+//! immutable, so each is uploaded to shared storage once, under `<instance>-<name>`, and later
+//! snapshots only reference it; the small MANIFEST/CURRENT/OPTIONS files are written privately
+//! each time. Storage deletes a shared file when no retained checkpoint references it.
+//! The local database is a working copy (no WAL): checkpoints are the durability.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use rocksdb::checkpoint::Checkpoint;
+use rocksdb::{IteratorMode, Options, WriteOptions, DB};
+
+use super::backend::{entry_key_group, KeyedStateBackend};
+use super::KeyGroupRange;
+use crate::checkpoint::{BackendKind, FileHandle, FileScope, KeyedStateHandle};
+use crate::error::{CoreError, Result};
+use crate::message::{CheckpointId, SnapshotKind};
+use crate::storage::{SnapshotReader, SnapshotWriter};
+
+/// Keyed state in a local RocksDB instance.
+pub struct RocksDbBackend {
+    range: KeyGroupRange,
+    db: Option<DB>,
+    dir: PathBuf,
+    instance: String,
+    write: WriteOptions,
+    /// Local SST name -> its handle in shared storage.
+    uploaded: HashMap<String, FileHandle>,
+}
+
+impl std::fmt::Debug for RocksDbBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RocksDbBackend")
+            .field("range", &self.range)
+            .field("dir", &self.dir)
+            .finish()
+    }
+}
+
+fn new_instance() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+fn db_options() -> Options {
+    let mut o = Options::default();
+    o.create_if_missing(true);
+    o.set_max_background_jobs(2);
+    o
+}
+
+fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> CoreError + 'a {
+    move |e| CoreError::io(action, path, e)
+}
+
+impl RocksDbBackend {
+    /// An empty backend for `range`, with its working copy under `local_root`.
+    pub fn new(range: KeyGroupRange, local_root: &Path) -> Result<Self> {
+        let instance = new_instance();
+        let dir = local_root.join(format!("rocksdb-{instance}"));
+        fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
+        let db = DB::open(&db_options(), dir.join("db"))?;
+        Ok(Self::wrap(range, db, dir, instance, HashMap::new()))
+    }
+
+    fn wrap(
+        range: KeyGroupRange,
+        db: DB,
+        dir: PathBuf,
+        instance: String,
+        uploaded: HashMap<String, FileHandle>,
+    ) -> Self {
+        let mut write = WriteOptions::default();
+        write.disable_wal(true);
+        RocksDbBackend {
+            range,
+            db: Some(db),
+            dir,
+            instance,
+            write,
+            uploaded,
+        }
+    }
+
+    fn db(&self) -> &DB {
+        self.db.as_ref().expect("open until dropped")
+    }
+
+    /// A backend for `range` from snapshot handles. One handle covering exactly `range` is
+    /// restored by copying its files (and later snapshots keep sharing them); otherwise (rescaling)
+    /// the entries of `range` are copied out of every intersecting handle.
+    pub fn restore(
+        range: KeyGroupRange,
+        handles: &[(&KeyedStateHandle, &dyn SnapshotReader)],
+        local_root: &Path,
+    ) -> Result<Self> {
+        for (h, _) in handles {
+            if h.backend != BackendKind::RocksDb {
+                return Err(CoreError::Config(format!(
+                    "keyed state was written by the {:?} backend; restore it with that backend",
+                    h.backend
+                )));
+            }
+        }
+        let relevant: Vec<_> = handles
+            .iter()
+            .filter(|(h, _)| h.key_groups.intersects(&range))
+            .collect();
+        if let [(handle, reader)] = relevant.as_slice() {
+            if handle.key_groups == range {
+                let instance = new_instance();
+                let dir = local_root.join(format!("rocksdb-{instance}"));
+                let db_dir = dir.join("db");
+                fs::create_dir_all(&db_dir).map_err(io("creating", &db_dir))?;
+                let mut uploaded = HashMap::new();
+                for file in &handle.files {
+                    reader.download(file, &db_dir.join(&file.local_name))?;
+                    if file.scope == FileScope::Shared {
+                        uploaded.insert(file.local_name.clone(), file.clone());
+                    }
+                }
+                let db = DB::open(&db_options(), &db_dir)?;
+                return Ok(Self::wrap(range, db, dir, instance, uploaded));
+            }
+        }
+        let mut backend = RocksDbBackend::new(range, local_root)?;
+        for (handle, reader) in relevant {
+            let tmp = backend.dir.join(format!("import-{}", new_instance()));
+            fs::create_dir_all(&tmp).map_err(io("creating", &tmp))?;
+            for file in &handle.files {
+                reader.download(file, &tmp.join(&file.local_name))?;
+            }
+            {
+                let source = DB::open_for_read_only(&Options::default(), &tmp, false)?;
+                for item in source.iterator(IteratorMode::Start) {
+                    let (k, v) = item?;
+                    if range.contains(entry_key_group(&k)) {
+                        backend.put(&k, &v)?;
+                    }
+                }
+            }
+            fs::remove_dir_all(&tmp).map_err(io("removing", &tmp))?;
+        }
+        Ok(backend)
+    }
+}
+
+impl Drop for RocksDbBackend {
+    fn drop(&mut self) {
+        drop(self.db.take());
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl KeyedStateBackend for RocksDbBackend {
+    fn key_groups(&self) -> KeyGroupRange {
+        self.range
+    }
+
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.db().get(key)?)
+    }
+
+    fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        Ok(self.db().put_opt(key, value, &self.write)?)
+    }
+
+    fn delete(&mut self, key: &[u8]) -> Result<()> {
+        Ok(self.db().delete_opt(key, &self.write)?)
+    }
+
+    fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut out = Vec::new();
+        for item in self
+            .db()
+            .iterator(IteratorMode::From(prefix, rocksdb::Direction::Forward))
+        {
+            let (k, v) = item?;
+            if !k.starts_with(prefix) {
+                break;
+            }
+            out.push((k.to_vec(), v.to_vec()));
+        }
+        Ok(out)
+    }
+
+    fn snapshot(
+        &mut self,
+        id: CheckpointId,
+        _kind: SnapshotKind,
+        name: &str,
+        writer: &dyn SnapshotWriter,
+    ) -> Result<KeyedStateHandle> {
+        self.db().flush()?;
+        let tmp = self.dir.join(format!("chk-{id}"));
+        if tmp.exists() {
+            fs::remove_dir_all(&tmp).map_err(io("removing", &tmp))?;
+        }
+        Checkpoint::new(self.db())?.create_checkpoint(&tmp)?;
+        let mut files = Vec::new();
+        let mut entries: Vec<_> = fs::read_dir(&tmp)
+            .map_err(io("listing", &tmp))?
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(io("listing", &tmp))?;
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let local = entry.file_name().to_string_lossy().into_owned();
+            let path = entry.path();
+            if local.ends_with(".sst") {
+                let handle = match self.uploaded.get(&local) {
+                    Some(h) => h.clone(),
+                    None => {
+                        let h = writer.upload_shared(
+                            &format!("{}-{local}", self.instance),
+                            &local,
+                            &path,
+                        )?;
+                        self.uploaded.insert(local.clone(), h.clone());
+                        h
+                    }
+                };
+                files.push(handle);
+            } else {
+                let bytes = fs::read(&path).map_err(io("reading", &path))?;
+                let mut h = writer.write_private(&format!("{name}-{local}"), &bytes)?;
+                h.local_name = local;
+                files.push(h);
+            }
+        }
+        fs::remove_dir_all(&tmp).map_err(io("removing", &tmp))?;
+        // Files RocksDB compacted away are no longer needed by later snapshots.
+        self.uploaded
+            .retain(|local, _| files.iter().any(|f| &f.local_name == local));
+        Ok(KeyedStateHandle {
+            backend: BackendKind::RocksDb,
+            key_groups: self.range,
+            files,
+        })
+    }
+}

@@ -1,0 +1,141 @@
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::checkpoint::{BackendKind, KeyedStateHandle, OperatorSnapshot, SubtaskSnapshot};
+use crate::message::SnapshotKind;
+use crate::state::KeyGroupRange;
+
+fn meta(id: CheckpointId, files: Vec<FileHandle>) -> CheckpointMetadata {
+    let mut operators = BTreeMap::new();
+    operators.insert(
+        "op".to_owned(),
+        OperatorSnapshot {
+            parallelism: 1,
+            max_parallelism: 128,
+            subtasks: vec![SubtaskSnapshot {
+                keyed: Some(KeyedStateHandle {
+                    backend: BackendKind::RocksDb,
+                    key_groups: KeyGroupRange::new(0, 127),
+                    files,
+                }),
+                ..Default::default()
+            }],
+        },
+    );
+    CheckpointMetadata {
+        version: METADATA_VERSION,
+        job: "j".into(),
+        id,
+        kind: SnapshotKind::Checkpoint,
+        timestamp_ms: 0,
+        completed_ms: 0,
+        operators,
+    }
+}
+
+fn checkpoint(storage: &LocalStorage, id: CheckpointId, shared: &[&str]) -> CheckpointMetadata {
+    let w = storage.writer(id).unwrap();
+    let src = tempfile::NamedTempFile::new().unwrap();
+    let mut files = vec![w
+        .write_private("private.bin", format!("private {id}").as_bytes())
+        .unwrap()];
+    for name in shared {
+        fs::write(src.path(), format!("content of {name}")).unwrap();
+        files.push(w.upload_shared(name, name, src.path()).unwrap());
+    }
+    let m = meta(id, files);
+    storage.commit(&m).unwrap();
+    m
+}
+
+#[test]
+fn committed_checkpoints_are_listed_and_verified() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(dir.path()).unwrap();
+    let m1 = checkpoint(&storage, 1, &["a.sst"]);
+    let _ = storage.writer(2).unwrap(); // in progress, no metadata: not completed
+    assert_eq!(storage.completed().unwrap(), vec![1]);
+    let s = storage.latest().unwrap().unwrap();
+    assert_eq!(s.meta, m1);
+    for f in s.meta.files() {
+        assert!(!s.reader.read(f).unwrap().is_empty());
+    }
+    storage.abort(2).unwrap();
+    assert!(!storage.checkpoint_dir(2).exists());
+}
+
+#[test]
+fn corrupt_newest_checkpoint_falls_back_to_previous() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(dir.path()).unwrap();
+    checkpoint(&storage, 1, &["a.sst"]);
+    checkpoint(&storage, 2, &["a.sst", "b.sst"]);
+    checkpoint(&storage, 3, &["c.sst"]);
+    // 3: flip a byte of the metadata payload; 2: truncate a shared file it needs.
+    let md = storage.checkpoint_dir(3).join(METADATA_FILE);
+    let mut bytes = fs::read(&md).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    fs::write(&md, bytes).unwrap();
+    fs::write(dir.path().join("shared/b.sst"), "short").unwrap();
+    assert!(matches!(storage.open(3), Err(CoreError::Corrupt { .. })));
+    assert_eq!(storage.latest().unwrap().unwrap().meta.id, 1);
+    // A corrupt file's content is caught on read, too.
+    let s2 = storage.open(2).unwrap();
+    let b = s2.meta.files().find(|f| f.name == "b.sst").unwrap().clone();
+    assert!(matches!(s2.reader.read(&b), Err(CoreError::Corrupt { .. })));
+}
+
+#[test]
+fn retain_deletes_old_checkpoints_and_their_unshared_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(dir.path()).unwrap();
+    checkpoint(&storage, 1, &["a.sst", "old.sst"]);
+    checkpoint(&storage, 2, &["a.sst", "b.sst"]);
+    checkpoint(&storage, 3, &["a.sst", "c.sst"]);
+    assert_eq!(storage.retain(2).unwrap(), vec![1]);
+    assert_eq!(storage.completed().unwrap(), vec![2, 3]);
+    let shared = dir.path().join("shared");
+    assert!(shared.join("a.sst").exists(), "still used by 2 and 3");
+    assert!(!shared.join("old.sst").exists(), "only 1 used it");
+    assert!(shared.join("b.sst").exists());
+    // Retained checkpoints still restore after older ones are deleted.
+    let s = storage.latest().unwrap().unwrap();
+    for f in s.meta.files() {
+        s.reader.read(f).unwrap();
+    }
+    assert_eq!(storage.retain(1).unwrap(), vec![2]);
+    assert!(!shared.join("b.sst").exists());
+    storage.discard_all().unwrap();
+    assert!(storage.completed().unwrap().is_empty());
+}
+
+#[test]
+fn exported_snapshot_is_self_contained() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(dir.path().join("chk")).unwrap();
+    checkpoint(&storage, 4, &["a.sst"]);
+    let out = dir.path().join("savepoint-4");
+    storage.export(4, &out).unwrap();
+    storage.discard_all().unwrap();
+    let s = LocalStorage::open_path(&out).unwrap();
+    assert_eq!(s.meta.id, 4);
+    let contents: Vec<_> = s.meta.files().map(|f| s.reader.read(f).unwrap()).collect();
+    assert_eq!(
+        contents,
+        vec![b"private 4".to_vec(), b"content of a.sst".to_vec()]
+    );
+}
+
+#[test]
+fn newer_metadata_version_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(dir.path()).unwrap();
+    checkpoint(&storage, 1, &[]);
+    let md = storage.checkpoint_dir(1).join(METADATA_FILE);
+    let mut bytes = fs::read(&md).unwrap();
+    bytes[4..8].copy_from_slice(&(METADATA_VERSION + 1).to_le_bytes());
+    fs::write(&md, bytes).unwrap();
+    let err = storage.open(1).unwrap_err().to_string();
+    assert!(err.contains("newer than this build"), "{err}");
+}

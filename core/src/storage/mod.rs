@@ -1,0 +1,75 @@
+//! Durable checkpoint storage. [`CheckpointStorage`] is the interface (an object store can implement
+//! it); [`LocalStorage`] keeps checkpoints in a local directory.
+
+mod local;
+
+use std::path::Path;
+use std::sync::Arc;
+
+pub use local::{LocalStorage, Retention};
+
+use crate::checkpoint::{CheckpointMetadata, FileHandle};
+use crate::error::Result;
+use crate::message::CheckpointId;
+
+/// Writes the files of one checkpoint in progress. Shared by the subtasks that snapshot into it.
+pub trait SnapshotWriter: Send + Sync {
+    /// Writes `bytes` as a file private to this checkpoint.
+    fn write_private(&self, name: &str, bytes: &[u8]) -> Result<FileHandle>;
+    /// Copies the local file `src` into shared storage as `name` (files shared between
+    /// checkpoints are immutable: an existing `name` is reused, not rewritten).
+    fn upload_shared(&self, name: &str, local_name: &str, src: &Path) -> Result<FileHandle>;
+    /// Bytes written through this writer so far.
+    fn bytes_written(&self) -> u64;
+}
+
+/// Reads the files of a stored checkpoint or savepoint, verifying sizes and checksums.
+pub trait SnapshotReader: Send + Sync {
+    /// The content of `file`.
+    fn read(&self, file: &FileHandle) -> Result<Vec<u8>>;
+    /// Copies `file` to the local path `dest`.
+    fn download(&self, file: &FileHandle, dest: &Path) -> Result<()>;
+    /// Checks that `file` exists with its recorded size (cheap; content is verified when read).
+    fn check(&self, file: &FileHandle) -> Result<()>;
+}
+
+/// A stored checkpoint or savepoint, verified, ready to restore from.
+#[derive(Clone)]
+pub struct Snapshot {
+    /// Its metadata.
+    pub meta: CheckpointMetadata,
+    /// Access to its files.
+    pub reader: Arc<dyn SnapshotReader>,
+}
+
+impl std::fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Snapshot")
+            .field("id", &self.meta.id)
+            .field("kind", &self.meta.kind)
+            .finish()
+    }
+}
+
+/// Where completed checkpoints are kept.
+pub trait CheckpointStorage: Send + Sync {
+    /// A writer for the files of checkpoint `id` (which is in progress).
+    fn writer(&self, id: CheckpointId) -> Result<Arc<dyn SnapshotWriter>>;
+    /// Makes checkpoint `meta.id` durable. Once this returns, a restart restores from it.
+    fn commit(&self, meta: &CheckpointMetadata) -> Result<()>;
+    /// Removes what an aborted checkpoint wrote.
+    fn abort(&self, id: CheckpointId) -> Result<()>;
+    /// Ids of durable checkpoints, ascending (not verified).
+    fn completed(&self) -> Result<Vec<CheckpointId>>;
+    /// Opens and verifies checkpoint `id`.
+    fn open(&self, id: CheckpointId) -> Result<Snapshot>;
+    /// The newest checkpoint that verifies; a corrupt or partial newer one is skipped with a warning.
+    fn latest(&self) -> Result<Option<Snapshot>>;
+    /// Keeps the newest `keep` checkpoints, deleting older ones and shared files only they used.
+    /// Returns the deleted ids.
+    fn retain(&self, keep: usize) -> Result<Vec<CheckpointId>>;
+    /// Deletes every checkpoint (a cancelled job whose retention says so).
+    fn discard_all(&self) -> Result<()>;
+    /// Writes a self-contained copy of checkpoint `id` (metadata and every file) to `dir`.
+    fn export(&self, id: CheckpointId, dir: &Path) -> Result<()>;
+}
