@@ -31,7 +31,13 @@ pub struct InitContext<'a> {
     pub(crate) restored: Option<&'a RestoredState>,
 }
 
-impl InitContext<'_> {
+impl<'a> InitContext<'a> {
+    /// A context for `info` with `restored` state (the runtime builds these; public so that user
+    /// functions can be tested on their own).
+    pub fn new(info: &'a SubtaskInfo, restored: Option<&'a RestoredState>) -> Self {
+        InitContext { info, restored }
+    }
+
     /// Whether the job restores from a checkpoint or savepoint that has state for this operator.
     pub fn is_restored(&self) -> bool {
         self.restored.is_some()
@@ -66,7 +72,9 @@ pub struct SnapshotContext {
 }
 
 impl SnapshotContext {
-    pub(crate) fn new(checkpoint_id: CheckpointId, kind: SnapshotKind, timestamp_ms: u64) -> Self {
+    /// A context for checkpoint `checkpoint_id` (the runtime builds these; public for tests of
+    /// user functions).
+    pub fn new(checkpoint_id: CheckpointId, kind: SnapshotKind, timestamp_ms: u64) -> Self {
         SnapshotContext {
             checkpoint_id,
             kind,
@@ -85,6 +93,15 @@ impl SnapshotContext {
     /// Stores union list state `name`: on restore every subtask receives every subtask's entries.
     pub fn put_union_state(&mut self, name: impl Into<String>, entries: Vec<Vec<u8>>) {
         self.union_state.insert(name.into(), entries);
+    }
+
+    /// What a restore with unchanged parallelism would hand this subtask back (for tests).
+    pub fn into_restored(self) -> RestoredState {
+        RestoredState {
+            list_state: self.list_state,
+            union_state: self.union_state,
+            keyed: Vec::new(),
+        }
     }
 }
 
@@ -246,6 +263,11 @@ pub trait Sink<T>: Send + 'static {
     }
     /// End of input: flush what is buffered (a final checkpoint follows when checkpointing is on).
     fn finish(&mut self) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+    /// The job is shutting down gracefully (after its last checkpoint completed and was
+    /// notified): release what is still open.
+    fn close(&mut self) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
     }
 }

@@ -56,11 +56,16 @@ pub(crate) trait Output<T>: Send {
     fn notify(&mut self, n: Notification) -> BoxFut<'_, Result<()>>;
     /// End of input.
     fn end(&mut self) -> BoxFut<'_, Result<()>>;
+    /// Graceful shutdown: release what is open.
+    fn close(&mut self) -> BoxFut<'_, Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
-fn user_error(uid: &str, e: CoreError) -> CoreError {
+pub(crate) fn user_error(uid: &str, e: CoreError) -> CoreError {
     match e {
-        e @ CoreError::Operator { .. } => e,
+        // A decline stays a decline: the task declines the checkpoint instead of failing.
+        e @ (CoreError::Operator { .. } | CoreError::CheckpointAborted { .. }) => e,
         other => CoreError::operator(uid, other.class(), other),
     }
 }
@@ -72,6 +77,9 @@ pub(crate) struct Stateless<I, O> {
 }
 
 impl<I: Send, O: Send> Output<I> for Stateless<I, O> {
+    fn close(&mut self) -> BoxFut<'_, Result<()>> {
+        self.next.close()
+    }
     fn open(&mut self) -> BoxFut<'_, Result<()>> {
         self.next.open()
     }
@@ -136,6 +144,9 @@ pub(crate) struct ProcessNode<I, O, P> {
 }
 
 impl<I: Send, O: Send, P: ProcessFunction<I, O>> Output<I> for ProcessNode<I, O, P> {
+    fn close(&mut self) -> BoxFut<'_, Result<()>> {
+        self.next.close()
+    }
     fn open(&mut self) -> BoxFut<'_, Result<()>> {
         Box::pin(async move {
             let ctx = InitContext {
@@ -226,6 +237,9 @@ pub(crate) struct KeyedNode<I, O, P> {
 }
 
 impl<I: Send, O: Send, P: KeyedProcessFunction<I, O>> Output<I> for KeyedNode<I, O, P> {
+    fn close(&mut self) -> BoxFut<'_, Result<()>> {
+        self.next.close()
+    }
     fn open(&mut self) -> BoxFut<'_, Result<()>> {
         Box::pin(async move {
             let ctx = InitContext {
@@ -322,6 +336,14 @@ impl<T: Send + 'static, S: Sink<T>> SinkNode<T, S> {
 }
 
 impl<T: Send + 'static, S: Sink<T>> Output<T> for SinkNode<T, S> {
+    fn close(&mut self) -> BoxFut<'_, Result<()>> {
+        Box::pin(async move {
+            self.sink
+                .close()
+                .await
+                .map_err(|e| user_error(&self.info.uid, e))
+        })
+    }
     fn open(&mut self) -> BoxFut<'_, Result<()>> {
         Box::pin(async move {
             let ctx = InitContext {

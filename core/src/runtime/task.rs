@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::api::{InitContext, SnapshotContext, Source, SourceStatus, SubtaskInfo};
-use super::chain::{BackendFactory, BarrierCtx, Envelope, Notification, Output};
+use super::chain::{user_error, BackendFactory, BarrierCtx, Envelope, Notification, Output};
 use crate::checkpoint::{AlignerEvent, AlignmentMode, BarrierAligner, SubtaskSnapshot};
 use crate::coordinator::{OperatorSubtaskState, TaskSnapshot};
 use crate::error::{CoreError, Result};
@@ -151,7 +151,7 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
                 restored: restored.as_ref(),
             })
             .await
-            .map_err(|e| wrap(&info.uid, e))?;
+            .map_err(|e| user_error(&info.uid, e))?;
         drop(restored);
         let mut ended = false;
         let mut stopped = false;
@@ -192,17 +192,17 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
                             }
                             Notification::Aborted(id) => source.notify_checkpoint_aborted(id).await,
                         }
-                        .map_err(|e| wrap(&info.uid, e))?;
+                        .map_err(|e| user_error(&info.uid, e))?;
                         chain.notify(n).await?;
                     }
-                    Control::Shutdown => return Ok(()),
+                    Control::Shutdown => return chain.close().await,
                 }
                 continue;
             }
             let status = source
                 .poll_next(&mut buf)
                 .await
-                .map_err(|e| wrap(&info.uid, e))?;
+                .map_err(|e| user_error(&info.uid, e))?;
             for r in buf.drain(..) {
                 chain.record(r)?;
             }
@@ -227,7 +227,7 @@ async fn source_snapshot<T, S: Source<T>>(
     source
         .snapshot_state(&mut sctx)
         .await
-        .map_err(|e| wrap(&info.uid, e))?;
+        .map_err(|e| user_error(&info.uid, e))?;
     Ok(TaskSnapshot {
         operators: vec![OperatorSubtaskState {
             uid: info.uid.clone(),
@@ -242,13 +242,6 @@ async fn source_snapshot<T, S: Source<T>>(
         }],
         alignment: Duration::ZERO,
     })
-}
-
-fn wrap(uid: &str, e: CoreError) -> CoreError {
-    match e {
-        e @ CoreError::Operator { .. } => e,
-        other => CoreError::operator(uid, other.class(), other),
-    }
 }
 
 /// The loop of a subtask fed by channels: align barriers, push records through the chain.
@@ -273,7 +266,8 @@ pub(crate) fn input_task<T: Send + 'static>(
                         parts.checkpoint(&mut chain, barrier, TaskSnapshot::default(), false).await?;
                     }
                     Some(Control::SnapshotIfEnded(_) | Control::Trigger { .. }) => {}
-                    Some(Control::Shutdown) | None => return Ok(()),
+                    Some(Control::Shutdown) => return chain.close().await,
+                    None => return Ok(()),
                 },
                 env = input.recv(), if !ended => {
                     let Some(env) = env else {

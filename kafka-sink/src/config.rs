@@ -1,0 +1,201 @@
+//! Configuration of the Kafka sink.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, SinkError};
+
+fn default_pool_size() -> usize {
+    3
+}
+
+fn default_transaction_timeout() -> Duration {
+    Duration::from_secs(300)
+}
+
+fn default_flush_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+
+/// What the sink guarantees.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum DeliveryGuarantee {
+    /// Fire and forget: records may be lost or duplicated on failure.
+    None,
+    /// Flush at every checkpoint; a delivery error fails the checkpoint. Replays duplicate.
+    AtLeastOnce,
+    /// Kafka transactions committed when checkpoints complete; consumers must read
+    /// `read_committed`.
+    ExactlyOnce {
+        /// Prefix of transactional ids: `{prefix}-{subtask}-{slot}`. Unique per job and sink;
+        /// keep it across restarts (recovery and lingering-transaction cleanup use it).
+        transactional_id_prefix: String,
+        /// Transactional ids (producers) per subtask, reused round robin. At least 2: one open
+        /// while another waits for its checkpoint to complete.
+        #[serde(default = "default_pool_size")]
+        pool_size: usize,
+        /// `transaction.timeout.ms`: must exceed checkpoint interval + checkpoint timeout (+ the
+        /// time a restart takes) and not exceed the broker's `transaction.max.timeout.ms`.
+        #[serde(default = "default_transaction_timeout", with = "humantime_serde")]
+        transaction_timeout: Duration,
+    },
+}
+
+/// How records are spread over partitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum PartitionerKind {
+    /// Java client compatible murmur2 of the key (round robin for records without key).
+    #[default]
+    KeyHash,
+    /// Subtask i writes partition i % partitions.
+    Fixed,
+    /// Partitions in turn.
+    RoundRobin,
+}
+
+/// Keys the sink sets itself; refused in `client`.
+pub const OWNED_KEYS: &[&str] =
+    &["bootstrap.servers", "transactional.id", "transaction.timeout.ms", "enable.idempotence"];
+
+/// The Kafka sink's configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSinkConfig {
+    /// Bootstrap servers.
+    pub bootstrap_servers: String,
+    /// The topic written to.
+    pub topic: String,
+    /// None, at-least-once or exactly-once.
+    pub delivery: DeliveryGuarantee,
+    /// Partition choice.
+    #[serde(default)]
+    pub partitioner: PartitionerKind,
+    /// Longest wait for outstanding records at a checkpoint.
+    #[serde(default = "default_flush_timeout", with = "humantime_serde")]
+    pub flush_timeout: Duration,
+    /// Further librdkafka producer properties (keys the sink owns are refused).
+    #[serde(default)]
+    pub client: BTreeMap<String, String>,
+}
+
+impl KafkaSinkConfig {
+    /// A sink writing to `topic` with `delivery`.
+    pub fn new(bootstrap_servers: impl Into<String>, topic: impl Into<String>, delivery: DeliveryGuarantee) -> Self {
+        KafkaSinkConfig {
+            bootstrap_servers: bootstrap_servers.into(),
+            topic: topic.into(),
+            delivery,
+            partitioner: PartitionerKind::default(),
+            flush_timeout: default_flush_timeout(),
+            client: BTreeMap::new(),
+        }
+    }
+
+    /// Checks the configuration on its own; the error says what to change.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(SinkError::Config(m));
+        if self.bootstrap_servers.trim().is_empty() {
+            return bad("bootstrap_servers must not be empty".into());
+        }
+        if self.topic.is_empty() {
+            return bad("topic must not be empty".into());
+        }
+        for key in self.client.keys() {
+            if OWNED_KEYS.contains(&key.as_str()) {
+                return bad(format!("client.{key} is set by the sink itself (use the delivery settings)"));
+            }
+        }
+        if let DeliveryGuarantee::ExactlyOnce { transactional_id_prefix, pool_size, transaction_timeout } = &self.delivery {
+            if transactional_id_prefix.is_empty() {
+                return bad("delivery.transactional_id_prefix must not be empty for exactly_once".into());
+            }
+            if *pool_size < 2 {
+                return bad(format!(
+                    "delivery.pool_size ({pool_size}) must be at least 2: one transaction open while another waits for its checkpoint"
+                ));
+            }
+            if transaction_timeout.is_zero() {
+                return bad("delivery.transaction_timeout must be greater than 0".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the transaction timeout against the job's checkpointing: a transaction must outlive
+    /// the checkpoint that commits it.
+    pub fn validate_against_checkpoints(&self, interval: Duration, timeout: Duration) -> Result<()> {
+        if let DeliveryGuarantee::ExactlyOnce { transaction_timeout, .. } = &self.delivery {
+            let needed = interval + timeout;
+            if *transaction_timeout <= needed {
+                return Err(SinkError::Config(format!(
+                    "delivery.transaction_timeout ({}) must exceed checkpoint interval + checkpoint timeout ({} + {} = {}), plus the time a restart takes; raise it (it may not exceed the broker's transaction.max.timeout.ms) or lower the checkpoint timeout",
+                    humantime::format_duration(*transaction_timeout),
+                    humantime::format_duration(interval),
+                    humantime::format_duration(timeout),
+                    humantime::format_duration(needed),
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn eo(timeout: Duration) -> KafkaSinkConfig {
+        KafkaSinkConfig::new(
+            "127.0.0.1:9092",
+            "out",
+            DeliveryGuarantee::ExactlyOnce {
+                transactional_id_prefix: "job".into(),
+                pool_size: 3,
+                transaction_timeout: timeout,
+            },
+        )
+    }
+
+    #[test]
+    fn timeout_must_exceed_checkpointing() {
+        let c = eo(Duration::from_secs(60));
+        c.validate().unwrap();
+        let err = c.validate_against_checkpoints(Duration::from_secs(30), Duration::from_secs(30)).unwrap_err();
+        assert!(err.to_string().contains("must exceed checkpoint interval + checkpoint timeout"), "{err}");
+        c.validate_against_checkpoints(Duration::from_secs(10), Duration::from_secs(30)).unwrap();
+    }
+
+    #[test]
+    fn owned_keys_and_small_pools_are_refused() {
+        let mut c = eo(Duration::from_secs(60));
+        c.client.insert("transactional.id".into(), "x".into());
+        assert!(c.validate().unwrap_err().to_string().contains("client.transactional.id"));
+        let c = KafkaSinkConfig::new(
+            "b",
+            "t",
+            DeliveryGuarantee::ExactlyOnce {
+                transactional_id_prefix: "p".into(),
+                pool_size: 1,
+                transaction_timeout: Duration::from_secs(60),
+            },
+        );
+        assert!(c.validate().unwrap_err().to_string().contains("pool_size"));
+    }
+
+    #[test]
+    fn parses_from_toml() {
+        let c: KafkaSinkConfig = toml::from_str(
+            r#"
+            bootstrap_servers = "127.0.0.1:9092"
+            topic = "out"
+            delivery = { type = "exactly_once", transactional_id_prefix = "orders", transaction_timeout = "2m" }
+            "#,
+        )
+        .unwrap();
+        assert!(matches!(c.delivery, DeliveryGuarantee::ExactlyOnce { pool_size: 3, .. }));
+    }
+}

@@ -1,0 +1,58 @@
+//! Errors of the Kafka sink.
+
+use exactly_core::{CoreError, ErrorClass};
+
+/// Errors of the Kafka sink.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SinkError {
+    /// Invalid configuration; the message says what to change.
+    #[error("kafka sink configuration: {0}")]
+    Config(String),
+    /// The Kafka client failed.
+    #[error("kafka: {context}: {source}")]
+    Kafka {
+        /// What was being done.
+        context: String,
+        /// The client's error.
+        #[source]
+        source: rdkafka::error::KafkaError,
+    },
+    /// A Kafka protocol request failed (transport or an error code).
+    #[error("kafka protocol: {0}")]
+    Protocol(String),
+    /// A record could not be delivered.
+    #[error("delivery to {topic} failed: {reason}")]
+    Delivery {
+        /// Topic.
+        topic: String,
+        /// The broker's or client's reason.
+        reason: String,
+    },
+    /// The producer was fenced by a newer one with the same transactional id.
+    #[error("producer {0} was fenced by a newer instance (another job or a zombie uses this transactional id prefix?)")]
+    Fenced(String),
+}
+
+impl SinkError {
+    pub(crate) fn kafka(context: impl Into<String>, source: rdkafka::error::KafkaError) -> Self {
+        SinkError::Kafka { context: context.into(), source }
+    }
+
+    fn class(&self) -> ErrorClass {
+        match self {
+            SinkError::Config(_) => ErrorClass::Fatal,
+            _ => ErrorClass::Restart,
+        }
+    }
+}
+
+impl From<SinkError> for CoreError {
+    fn from(e: SinkError) -> Self {
+        let class = e.class();
+        CoreError::operator("kafka sink", class, e)
+    }
+}
+
+/// Result of the Kafka sink.
+pub type Result<T, E = SinkError> = std::result::Result<T, E>;

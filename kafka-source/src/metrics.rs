@@ -1,0 +1,63 @@
+//! What the source counts, readable while it runs.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::offsets::TopicPartition;
+
+/// Per-partition figures.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PartitionMetrics {
+    /// Next offset to read.
+    pub position: i64,
+    /// Last offset committed to the group, if any.
+    pub committed: Option<i64>,
+    /// Consumer lag as librdkafka last reported it (statistics), if known.
+    pub lag: Option<i64>,
+}
+
+/// Counters of one source subtask.
+#[derive(Debug, Default)]
+pub struct KafkaSourceMetrics {
+    pub(crate) records: AtomicU64,
+    pub(crate) skipped: AtomicU64,
+    pub(crate) dead_lettered: AtomicU64,
+    pub(crate) commits_succeeded: AtomicU64,
+    pub(crate) commits_failed: AtomicU64,
+    pub(crate) partitions: Mutex<BTreeMap<TopicPartition, PartitionMetrics>>,
+}
+
+impl KafkaSourceMetrics {
+    /// Records handed on.
+    pub fn records(&self) -> u64 {
+        self.records.load(Ordering::Relaxed)
+    }
+    /// Records skipped by the poison policy.
+    pub fn skipped(&self) -> u64 {
+        self.skipped.load(Ordering::Relaxed)
+    }
+    /// Records sent to the dead-letter topic.
+    pub fn dead_lettered(&self) -> u64 {
+        self.dead_lettered.load(Ordering::Relaxed)
+    }
+    /// Offset commits to the group that succeeded.
+    pub fn commits_succeeded(&self) -> u64 {
+        self.commits_succeeded.load(Ordering::Relaxed)
+    }
+    /// Offset commits to the group that failed (a warning, never a job failure).
+    pub fn commits_failed(&self) -> u64 {
+        self.commits_failed.load(Ordering::Relaxed)
+    }
+    /// Per-partition figures.
+    pub fn partitions(&self) -> BTreeMap<TopicPartition, PartitionMetrics> {
+        self.partitions.lock().expect("not poisoned").clone()
+    }
+
+    pub(crate) fn with_partitions(
+        &self,
+        f: impl FnOnce(&mut BTreeMap<TopicPartition, PartitionMetrics>),
+    ) {
+        f(&mut self.partitions.lock().expect("not poisoned"));
+    }
+}

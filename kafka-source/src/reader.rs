@@ -1,0 +1,586 @@
+//! The source itself: assigns its partitions, polls, snapshots offsets, commits them to the group
+//! once a checkpoint completes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use exactly_core::runtime::{InitContext, SnapshotContext, Source, SourceStatus, SubtaskInfo};
+use exactly_core::CheckpointId;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::error::KafkaResult;
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::statistics::Statistics;
+use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
+use tracing::{debug, info, warn};
+
+use crate::assignment::subtask_for;
+use crate::config::{
+    IsolationLevel, KafkaSourceConfig, OffsetCommitMode, PoisonPolicy, ResetPosition, StartPosition,
+};
+use crate::deser::{Deserializer, KafkaRecord};
+use crate::error::{Result, SourceError};
+use crate::metrics::KafkaSourceMetrics;
+use crate::offsets::{OffsetEntry, PendingOffsets, TopicPartition};
+
+const STATE: &str = "kafka-source-offsets";
+const TIMEOUT: Duration = Duration::from_secs(30);
+const IDLE_WAIT: Duration = Duration::from_millis(20);
+
+/// Receives librdkafka's statistics and commit results.
+pub struct SourceContext {
+    metrics: Arc<KafkaSourceMetrics>,
+}
+
+impl ClientContext for SourceContext {
+    fn stats(&self, stats: Statistics) {
+        self.metrics.with_partitions(|parts| {
+            for (topic, t) in &stats.topics {
+                for (p, ps) in &t.partitions {
+                    let tp = TopicPartition {
+                        topic: topic.clone(),
+                        partition: *p,
+                    };
+                    if let Some(m) = parts.get_mut(&tp) {
+                        m.lag = (ps.consumer_lag >= 0).then_some(ps.consumer_lag);
+                    }
+                }
+            }
+        });
+    }
+}
+
+impl ConsumerContext for SourceContext {
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        match result {
+            Ok(()) => {
+                self.metrics
+                    .commits_succeeded
+                    .fetch_add(1, Ordering::Relaxed);
+                self.metrics.with_partitions(|parts| {
+                    for e in offsets.elements() {
+                        let tp = TopicPartition {
+                            topic: e.topic().to_owned(),
+                            partition: e.partition(),
+                        };
+                        if let (Some(m), Offset::Offset(o)) = (parts.get_mut(&tp), e.offset()) {
+                            m.committed = Some(o);
+                        }
+                    }
+                });
+            }
+            Err(error) => {
+                self.metrics.commits_failed.fetch_add(1, Ordering::Relaxed);
+                warn!(%error, "Committing offsets to the consumer group failed (monitoring only; the checkpoint holds the offsets).");
+            }
+        }
+    }
+}
+
+/// A Kafka source subtask: reads the partitions the assignment rule gives it, from the offsets
+/// of the restored checkpoint (or the configured start position), and hands on records turned
+/// into `T` by `D`.
+pub struct KafkaSource<T, D> {
+    config: KafkaSourceConfig,
+    deserializer: D,
+    metrics: Arc<KafkaSourceMetrics>,
+    info: Option<SubtaskInfo>,
+    consumer: Option<BaseConsumer<SourceContext>>,
+    dead_letters: Option<ThreadedProducer<DefaultProducerContext>>,
+    pattern: Option<regex::Regex>,
+    /// Next offset to read, per partition this subtask owns.
+    positions: BTreeMap<TopicPartition, i64>,
+    /// Every partition seen (any owner), for discovery.
+    known: BTreeSet<TopicPartition>,
+    pending: PendingOffsets,
+    next_discovery: Option<Instant>,
+    next_periodic_commit: Option<Instant>,
+    _t: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
+    /// A source subtask with `config`, turning records into `T` with `deserializer`.
+    pub fn new(config: KafkaSourceConfig, deserializer: D) -> Self {
+        KafkaSource {
+            config,
+            deserializer,
+            metrics: Arc::default(),
+            info: None,
+            consumer: None,
+            dead_letters: None,
+            pattern: None,
+            positions: BTreeMap::new(),
+            known: BTreeSet::new(),
+            pending: PendingOffsets::default(),
+            next_discovery: None,
+            next_periodic_commit: None,
+            _t: std::marker::PhantomData,
+        }
+    }
+
+    /// This subtask's counters.
+    pub fn metrics(&self) -> Arc<KafkaSourceMetrics> {
+        self.metrics.clone()
+    }
+
+    fn consumer(&self) -> &BaseConsumer<SourceContext> {
+        self.consumer.as_ref().expect("initialized")
+    }
+
+    fn create_consumer(&self) -> Result<BaseConsumer<SourceContext>> {
+        let mut c = ClientConfig::new();
+        for (k, v) in &self.config.client {
+            c.set(k, v);
+        }
+        if !self.config.client.contains_key("statistics.interval.ms") {
+            c.set("statistics.interval.ms", "5000");
+        }
+        c.set("bootstrap.servers", &self.config.bootstrap_servers)
+            .set("group.id", &self.config.group_id)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "false")
+            // Offsets are always concrete; this only applies when one is out of range (deleted
+            // by retention), where reading from the earliest remaining record loses the least.
+            .set("auto.offset.reset", "earliest")
+            .set(
+                "isolation.level",
+                match self.config.isolation_level {
+                    IsolationLevel::ReadCommitted => "read_committed",
+                    IsolationLevel::ReadUncommitted => "read_uncommitted",
+                },
+            );
+        c.create_with_context(SourceContext {
+            metrics: self.metrics.clone(),
+        })
+        .map_err(|e| SourceError::kafka("creating the consumer", e))
+    }
+
+    /// Every partition of the subscribed topics, as the broker lists them now.
+    fn list_partitions(&self) -> Result<BTreeSet<TopicPartition>> {
+        let consumer = self.consumer();
+        let metadata = if self.pattern.is_some() {
+            consumer.fetch_metadata(None, TIMEOUT)
+        } else if let [only] = self.config.topics.as_slice() {
+            consumer.fetch_metadata(Some(only), TIMEOUT)
+        } else {
+            consumer.fetch_metadata(None, TIMEOUT)
+        }
+        .map_err(|e| SourceError::kafka("fetching metadata", e))?;
+        let mut out = BTreeSet::new();
+        for t in metadata.topics() {
+            let wanted = match &self.pattern {
+                Some(p) => p.is_match(t.name()) && !t.name().starts_with("__"),
+                None => self.config.topics.iter().any(|n| n == t.name()),
+            };
+            if !wanted || t.error().is_some() {
+                continue;
+            }
+            for p in t.partitions() {
+                out.insert(TopicPartition {
+                    topic: t.name().to_owned(),
+                    partition: p.id(),
+                });
+            }
+        }
+        if self.pattern.is_none() {
+            for topic in &self.config.topics {
+                if !out.iter().any(|tp| &tp.topic == topic) {
+                    return Err(SourceError::UnknownTopic(topic.clone()));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn watermarks(&self, tp: &TopicPartition) -> Result<(i64, i64)> {
+        self.consumer()
+            .fetch_watermarks(&tp.topic, tp.partition, TIMEOUT)
+            .map_err(|e| {
+                SourceError::kafka(format!("watermarks of {}/{}", tp.topic, tp.partition), e)
+            })
+    }
+
+    fn reset(&self, tp: &TopicPartition, reset: ResetPosition) -> Result<i64> {
+        match reset {
+            ResetPosition::Earliest => Ok(self.watermarks(tp)?.0),
+            ResetPosition::Latest => Ok(self.watermarks(tp)?.1),
+            ResetPosition::None => Err(SourceError::Config(format!(
+                "no start offset for {}/{} and the reset position is `none`",
+                tp.topic, tp.partition
+            ))),
+        }
+    }
+
+    /// The concrete start offset of a partition without restored offset.
+    fn start_offset(&self, tp: &TopicPartition) -> Result<i64> {
+        match &self.config.start {
+            StartPosition::Earliest => Ok(self.watermarks(tp)?.0),
+            StartPosition::Latest => Ok(self.watermarks(tp)?.1),
+            StartPosition::Timestamp { ms } => {
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(*ms))
+                    .map_err(|e| SourceError::kafka("offsets for times", e))?;
+                let found = self
+                    .consumer()
+                    .offsets_for_times(tpl, TIMEOUT)
+                    .map_err(|e| SourceError::kafka("offsets for times", e))?;
+                match found
+                    .find_partition(&tp.topic, tp.partition)
+                    .map(|e| e.offset())
+                {
+                    Some(Offset::Offset(o)) => Ok(o),
+                    // No record at or after the timestamp: start at the end.
+                    _ => Ok(self.watermarks(tp)?.1),
+                }
+            }
+            StartPosition::GroupOffsets { reset } => {
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition(&tp.topic, tp.partition);
+                let committed = self
+                    .consumer()
+                    .committed_offsets(tpl, TIMEOUT)
+                    .map_err(|e| SourceError::kafka("committed offsets of the group", e))?;
+                match committed
+                    .find_partition(&tp.topic, tp.partition)
+                    .map(|e| e.offset())
+                {
+                    Some(Offset::Offset(o)) => Ok(o),
+                    _ => self.reset(tp, *reset),
+                }
+            }
+            StartPosition::Specific { offsets, reset } => {
+                match offsets.get(&format!("{}:{}", tp.topic, tp.partition)) {
+                    Some(o) => Ok(*o),
+                    None => self.reset(tp, *reset),
+                }
+            }
+        }
+    }
+
+    fn owns(&self, tp: &TopicPartition) -> bool {
+        let info = self.info.as_ref().expect("initialized");
+        subtask_for(&tp.topic, tp.partition, info.parallelism) == info.index
+    }
+
+    /// Takes ownership of `new` partitions at the given offsets and (re)assigns the consumer.
+    fn assign(&mut self, new: BTreeMap<TopicPartition, i64>) -> Result<()> {
+        if new.is_empty() {
+            return Ok(());
+        }
+        for (tp, offset) in &new {
+            info!(topic = %tp.topic, partition = tp.partition, offset, "Reading partition.");
+        }
+        self.positions.extend(new);
+        let mut tpl = TopicPartitionList::new();
+        for (tp, offset) in &self.positions {
+            tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(*offset))
+                .map_err(|e| SourceError::kafka("building the assignment", e))?;
+        }
+        self.consumer()
+            .assign(&tpl)
+            .map_err(|e| SourceError::kafka("assigning partitions", e))?;
+        let positions = self.positions.clone();
+        self.metrics.with_partitions(|parts| {
+            for (tp, o) in positions {
+                parts.entry(tp).or_default().position = o;
+            }
+        });
+        Ok(())
+    }
+
+    fn discover(&mut self) -> Result<()> {
+        let all = tokio::task::block_in_place(|| self.list_partitions())?;
+        let fresh: Vec<_> = all.difference(&self.known).cloned().collect();
+        self.known.extend(fresh.iter().cloned());
+        let mut new = BTreeMap::new();
+        for tp in fresh.into_iter().filter(|tp| self.owns(tp)) {
+            // Partitions that appear while the job runs are read from their beginning.
+            let offset = tokio::task::block_in_place(|| self.watermarks(&tp))?.0;
+            new.insert(tp, offset);
+        }
+        if !new.is_empty() {
+            info!(partitions = new.len(), "Discovered new partitions.");
+        }
+        self.assign(new)
+    }
+
+    fn commit_to_group(&self, offsets: &BTreeMap<TopicPartition, i64>) {
+        if offsets.is_empty() {
+            return;
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (tp, o) in offsets {
+            if tpl
+                .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(*o))
+                .is_err()
+            {
+                return;
+            }
+        }
+        if let Err(error) = self.consumer().commit(&tpl, CommitMode::Async) {
+            self.metrics.commits_failed.fetch_add(1, Ordering::Relaxed);
+            warn!(%error, "Committing offsets to the consumer group failed (monitoring only).");
+        }
+    }
+
+    fn poison(&mut self, record: KafkaRecord, reason: String) -> Result<()> {
+        match &self.config.on_deserialization_error {
+            PoisonPolicy::Fail => Err(SourceError::Poison {
+                topic: record.topic,
+                partition: record.partition,
+                offset: record.offset,
+                reason,
+            }),
+            PoisonPolicy::Skip => {
+                self.metrics.skipped.fetch_add(1, Ordering::Relaxed);
+                warn!(topic = %record.topic, partition = record.partition, offset = record.offset, %reason, "Skipping a record that does not deserialize.");
+                Ok(())
+            }
+            PoisonPolicy::DeadLetter { topic } => {
+                let producer = self.dead_letters.as_ref().expect("created with the policy");
+                let headers = record
+                    .headers
+                    .iter()
+                    .fold(OwnedHeaders::new(), |h, (k, v)| {
+                        h.insert(Header {
+                            key: k,
+                            value: v.as_deref(),
+                        })
+                    })
+                    .insert(Header {
+                        key: "exactly.source.topic",
+                        value: Some(record.topic.as_bytes()),
+                    })
+                    .insert(Header {
+                        key: "exactly.source.partition",
+                        value: Some(record.partition.to_string().as_bytes()),
+                    })
+                    .insert(Header {
+                        key: "exactly.source.offset",
+                        value: Some(record.offset.to_string().as_bytes()),
+                    })
+                    .insert(Header {
+                        key: "exactly.error",
+                        value: Some(reason.as_bytes()),
+                    });
+                let mut r: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).headers(headers);
+                if let Some(k) = &record.key {
+                    r = r.key(k.as_slice());
+                }
+                if let Some(v) = &record.value {
+                    r = r.payload(v.as_slice());
+                }
+                producer
+                    .send(r)
+                    .map_err(|(e, _)| SourceError::kafka("writing to the dead-letter topic", e))?;
+                self.metrics.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                warn!(topic = %record.topic, partition = record.partition, offset = record.offset, %reason, "Sent a record that does not deserialize to the dead-letter topic.");
+                Ok(())
+            }
+        }
+    }
+
+    async fn init(&mut self, ctx: &InitContext<'_>) -> Result<()> {
+        self.config.validate()?;
+        self.info = Some(ctx.info.clone());
+        self.pattern = self
+            .config
+            .topic_pattern
+            .as_deref()
+            .map(regex::Regex::new)
+            .transpose()
+            .map_err(|e| SourceError::Config(e.to_string()))?;
+        self.consumer = Some(self.create_consumer()?);
+        if let PoisonPolicy::DeadLetter { .. } = self.config.on_deserialization_error {
+            let producer = ClientConfig::new()
+                .set("bootstrap.servers", &self.config.bootstrap_servers)
+                .set("enable.idempotence", "true")
+                .create()
+                .map_err(|e| SourceError::kafka("creating the dead-letter producer", e))?;
+            self.dead_letters = Some(producer);
+        }
+        let mut restored = BTreeMap::new();
+        for entry in ctx.union_state(STATE) {
+            let e = OffsetEntry::decode(&entry)?;
+            restored.insert(e.tp, e.next_offset);
+        }
+        let all = tokio::task::block_in_place(|| self.list_partitions())?;
+        let mut mine = BTreeMap::new();
+        for tp in &all {
+            if !self.owns(tp) {
+                continue;
+            }
+            let offset = match restored.get(tp) {
+                Some(o) => *o,
+                // Restored, but this partition is not in the checkpoint: it appeared later.
+                None if ctx.is_restored() => tokio::task::block_in_place(|| self.watermarks(tp))?.0,
+                None => tokio::task::block_in_place(|| self.start_offset(tp))?,
+            };
+            mine.insert(tp.clone(), offset);
+        }
+        for tp in restored.keys().filter(|tp| !all.contains(*tp)) {
+            warn!(topic = %tp.topic, partition = tp.partition, "A partition in the restored state no longer exists; dropping its offset.");
+        }
+        self.known = all;
+        if mine.is_empty() {
+            info!(
+                subtask = ctx.info.index,
+                "No partition to read (idle until discovery finds one)."
+            );
+        }
+        self.assign(mine)?;
+        let now = Instant::now();
+        self.next_discovery = self.config.discovery_interval.map(|d| now + d);
+        if let OffsetCommitMode::Periodic { interval } = self.config.offset_commit {
+            self.next_periodic_commit = Some(now + interval);
+        }
+        Ok(())
+    }
+
+    fn poll_batch(&mut self, out: &mut Vec<T>) -> Result<()> {
+        let limit = self.config.poll_batch;
+        let mut waited = false;
+        while out.len() < limit {
+            let polled = {
+                let consumer = self.consumer.as_ref().expect("initialized");
+                let timeout = if waited || !out.is_empty() {
+                    Duration::ZERO
+                } else {
+                    IDLE_WAIT
+                };
+                waited = true;
+                match consumer.poll(timeout) {
+                    None => None,
+                    Some(Err(error)) => {
+                        warn!(%error, "Consumer error (retried by the client).");
+                        None
+                    }
+                    Some(Ok(m)) => Some(KafkaRecord {
+                        topic: m.topic().to_owned(),
+                        partition: m.partition(),
+                        offset: m.offset(),
+                        timestamp: m.timestamp().to_millis(),
+                        key: m.key().map(<[u8]>::to_vec),
+                        value: m.payload().map(<[u8]>::to_vec),
+                        headers: m
+                            .headers()
+                            .map(|h| {
+                                h.iter()
+                                    .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                                    .collect()
+                            })
+                            .unwrap_or_default(),
+                    }),
+                }
+            };
+            let Some(record) = polled else { break };
+            let tp = TopicPartition {
+                topic: record.topic.clone(),
+                partition: record.partition,
+            };
+            match self.positions.get_mut(&tp) {
+                Some(p) => *p = record.offset + 1,
+                None => {
+                    debug!(topic = %tp.topic, partition = tp.partition, "Record of an unassigned partition ignored.");
+                    continue;
+                }
+            }
+            // Only the dead-letter policy needs the raw record after a failure: copy it only then.
+            let keep = matches!(
+                self.config.on_deserialization_error,
+                PoisonPolicy::DeadLetter { .. }
+            )
+            .then(|| record.clone());
+            let coordinates = (tp, record.offset);
+            match self.deserializer.deserialize(record) {
+                Ok(t) => out.push(t),
+                Err(e) => {
+                    let raw = keep.unwrap_or_else(|| KafkaRecord {
+                        topic: coordinates.0.topic,
+                        partition: coordinates.0.partition,
+                        offset: coordinates.1,
+                        timestamp: None,
+                        key: None,
+                        value: None,
+                        headers: Vec::new(),
+                    });
+                    self.poison(raw, e.to_string())?;
+                }
+            }
+        }
+        self.metrics
+            .records
+            .fetch_add(out.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
+    async fn initialize_state(&mut self, ctx: &InitContext<'_>) -> exactly_core::Result<()> {
+        Ok(self.init(ctx).await?)
+    }
+
+    async fn poll_next(&mut self, out: &mut Vec<T>) -> exactly_core::Result<SourceStatus> {
+        let now = Instant::now();
+        if let (Some(at), Some(interval)) = (self.next_discovery, self.config.discovery_interval) {
+            if now >= at {
+                self.discover()?;
+                self.next_discovery = Some(now + interval);
+            }
+        }
+        if let (Some(at), OffsetCommitMode::Periodic { interval }) =
+            (self.next_periodic_commit, self.config.offset_commit)
+        {
+            if now >= at {
+                self.commit_to_group(&self.positions.clone());
+                self.next_periodic_commit = Some(now + interval);
+            }
+        }
+        if self.positions.is_empty() {
+            tokio::time::sleep(IDLE_WAIT).await;
+            return Ok(SourceStatus::Idle);
+        }
+        tokio::task::block_in_place(|| self.poll_batch(out))?;
+        Ok(if out.is_empty() {
+            SourceStatus::Idle
+        } else {
+            SourceStatus::More
+        })
+    }
+
+    async fn snapshot_state(&mut self, ctx: &mut SnapshotContext) -> exactly_core::Result<()> {
+        ctx.put_union_state(
+            STATE,
+            self.positions
+                .iter()
+                .map(|(tp, o)| OffsetEntry::encode(tp, *o))
+                .collect(),
+        );
+        self.pending
+            .insert(ctx.checkpoint_id, self.positions.clone());
+        let positions = self.positions.clone();
+        self.metrics.with_partitions(|parts| {
+            for (tp, o) in positions {
+                parts.entry(tp).or_default().position = o;
+            }
+        });
+        if let Some(p) = &self.dead_letters {
+            // Dead letters before this barrier must be durable before the checkpoint is.
+            tokio::task::block_in_place(|| p.flush(TIMEOUT))
+                .map_err(|e| SourceError::kafka("flushing the dead-letter producer", e))?;
+        }
+        Ok(())
+    }
+
+    async fn notify_checkpoint_complete(&mut self, id: CheckpointId) -> exactly_core::Result<()> {
+        if let Some(offsets) = self.pending.complete(id) {
+            if self.config.offset_commit == OffsetCommitMode::OnCheckpoints {
+                self.commit_to_group(&offsets);
+            }
+        }
+        Ok(())
+    }
+}

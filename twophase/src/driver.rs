@@ -1,0 +1,284 @@
+//! The one generic driver: binds any [`TwoPhaseCommitSink`] to checkpoints as a core `Sink`.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use exactly_core::runtime::{InitContext, Sink, SnapshotContext, SubtaskInfo};
+use exactly_core::{CheckpointId, CoreError};
+use tracing::{error, info, warn};
+
+use crate::error::{CommitError, TwoPhaseError};
+use crate::sink::{PreCommitted, RecoveryContext, TwoPhaseCommitSink};
+
+const STATE: &str = "two-phase-committables";
+
+/// How failed commits are retried.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CommitRetry {
+    /// Attempts before the failure fails the job (which restarts and commits from the checkpoint).
+    pub attempts: u32,
+    /// First backoff.
+    pub initial_backoff: Duration,
+    /// Largest backoff.
+    pub max_backoff: Duration,
+}
+
+impl Default for CommitRetry {
+    fn default() -> Self {
+        CommitRetry {
+            attempts: 8,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+        }
+    }
+}
+
+struct Pending<C> {
+    committable: C,
+    prepared_at: Instant,
+    warned: bool,
+}
+
+/// Runs a two-phase-commit sink as a core [`Sink`]: pre-commit at every barrier, commit on
+/// completion (everything up to the completed id, in order), recover before the first record.
+///
+/// A pre-committed transaction of a checkpoint that is later aborted stays pending and is
+/// committed with the next completed checkpoint: its records precede that checkpoint's barrier,
+/// so it is part of that checkpoint too. Aborting it would lose them.
+pub struct TwoPhaseSink<T, S: TwoPhaseCommitSink<T>> {
+    sink: S,
+    info: Option<SubtaskInfo>,
+    current: Option<S::Transaction>,
+    /// The checkpoint the open transaction belongs to (records before its barrier).
+    current_id: CheckpointId,
+    pending: BTreeMap<CheckpointId, Vec<Pending<S::Committable>>>,
+    retry: CommitRetry,
+}
+
+impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
+    /// Drives `sink` with the default commit retry.
+    pub fn new(sink: S) -> Self {
+        Self::with_retry(sink, CommitRetry::default())
+    }
+
+    /// Drives `sink` with `retry`.
+    pub fn with_retry(sink: S, retry: CommitRetry) -> Self {
+        TwoPhaseSink {
+            sink,
+            info: None,
+            current: None,
+            current_id: 1,
+            pending: BTreeMap::new(),
+            retry,
+        }
+    }
+
+    /// The wrapped sink.
+    pub fn inner(&self) -> &S {
+        &self.sink
+    }
+
+    async fn commit_one(
+        &mut self,
+        id: CheckpointId,
+        c: &S::Committable,
+    ) -> Result<(), TwoPhaseError> {
+        let mut backoff = self.retry.initial_backoff;
+        let mut attempt = 1;
+        loop {
+            match self.sink.commit(c).await {
+                Ok(()) => return Ok(()),
+                Err(CommitError::Retriable(e)) if attempt < self.retry.attempts => {
+                    warn!(checkpoint_id = id, attempt, error = %e, "Commit failed; retrying.");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(self.retry.max_backoff);
+                    attempt += 1;
+                }
+                Err(e @ CommitError::Lost { .. }) => {
+                    error!(checkpoint_id = id, committable = ?c, error = %e, "Pre-committed transaction lost.");
+                    return Err(TwoPhaseError::Commit {
+                        checkpoint_id: id,
+                        source: e,
+                    });
+                }
+                Err(e) => {
+                    return Err(TwoPhaseError::Commit {
+                        checkpoint_id: id,
+                        source: e,
+                    })
+                }
+            }
+        }
+    }
+
+    async fn commit_up_to(&mut self, id: CheckpointId) -> Result<(), TwoPhaseError> {
+        while let Some((&first, _)) = self.pending.first_key_value() {
+            if first > id {
+                break;
+            }
+            let batch = self.pending.remove(&first).unwrap_or_default();
+            for (i, p) in batch.iter().enumerate() {
+                if let Err(e) = self.commit_one(first, &p.committable).await {
+                    // Keep what is not committed: a later completion or the restart retries it.
+                    let rest: Vec<_> = batch.into_iter().skip(i).collect();
+                    self.pending.insert(first, rest);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn warn_near_timeout(&mut self) {
+        let Some(timeout) = self.sink.transaction_timeout() else {
+            return;
+        };
+        for (id, list) in &mut self.pending {
+            for p in list.iter_mut() {
+                let age = p.prepared_at.elapsed();
+                if !p.warned && age * 5 >= timeout * 4 {
+                    p.warned = true;
+                    warn!(
+                        checkpoint_id = *id,
+                        age_ms = age.as_millis() as u64,
+                        timeout_ms = timeout.as_millis() as u64,
+                        "A pre-committed transaction is close to its timeout and still waits for its checkpoint to complete; if the external system aborts it, its records are lost."
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// One entry of the union state: (format version, checkpoint, subtask that pre-committed it,
+/// committable).
+fn encode<C: serde::Serialize>(id: CheckpointId, origin: u32, c: &C) -> Result<Vec<u8>, CoreError> {
+    serde_json::to_vec(&(1u32, id, origin, c))
+        .map_err(|e| CoreError::operator("two-phase sink", exactly_core::ErrorClass::Fatal, e))
+}
+
+fn decode<C: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+) -> Result<(CheckpointId, u32, C), TwoPhaseError> {
+    let (version, id, origin, c): (u32, CheckpointId, u32, C) =
+        serde_json::from_slice(bytes).map_err(|e| TwoPhaseError::Decode(e.to_string()))?;
+    if version != 1 {
+        return Err(TwoPhaseError::Decode(format!(
+            "unknown committable version {version}"
+        )));
+    }
+    Ok((id, origin, c))
+}
+
+impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S> {
+    async fn initialize_state(&mut self, ctx: &InitContext<'_>) -> exactly_core::Result<()> {
+        self.info = Some(ctx.info.clone());
+        self.sink.open(ctx.info).await?;
+        // Union state: every subtask sees every committable (so a cleanup can spare the ones
+        // others commit); each commits those whose origin maps to it, which with unchanged
+        // parallelism are its own.
+        let mut all = Vec::new();
+        let mut restored = Vec::new();
+        for entry in ctx.union_state(STATE) {
+            let (id, origin, c) = decode::<S::Committable>(&entry)?;
+            if origin % ctx.info.parallelism == ctx.info.index {
+                restored.push((id, c.clone()));
+            }
+            all.push((id, c));
+        }
+        restored.sort_by_key(|(id, _)| *id);
+        if !restored.is_empty() {
+            info!(
+                subtask = ctx.info.index,
+                committables = restored.len(),
+                "Committing transactions of the restored checkpoint."
+            );
+        }
+        // Before anything else may touch those transactions (a producer re-initialising an id
+        // would abort them).
+        for (id, c) in &restored {
+            self.commit_one(*id, c).await?;
+        }
+        let info = ctx.info.clone();
+        self.sink
+            .abort_lingering(&RecoveryContext {
+                info: &info,
+                restored: &restored,
+                all_restored: &all,
+                is_restored: ctx.is_restored(),
+            })
+            .await?;
+        self.current_id = all.iter().map(|(id, _)| id + 1).max().unwrap_or(1);
+        Ok(())
+    }
+
+    async fn write(&mut self, records: Vec<T>) -> exactly_core::Result<()> {
+        if self.current.is_none() {
+            self.current = Some(self.sink.begin(self.current_id).await?);
+        }
+        let txn = self.current.as_mut().expect("just opened");
+        self.sink.write(txn, records).await
+    }
+
+    async fn snapshot_state(&mut self, ctx: &mut SnapshotContext) -> exactly_core::Result<()> {
+        let id = ctx.checkpoint_id;
+        if let Some(txn) = self.current.take() {
+            match self.sink.pre_commit(txn, id).await? {
+                PreCommitted::Committable(c) => self.pending.entry(id).or_default().push(Pending {
+                    committable: c,
+                    prepared_at: Instant::now(),
+                    warned: false,
+                }),
+                PreCommitted::Empty => {}
+                PreCommitted::Declined { txn, reason } => {
+                    self.current = Some(txn);
+                    self.warn_near_timeout();
+                    return Err(CoreError::CheckpointAborted { id, reason });
+                }
+            }
+        }
+        self.current_id = id + 1;
+        self.warn_near_timeout();
+        let origin = self.info.as_ref().map_or(0, |i| i.index);
+        let mut entries = Vec::new();
+        for (id, list) in &self.pending {
+            for p in list {
+                entries.push(encode(*id, origin, &p.committable)?);
+            }
+        }
+        ctx.put_union_state(STATE, entries);
+        Ok(())
+    }
+
+    async fn notify_checkpoint_complete(&mut self, id: CheckpointId) -> exactly_core::Result<()> {
+        self.commit_up_to(id).await?;
+        self.warn_near_timeout();
+        Ok(())
+    }
+
+    async fn notify_checkpoint_aborted(&mut self, _id: CheckpointId) -> exactly_core::Result<()> {
+        // Pre-committed transactions stay pending: the next completed checkpoint covers them.
+        self.warn_near_timeout();
+        Ok(())
+    }
+
+    async fn close(&mut self) -> exactly_core::Result<()> {
+        // Records after the last completed checkpoint: nobody will commit them.
+        if let Some(txn) = self.current.take() {
+            self.sink.abort(txn).await?;
+        }
+        Ok(())
+    }
+}
+
+impl<T, S: TwoPhaseCommitSink<T>> Drop for TwoPhaseSink<T, S> {
+    fn drop(&mut self) {
+        if self.current.is_some() {
+            // The open transaction is abandoned; the next start aborts it as lingering.
+            warn!("Two-phase sink dropped with an open transaction; the next start aborts it.");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

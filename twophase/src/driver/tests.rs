@@ -1,0 +1,281 @@
+//! The driver's decisions against an in-memory transactional system (a unit test of the state
+//! machine; the exactly-once claims are proven against Kafka and MariaDB in integration-tests).
+
+use std::sync::{Arc, Mutex};
+
+use exactly_core::runtime::{InitContext, Sink, SnapshotContext, SubtaskInfo};
+use exactly_core::state::RestoredState;
+use exactly_core::{CheckpointId, CoreError, ErrorClass, SnapshotKind};
+
+use super::*;
+use crate::sink::RecoveryContext;
+
+#[derive(Default)]
+struct System {
+    next_txn: u64,
+    open: Vec<u64>,
+    prepared: BTreeMap<u64, Vec<u32>>,
+    committed: Vec<(u64, Vec<u32>)>,
+    aborted: Vec<u64>,
+    log: Vec<String>,
+    fail_commits: u32,
+    lost: bool,
+    decline: bool,
+}
+
+#[derive(Clone, Default)]
+struct Fake(Arc<Mutex<System>>);
+
+impl TwoPhaseCommitSink<u32> for Fake {
+    type Transaction = (u64, Vec<u32>);
+    type Committable = u64;
+
+    async fn begin(&mut self, id: CheckpointId) -> exactly_core::Result<Self::Transaction> {
+        let mut s = self.0.lock().unwrap();
+        s.next_txn += 1;
+        let t = s.next_txn;
+        s.open.push(t);
+        s.log.push(format!("begin {t} for {id}"));
+        Ok((t, Vec::new()))
+    }
+    async fn write(
+        &mut self,
+        txn: &mut Self::Transaction,
+        records: Vec<u32>,
+    ) -> exactly_core::Result<()> {
+        txn.1.extend(records);
+        Ok(())
+    }
+    async fn pre_commit(
+        &mut self,
+        txn: Self::Transaction,
+        id: CheckpointId,
+    ) -> exactly_core::Result<PreCommitted<u64, Self::Transaction>> {
+        let mut s = self.0.lock().unwrap();
+        if s.decline {
+            return Ok(PreCommitted::Declined {
+                txn,
+                reason: "pool exhausted".into(),
+            });
+        }
+        s.open.retain(|t| *t != txn.0);
+        s.log.push(format!("prepare {} at {id}", txn.0));
+        if txn.1.is_empty() {
+            return Ok(PreCommitted::Empty);
+        }
+        s.prepared.insert(txn.0, txn.1);
+        Ok(PreCommitted::Committable(txn.0))
+    }
+    async fn commit(&mut self, c: &u64) -> Result<(), CommitError> {
+        let mut s = self.0.lock().unwrap();
+        if s.lost {
+            return Err(CommitError::Lost {
+                what: format!("txn {c}"),
+                source: "aborted on timeout".into(),
+            });
+        }
+        if s.fail_commits > 0 {
+            s.fail_commits -= 1;
+            return Err(CommitError::Retriable("coordinator moved".into()));
+        }
+        s.log.push(format!("commit {c}"));
+        if let Some(rows) = s.prepared.remove(c) {
+            s.committed.push((*c, rows));
+        }
+        Ok(())
+    }
+    async fn abort(&mut self, txn: Self::Transaction) -> exactly_core::Result<()> {
+        let mut s = self.0.lock().unwrap();
+        s.open.retain(|t| *t != txn.0);
+        s.aborted.push(txn.0);
+        Ok(())
+    }
+    async fn abort_lingering(
+        &mut self,
+        ctx: &RecoveryContext<'_, u64>,
+    ) -> exactly_core::Result<()> {
+        let mut s = self.0.lock().unwrap();
+        s.log
+            .push(format!("abort lingering (restored {:?})", ctx.restored));
+        let open = std::mem::take(&mut s.open);
+        s.aborted.extend(open);
+        Ok(())
+    }
+}
+
+fn info() -> SubtaskInfo {
+    SubtaskInfo {
+        uid: "sink".into(),
+        index: 0,
+        parallelism: 1,
+        max_parallelism: 128,
+        attempt: 0,
+    }
+}
+
+fn retry() -> CommitRetry {
+    CommitRetry {
+        attempts: 3,
+        initial_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(2),
+    }
+}
+
+async fn open(fake: &Fake, restored: Option<RestoredState>) -> TwoPhaseSink<u32, Fake> {
+    let mut d = TwoPhaseSink::with_retry(fake.clone(), retry());
+    let info = info();
+    let ctx = InitContext::new(&info, restored.as_ref());
+    d.initialize_state(&ctx).await.unwrap();
+    d
+}
+
+async fn barrier(d: &mut TwoPhaseSink<u32, Fake>, id: CheckpointId) -> RestoredState {
+    let mut ctx = SnapshotContext::new(id, SnapshotKind::Checkpoint, 0);
+    d.snapshot_state(&mut ctx).await.unwrap();
+    ctx.into_restored()
+}
+
+#[tokio::test]
+async fn commits_only_after_completion_and_in_order() {
+    let fake = Fake::default();
+    let mut d = open(&fake, None).await;
+    d.write(vec![1, 2]).await.unwrap();
+    barrier(&mut d, 1).await;
+    d.write(vec![3]).await.unwrap();
+    barrier(&mut d, 2).await;
+    assert!(
+        fake.0.lock().unwrap().committed.is_empty(),
+        "nothing committed before completion"
+    );
+    // 2 completes (1's notification was missed): both commit, 1 first.
+    d.notify_checkpoint_complete(2).await.unwrap();
+    let s = fake.0.lock().unwrap();
+    assert_eq!(s.committed, vec![(1, vec![1, 2]), (2, vec![3])]);
+}
+
+#[tokio::test]
+async fn aborted_checkpoint_keeps_its_transaction_for_the_next_one() {
+    let fake = Fake::default();
+    let mut d = open(&fake, None).await;
+    d.write(vec![1]).await.unwrap();
+    barrier(&mut d, 1).await;
+    d.notify_checkpoint_aborted(1).await.unwrap();
+    d.write(vec![2]).await.unwrap();
+    let state = barrier(&mut d, 2).await;
+    assert_eq!(
+        state.union_state[STATE].len(),
+        2,
+        "checkpoint 2 carries both committables"
+    );
+    d.notify_checkpoint_complete(2).await.unwrap();
+    assert_eq!(fake.0.lock().unwrap().committed.len(), 2);
+}
+
+#[tokio::test]
+async fn restore_commits_restored_before_cleaning_up() {
+    let fake = Fake::default();
+    let mut d = open(&fake, None).await;
+    d.write(vec![7]).await.unwrap();
+    let state = barrier(&mut d, 5).await;
+    d.write(vec![8]).await.unwrap(); // open transaction after the barrier: lingering after a crash
+    std::mem::forget(d); // crash: no notification, no close
+    let _restarted = open(&fake, Some(state)).await;
+    let s = fake.0.lock().unwrap();
+    assert_eq!(s.committed, vec![(1, vec![7])]);
+    let commit = s.log.iter().position(|l| l == "commit 1").unwrap();
+    let cleanup = s
+        .log
+        .iter()
+        .rposition(|l| l.starts_with("abort lingering"))
+        .unwrap();
+    assert!(commit < cleanup, "{:?}", s.log);
+    assert_eq!(s.aborted, vec![2]);
+}
+
+#[tokio::test]
+async fn retriable_commit_failures_are_retried_then_fail_the_attempt() {
+    let fake = Fake::default();
+    let mut d = open(&fake, None).await;
+    d.write(vec![1]).await.unwrap();
+    barrier(&mut d, 1).await;
+    fake.0.lock().unwrap().fail_commits = 2;
+    d.notify_checkpoint_complete(1).await.unwrap();
+    assert_eq!(
+        fake.0.lock().unwrap().committed.len(),
+        1,
+        "succeeded on the third attempt"
+    );
+
+    d.write(vec![2]).await.unwrap();
+    barrier(&mut d, 2).await;
+    fake.0.lock().unwrap().fail_commits = 3;
+    let err = d.notify_checkpoint_complete(2).await.unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Restart, "{err}");
+    // Still pending: a later completion commits it.
+    d.notify_checkpoint_complete(2).await.unwrap();
+    assert_eq!(fake.0.lock().unwrap().committed.len(), 2);
+}
+
+#[tokio::test]
+async fn a_lost_transaction_is_a_loud_fatal_error() {
+    let fake = Fake::default();
+    let mut d = open(&fake, None).await;
+    d.write(vec![1]).await.unwrap();
+    barrier(&mut d, 3).await;
+    fake.0.lock().unwrap().lost = true;
+    let err: CoreError = d.notify_checkpoint_complete(3).await.unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Fatal);
+    let text = format!("{err} / {:?}", std::error::Error::source(&err));
+    assert!(
+        text.contains("DATA LOST") && text.contains("checkpoint 3"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn empty_transactions_are_not_committed() {
+    let fake = Fake::default();
+    let mut d = open(&fake, None).await;
+    let state = barrier(&mut d, 1).await;
+    assert!(state.union_state[STATE].is_empty());
+    d.notify_checkpoint_complete(1).await.unwrap();
+    assert!(fake
+        .0
+        .lock()
+        .unwrap()
+        .log
+        .iter()
+        .all(|l| !l.starts_with("commit")));
+}
+
+#[tokio::test]
+async fn close_aborts_the_open_transaction() {
+    let fake = Fake::default();
+    let mut d = open(&fake, None).await;
+    d.write(vec![1]).await.unwrap();
+    d.close().await.unwrap();
+    assert_eq!(fake.0.lock().unwrap().aborted, vec![1]);
+}
+
+#[tokio::test]
+async fn a_declined_pre_commit_keeps_the_transaction_open_into_the_next_checkpoint() {
+    let fake = Fake::default();
+    let mut d = open(&fake, None).await;
+    d.write(vec![1]).await.unwrap();
+    fake.0.lock().unwrap().decline = true;
+    let mut ctx = SnapshotContext::new(1, SnapshotKind::Checkpoint, 0);
+    let err = d.snapshot_state(&mut ctx).await.unwrap_err();
+    assert!(
+        matches!(err, CoreError::CheckpointAborted { id: 1, .. }),
+        "{err}"
+    );
+    fake.0.lock().unwrap().decline = false;
+    d.write(vec![2]).await.unwrap();
+    barrier(&mut d, 2).await;
+    d.notify_checkpoint_complete(2).await.unwrap();
+    assert_eq!(
+        fake.0.lock().unwrap().committed,
+        vec![(1, vec![1, 2])],
+        "one transaction spanning both"
+    );
+}

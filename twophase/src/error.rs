@@ -1,0 +1,64 @@
+//! Errors of two-phase commit, classified as Flink's `KafkaCommitter` classifies them.
+
+use exactly_core::{BoxError, CheckpointId, CoreError, ErrorClass};
+
+/// Why committing a pre-committed transaction failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommitError {
+    /// Transient (connection lost, coordinator moving): retry with backoff.
+    #[error("retriable commit failure: {0}")]
+    Retriable(#[source] BoxError),
+    /// Fenced or in an invalid state: this attempt cannot go on; a restart recovers the
+    /// committable from the checkpoint and commits it then.
+    #[error("commit failed (fenced or invalid state): {0}")]
+    Fenced(#[source] BoxError),
+    /// The external system no longer has the prepared transaction and did not commit it (it
+    /// aborted it, e.g. after its timeout): the records of that checkpoint are lost.
+    #[error("DATA LOST: {what} was aborted by the external system before it could be committed: {source}")]
+    Lost {
+        /// The transaction, e.g. "transaction exactly-0-1 (producer 17, epoch 3) of checkpoint 42".
+        what: String,
+        /// What the system answered.
+        #[source]
+        source: BoxError,
+    },
+    /// Anything else that restarting cannot fix (configuration, permissions).
+    #[error("commit failed: {0}")]
+    Fatal(#[source] BoxError),
+}
+
+/// Errors of the driver.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TwoPhaseError {
+    /// Committing the transactions of a checkpoint failed.
+    #[error("committing checkpoint {checkpoint_id}: {source}")]
+    Commit {
+        /// The checkpoint whose committable failed.
+        checkpoint_id: CheckpointId,
+        /// Why.
+        #[source]
+        source: CommitError,
+    },
+    /// A committable in the restored state could not be decoded.
+    #[error("restored committable undecodable: {0}")]
+    Decode(String),
+}
+
+impl From<TwoPhaseError> for CoreError {
+    fn from(e: TwoPhaseError) -> Self {
+        let class = match &e {
+            TwoPhaseError::Commit {
+                source: CommitError::Retriable(_) | CommitError::Fenced(_),
+                ..
+            } => ErrorClass::Restart,
+            TwoPhaseError::Commit { .. } | TwoPhaseError::Decode(_) => ErrorClass::Fatal,
+        };
+        CoreError::operator("two-phase sink", class, e)
+    }
+}
+
+/// Result of the sink trait's operations (errors of the external system are `CoreError`s with a
+/// class, so the runtime knows whether to restart).
+pub type Result<T, E = CoreError> = std::result::Result<T, E>;

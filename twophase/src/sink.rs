@@ -1,0 +1,105 @@
+//! The trait a transactional sink implements.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::time::Duration;
+
+use exactly_core::runtime::SubtaskInfo;
+use exactly_core::CheckpointId;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::{CommitError, Result};
+
+/// The outcome of a pre-commit.
+#[derive(Debug)]
+pub enum PreCommitted<C, X> {
+    /// Prepared: commit this once the checkpoint completes.
+    Committable(C),
+    /// Nothing was written: nothing to commit (the transaction was released).
+    Empty,
+    /// Cannot prepare now (e.g. no free transaction for the records that follow): the checkpoint
+    /// is declined and the transaction stays open into the next one. This is backpressure, not
+    /// a failure.
+    Declined {
+        /// The still open transaction.
+        txn: X,
+        /// Why, for the log.
+        reason: String,
+    },
+}
+
+/// What a sink learns at start, to recover and to clean up.
+#[derive(Debug)]
+pub struct RecoveryContext<'a, C> {
+    /// This subtask.
+    pub info: &'a SubtaskInfo,
+    /// Committables this subtask restored (already committed by the driver when
+    /// `abort_lingering` is called).
+    pub restored: &'a [(CheckpointId, C)],
+    /// Committables every subtask restored (others may still be committing theirs: a lingering
+    /// cleanup must leave their transactions alone).
+    pub all_restored: &'a [(CheckpointId, C)],
+    /// Whether the job restores from a checkpoint or savepoint.
+    pub is_restored: bool,
+}
+
+/// A sink that writes into transactions of an external system and commits them in two phases.
+///
+/// Implementations hold their connections; the driver ([`crate::TwoPhaseSink`]) decides when each
+/// method runs. Commit must be idempotent: committing an already committed committable succeeds.
+pub trait TwoPhaseCommitSink<T>: Send + 'static {
+    /// An open transaction.
+    type Transaction: Send;
+    /// What pre-commit returns and the checkpoint stores: enough to commit after a restart.
+    type Committable: Serialize + DeserializeOwned + Clone + Debug + Send + Sync + 'static;
+
+    /// Connects and validates configuration against the external system. Runs before recovery.
+    fn open(&mut self, _info: &SubtaskInfo) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+
+    /// Opens a transaction for the records after the barrier of `checkpoint_id - 1`.
+    fn begin(
+        &mut self,
+        checkpoint_id: CheckpointId,
+    ) -> impl Future<Output = Result<Self::Transaction>> + Send;
+
+    /// Writes records into the open transaction.
+    fn write(
+        &mut self,
+        txn: &mut Self::Transaction,
+        records: Vec<T>,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Flushes and prepares the transaction at barrier `checkpoint_id`.
+    fn pre_commit(
+        &mut self,
+        txn: Self::Transaction,
+        checkpoint_id: CheckpointId,
+    ) -> impl Future<Output = Result<PreCommitted<Self::Committable, Self::Transaction>>> + Send;
+
+    /// Commits a pre-committed transaction. Already committed is success.
+    fn commit(
+        &mut self,
+        committable: &Self::Committable,
+    ) -> impl Future<Output = Result<(), CommitError>> + Send;
+
+    /// Aborts an open transaction (the job is stopping without committing it).
+    fn abort(&mut self, txn: Self::Transaction) -> impl Future<Output = Result<()>> + Send;
+
+    /// After restored committables are committed: aborts transactions this sink owns that no
+    /// checkpoint needs (left by a crash), so readers are not blocked.
+    fn abort_lingering(
+        &mut self,
+        _ctx: &RecoveryContext<'_, Self::Committable>,
+    ) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+
+    /// How long the external system keeps a prepared transaction before aborting it (the driver
+    /// warns when a pending one gets close). `None`: no such limit.
+    fn transaction_timeout(&self) -> Option<Duration> {
+        None
+    }
+}
