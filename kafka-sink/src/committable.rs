@@ -26,6 +26,9 @@ pub struct KafkaCommittable {
     pub producer_id: i64,
     /// The producer epoch, as the broker reported it at pre-commit.
     pub producer_epoch: i16,
+    /// When the transaction started (the coordinator's clock, ms): tells this transaction from a
+    /// later one of the same producer and epoch.
+    pub txn_start_ms: i64,
     /// The checkpoint whose barrier closed the transaction.
     pub checkpoint_id: u64,
     /// A record of the transaction.
@@ -56,12 +59,17 @@ mod tests {
             transactional_id: "job-0-1".into(),
             producer_id: 17,
             producer_epoch: 3,
+            txn_start_ms: 1_700_000_000_000,
             checkpoint_id: 42,
-            probe: Some(Probe { topic: "out".into(), partition: 2, offset: 99 }),
+            probe: Some(Probe {
+                topic: "out".into(),
+                partition: 2,
+                offset: 99,
+            }),
         };
         let json = serde_json::to_string(&c).unwrap();
         assert_eq!(serde_json::from_str::<KafkaCommittable>(&json).unwrap(), c);
-        let v1 = r#"{"version":1,"transactional_id":"job-0-1","producer_id":17,"producer_epoch":3,"checkpoint_id":42,"probe":{"topic":"out","partition":2,"offset":99}}"#;
+        let v1 = r#"{"version":1,"transactional_id":"job-0-1","producer_id":17,"producer_epoch":3,"txn_start_ms":1700000000000,"checkpoint_id":42,"probe":{"topic":"out","partition":2,"offset":99}}"#;
         assert_eq!(serde_json::from_str::<KafkaCommittable>(v1).unwrap(), c);
     }
 }

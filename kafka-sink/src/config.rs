@@ -58,8 +58,12 @@ pub enum PartitionerKind {
 }
 
 /// Keys the sink sets itself; refused in `client`.
-pub const OWNED_KEYS: &[&str] =
-    &["bootstrap.servers", "transactional.id", "transaction.timeout.ms", "enable.idempotence"];
+pub const OWNED_KEYS: &[&str] = &[
+    "bootstrap.servers",
+    "transactional.id",
+    "transaction.timeout.ms",
+    "enable.idempotence",
+];
 
 /// The Kafka sink's configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,7 +88,11 @@ pub struct KafkaSinkConfig {
 
 impl KafkaSinkConfig {
     /// A sink writing to `topic` with `delivery`.
-    pub fn new(bootstrap_servers: impl Into<String>, topic: impl Into<String>, delivery: DeliveryGuarantee) -> Self {
+    pub fn new(
+        bootstrap_servers: impl Into<String>,
+        topic: impl Into<String>,
+        delivery: DeliveryGuarantee,
+    ) -> Self {
         KafkaSinkConfig {
             bootstrap_servers: bootstrap_servers.into(),
             topic: topic.into(),
@@ -106,12 +114,21 @@ impl KafkaSinkConfig {
         }
         for key in self.client.keys() {
             if OWNED_KEYS.contains(&key.as_str()) {
-                return bad(format!("client.{key} is set by the sink itself (use the delivery settings)"));
+                return bad(format!(
+                    "client.{key} is set by the sink itself (use the delivery settings)"
+                ));
             }
         }
-        if let DeliveryGuarantee::ExactlyOnce { transactional_id_prefix, pool_size, transaction_timeout } = &self.delivery {
+        if let DeliveryGuarantee::ExactlyOnce {
+            transactional_id_prefix,
+            pool_size,
+            transaction_timeout,
+        } = &self.delivery
+        {
             if transactional_id_prefix.is_empty() {
-                return bad("delivery.transactional_id_prefix must not be empty for exactly_once".into());
+                return bad(
+                    "delivery.transactional_id_prefix must not be empty for exactly_once".into(),
+                );
             }
             if *pool_size < 2 {
                 return bad(format!(
@@ -127,8 +144,16 @@ impl KafkaSinkConfig {
 
     /// Checks the transaction timeout against the job's checkpointing: a transaction must outlive
     /// the checkpoint that commits it.
-    pub fn validate_against_checkpoints(&self, interval: Duration, timeout: Duration) -> Result<()> {
-        if let DeliveryGuarantee::ExactlyOnce { transaction_timeout, .. } = &self.delivery {
+    pub fn validate_against_checkpoints(
+        &self,
+        interval: Duration,
+        timeout: Duration,
+    ) -> Result<()> {
+        if let DeliveryGuarantee::ExactlyOnce {
+            transaction_timeout,
+            ..
+        } = &self.delivery
+        {
             let needed = interval + timeout;
             if *transaction_timeout <= needed {
                 return Err(SinkError::Config(format!(
@@ -164,16 +189,27 @@ mod tests {
     fn timeout_must_exceed_checkpointing() {
         let c = eo(Duration::from_secs(60));
         c.validate().unwrap();
-        let err = c.validate_against_checkpoints(Duration::from_secs(30), Duration::from_secs(30)).unwrap_err();
-        assert!(err.to_string().contains("must exceed checkpoint interval + checkpoint timeout"), "{err}");
-        c.validate_against_checkpoints(Duration::from_secs(10), Duration::from_secs(30)).unwrap();
+        let err = c
+            .validate_against_checkpoints(Duration::from_secs(30), Duration::from_secs(30))
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("must exceed checkpoint interval + checkpoint timeout"),
+            "{err}"
+        );
+        c.validate_against_checkpoints(Duration::from_secs(10), Duration::from_secs(30))
+            .unwrap();
     }
 
     #[test]
     fn owned_keys_and_small_pools_are_refused() {
         let mut c = eo(Duration::from_secs(60));
         c.client.insert("transactional.id".into(), "x".into());
-        assert!(c.validate().unwrap_err().to_string().contains("client.transactional.id"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("client.transactional.id"));
         let c = KafkaSinkConfig::new(
             "b",
             "t",
@@ -196,6 +232,9 @@ mod tests {
             "#,
         )
         .unwrap();
-        assert!(matches!(c.delivery, DeliveryGuarantee::ExactlyOnce { pool_size: 3, .. }));
+        assert!(matches!(
+            c.delivery,
+            DeliveryGuarantee::ExactlyOnce { pool_size: 3, .. }
+        ));
     }
 }

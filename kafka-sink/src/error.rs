@@ -36,7 +36,10 @@ pub enum SinkError {
 
 impl SinkError {
     pub(crate) fn kafka(context: impl Into<String>, source: rdkafka::error::KafkaError) -> Self {
-        SinkError::Kafka { context: context.into(), source }
+        SinkError::Kafka {
+            context: context.into(),
+            source,
+        }
     }
 
     fn class(&self) -> ErrorClass {

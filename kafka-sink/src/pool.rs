@@ -37,10 +37,15 @@ impl ProducerContext for SinkContext {
         match result {
             Ok(m) => {
                 d.delivered += 1;
-                d.last = Some(Probe { topic: m.topic().to_owned(), partition: m.partition(), offset: m.offset() });
+                d.last = Some(Probe {
+                    topic: m.topic().to_owned(),
+                    partition: m.partition(),
+                    offset: m.offset(),
+                });
             }
             Err((e, m)) => {
-                d.first_error.get_or_insert_with(|| format!("{}/{}: {e}", m.topic(), m.partition()));
+                d.first_error
+                    .get_or_insert_with(|| format!("{}/{}: {e}", m.topic(), m.partition()));
             }
         }
     }
@@ -62,7 +67,8 @@ pub(crate) fn create_producer(
     c.set("bootstrap.servers", bootstrap);
     match transactional {
         Some((id, timeout)) => {
-            c.set("transactional.id", id).set("transaction.timeout.ms", timeout.as_millis().to_string());
+            c.set("transactional.id", id)
+                .set("transaction.timeout.ms", timeout.as_millis().to_string());
         }
         None => {
             c.set("enable.idempotence", "true");
@@ -70,7 +76,9 @@ pub(crate) fn create_producer(
     }
     let deliveries = Arc::new(Mutex::new(Deliveries::default()));
     let producer = c
-        .create_with_context(SinkContext { deliveries: deliveries.clone() })
+        .create_with_context(SinkContext {
+            deliveries: deliveries.clone(),
+        })
         .map_err(|e| SinkError::kafka("creating a producer", e))?;
     Ok((producer, deliveries))
 }
@@ -84,13 +92,18 @@ pub(crate) async fn send_all(
     records: Vec<ProducerRecord>,
 ) -> Result<()> {
     for r in records {
-        let partition = partitioner.partition(r.key.as_deref(), r.value.as_deref(), topic, partitions);
+        let partition =
+            partitioner.partition(r.key.as_deref(), r.value.as_deref(), topic, partitions);
         let headers = (!r.headers.is_empty()).then(|| {
-            r.headers
-                .iter()
-                .fold(OwnedHeaders::new_with_capacity(r.headers.len()), |h, (k, v)| {
-                    h.insert(Header { key: k, value: v.as_deref() })
-                })
+            r.headers.iter().fold(
+                OwnedHeaders::new_with_capacity(r.headers.len()),
+                |h, (k, v)| {
+                    h.insert(Header {
+                        key: k,
+                        value: v.as_deref(),
+                    })
+                },
+            )
         });
         let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).partition(partition);
         if let Some(k) = &r.key {
@@ -120,11 +133,20 @@ pub(crate) async fn send_all(
 }
 
 /// Waits for every outstanding record; fails if any was not delivered.
-pub(crate) fn flush(producer: &Producer_, deliveries: &Mutex<Deliveries>, topic: &str, timeout: Duration) -> Result<()> {
-    tokio::task::block_in_place(|| producer.flush(timeout)).map_err(|e| SinkError::kafka("flushing", e))?;
+pub(crate) fn flush(
+    producer: &Producer_,
+    deliveries: &Mutex<Deliveries>,
+    topic: &str,
+    timeout: Duration,
+) -> Result<()> {
+    tokio::task::block_in_place(|| producer.flush(timeout))
+        .map_err(|e| SinkError::kafka("flushing", e))?;
     let d = deliveries.lock().expect("not poisoned");
     match &d.first_error {
-        Some(reason) => Err(SinkError::Delivery { topic: topic.to_owned(), reason: reason.clone() }),
+        Some(reason) => Err(SinkError::Delivery {
+            topic: topic.to_owned(),
+            reason: reason.clone(),
+        }),
         None => Ok(()),
     }
 }

@@ -1,0 +1,562 @@
+//! The sinks: a plain writer (none, at-least-once) and the transactional one (exactly-once),
+//! behind [`KafkaSink`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use exactly_core::runtime::{InitContext, Sink, SnapshotContext, SubtaskInfo};
+use exactly_core::CheckpointId;
+use exactly_twophase::{
+    CommitError, PreCommitted, RecoveryContext, TwoPhaseCommitSink, TwoPhaseSink,
+};
+use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::Producer;
+use rdkafka::ClientConfig;
+use tracing::{info, warn};
+
+use crate::committable::{KafkaCommittable, COMMITTABLE_VERSION};
+use crate::config::{DeliveryGuarantee, KafkaSinkConfig, PartitionerKind};
+use crate::error::{Result, SinkError};
+use crate::partitioner::{
+    FixedPartitioner, KeyHashPartitioner, Partitioner, RoundRobinPartitioner,
+};
+use crate::pool::{create_producer, flush, send_all, Deliveries, Producer_};
+use crate::protocol::Wire;
+use crate::recovery::commit_recovered;
+use crate::transactional_id::{parse, transactional_id};
+use crate::ProducerRecord;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn partitioner_for(kind: PartitionerKind) -> Box<dyn Partitioner> {
+    match kind {
+        PartitionerKind::KeyHash => Box::new(KeyHashPartitioner::default()),
+        PartitionerKind::Fixed => Box::new(FixedPartitioner::default()),
+        PartitionerKind::RoundRobin => Box::new(RoundRobinPartitioner::default()),
+    }
+}
+
+/// What the broker says about the topic and its limits.
+struct BrokerFacts {
+    partitions: Vec<i32>,
+    brokers: Vec<String>,
+    max_transaction_timeout: Option<Duration>,
+}
+
+async fn broker_facts(config: &KafkaSinkConfig) -> Result<BrokerFacts> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &config.bootstrap_servers)
+        .create()
+        .map_err(|e| SinkError::kafka("creating an admin client", e))?;
+    let md =
+        tokio::task::block_in_place(|| admin.inner().fetch_metadata(Some(&config.topic), TIMEOUT))
+            .map_err(|e| SinkError::kafka("fetching metadata", e))?;
+    let topic = md.topics().iter().find(|t| t.name() == config.topic);
+    let partitions: Vec<i32> = topic
+        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+        .unwrap_or_default();
+    if partitions.is_empty() {
+        return Err(SinkError::Config(format!(
+            "topic {:?} does not exist or has no partitions (the sink does not create topics)",
+            config.topic
+        )));
+    }
+    let brokers: Vec<String> = md
+        .brokers()
+        .iter()
+        .map(|b| format!("{}:{}", b.host(), b.port()))
+        .collect();
+    let mut max_transaction_timeout = None;
+    if let Some(b) = md.brokers().first() {
+        let results = admin
+            .describe_configs(
+                &[ResourceSpecifier::Broker(b.id())],
+                &AdminOptions::new().request_timeout(Some(TIMEOUT)),
+            )
+            .await
+            .map_err(|e| SinkError::kafka("describing broker configuration", e))?;
+        if let Some(Ok(resource)) = results.first() {
+            max_transaction_timeout = resource
+                .get("transaction.max.timeout.ms")
+                .and_then(|e| e.value.as_deref())
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(Duration::from_millis);
+        }
+    }
+    Ok(BrokerFacts {
+        partitions,
+        brokers,
+        max_transaction_timeout,
+    })
+}
+
+/// The exactly-once sink: a pool of transactional producers driven by [`TwoPhaseSink`].
+pub struct TransactionalKafkaSink {
+    config: KafkaSinkConfig,
+    prefix: String,
+    pool_size: usize,
+    transaction_timeout: Duration,
+    partitioner: Box<dyn Partitioner>,
+    partitions: Vec<i32>,
+    brokers: Vec<String>,
+    wire: Wire,
+    info: Option<SubtaskInfo>,
+    slots: Vec<Slot>,
+    next_slot: usize,
+}
+
+struct Slot {
+    id: String,
+    producer: Producer_,
+    deliveries: Arc<Mutex<Deliveries>>,
+    state: SlotState,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum SlotState {
+    Free,
+    Open,
+    Prepared(KafkaCommittable),
+    /// Fenced or failed fatally: unusable until the job restarts.
+    Broken,
+}
+
+/// An open transaction: the pool slot holding it.
+#[derive(Debug)]
+pub struct KafkaTransaction {
+    slot: usize,
+    records: u64,
+}
+
+impl TransactionalKafkaSink {
+    /// An exactly-once sink for `config` (whose delivery must be `exactly_once`).
+    pub fn new(config: KafkaSinkConfig, partitioner: Box<dyn Partitioner>) -> Result<Self> {
+        config.validate()?;
+        let DeliveryGuarantee::ExactlyOnce {
+            transactional_id_prefix,
+            pool_size,
+            transaction_timeout,
+        } = config.delivery.clone()
+        else {
+            return Err(SinkError::Config(
+                "TransactionalKafkaSink needs delivery.type = \"exactly_once\"".into(),
+            ));
+        };
+        let wire = Wire::new(&config.bootstrap_servers, TIMEOUT);
+        Ok(TransactionalKafkaSink {
+            config,
+            prefix: transactional_id_prefix,
+            pool_size,
+            transaction_timeout,
+            partitioner,
+            partitions: Vec::new(),
+            brokers: Vec::new(),
+            wire,
+            info: None,
+            slots: Vec::new(),
+            next_slot: 0,
+        })
+    }
+
+    fn free_slots(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| s.state == SlotState::Free)
+            .count()
+    }
+
+    /// Aborts whatever is open under `id` by initialising a producer with it (fences and aborts).
+    fn fence_and_abort(&self, id: &str) -> Result<()> {
+        let (p, _) = create_producer(
+            &self.config.bootstrap_servers,
+            &self.config.client,
+            Some((id, self.transaction_timeout)),
+        )?;
+        tokio::task::block_in_place(|| p.init_transactions(TIMEOUT))
+            .map_err(|e| SinkError::kafka(format!("init_transactions for {id}"), e))
+    }
+}
+
+fn commit_error(e: KafkaError) -> CommitError {
+    match &e {
+        KafkaError::Transaction(t) if t.is_retriable() => CommitError::Retriable(e.into()),
+        KafkaError::Transaction(t) if t.txn_requires_abort() => CommitError::Lost {
+            what: "the transaction".into(),
+            source: e.into(),
+        },
+        _ => CommitError::Fenced(e.into()),
+    }
+}
+
+impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
+    type Transaction = KafkaTransaction;
+    type Committable = KafkaCommittable;
+
+    async fn open(&mut self, info: &SubtaskInfo) -> exactly_core::Result<()> {
+        let facts = broker_facts(&self.config).await?;
+        if let Some(max) = facts.max_transaction_timeout {
+            if self.transaction_timeout > max {
+                return Err(SinkError::Config(format!(
+                    "delivery.transaction_timeout ({}) exceeds the broker's transaction.max.timeout.ms ({}): lower it, or raise the broker setting",
+                    humantime::format_duration(self.transaction_timeout),
+                    humantime::format_duration(max)
+                ))
+                .into());
+            }
+        }
+        self.partitions = facts.partitions;
+        self.brokers = facts.brokers;
+        self.partitioner.open(info.index, info.parallelism);
+        self.info = Some(info.clone());
+        Ok(())
+    }
+
+    async fn begin(
+        &mut self,
+        _checkpoint_id: CheckpointId,
+    ) -> exactly_core::Result<KafkaTransaction> {
+        let n = self.slots.len();
+        let slot = (0..n)
+            .map(|i| (self.next_slot + i) % n)
+            .find(|i| self.slots[*i].state == SlotState::Free)
+            .ok_or_else(|| {
+                SinkError::Protocol("no free transactional producer (all pending or broken)".into())
+            })?;
+        self.next_slot = (slot + 1) % n;
+        let s = &mut self.slots[slot];
+        *s.deliveries.lock().expect("not poisoned") = Deliveries::default();
+        s.producer
+            .begin_transaction()
+            .map_err(|e| SinkError::kafka(format!("begin_transaction on {}", s.id), e))?;
+        s.state = SlotState::Open;
+        Ok(KafkaTransaction { slot, records: 0 })
+    }
+
+    async fn write(
+        &mut self,
+        txn: &mut KafkaTransaction,
+        records: Vec<ProducerRecord>,
+    ) -> exactly_core::Result<()> {
+        txn.records += records.len() as u64;
+        let s = &self.slots[txn.slot];
+        send_all(
+            &s.producer,
+            &self.config.topic,
+            &self.partitions,
+            self.partitioner.as_ref(),
+            records,
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn pre_commit(
+        &mut self,
+        txn: KafkaTransaction,
+        checkpoint_id: CheckpointId,
+    ) -> exactly_core::Result<PreCommitted<KafkaCommittable, KafkaTransaction>> {
+        if txn.records == 0 {
+            let s = &mut self.slots[txn.slot];
+            tokio::task::block_in_place(|| s.producer.abort_transaction(TIMEOUT))
+                .map_err(|e| SinkError::kafka("aborting an empty transaction", e))?;
+            s.state = SlotState::Free;
+            return Ok(PreCommitted::Empty);
+        }
+        if self.free_slots() == 0 {
+            return Ok(PreCommitted::Declined {
+                reason: format!(
+                    "all {} transactional producers of this subtask wait for their checkpoints to complete",
+                    self.pool_size
+                ),
+                txn,
+            });
+        }
+        let s = &self.slots[txn.slot];
+        flush(
+            &s.producer,
+            &s.deliveries,
+            &self.config.topic,
+            self.config.flush_timeout,
+        )?;
+        let probe = s.deliveries.lock().expect("not poisoned").last.clone();
+        let desc = self.wire.describe(&s.id).await?;
+        if desc.state != "Ongoing" {
+            return Err(SinkError::Protocol(format!(
+                "transaction {} is {} at pre-commit, expected Ongoing (fenced by another producer?)",
+                s.id, desc.state
+            ))
+            .into());
+        }
+        let committable = KafkaCommittable {
+            version: COMMITTABLE_VERSION,
+            transactional_id: s.id.clone(),
+            producer_id: desc.producer_id,
+            producer_epoch: desc.producer_epoch,
+            txn_start_ms: desc.start_time_ms,
+            checkpoint_id,
+            probe,
+        };
+        self.slots[txn.slot].state = SlotState::Prepared(committable.clone());
+        Ok(PreCommitted::Committable(committable))
+    }
+
+    async fn commit(&mut self, c: &KafkaCommittable) -> Result<(), CommitError> {
+        let own = self
+            .slots
+            .iter()
+            .position(|s| s.state == SlotState::Prepared(c.clone()));
+        let Some(i) = own else {
+            // Pre-committed by an earlier run: finish it through the protocol.
+            return commit_recovered(&self.wire, &self.config.bootstrap_servers, c).await;
+        };
+        let s = &mut self.slots[i];
+        match tokio::task::block_in_place(|| s.producer.commit_transaction(TIMEOUT)) {
+            Ok(()) => {
+                s.state = SlotState::Free;
+                Ok(())
+            }
+            Err(e) => {
+                let err = commit_error(e);
+                match &err {
+                    CommitError::Retriable(_) => {}
+                    CommitError::Lost { .. } => {
+                        let _ =
+                            tokio::task::block_in_place(|| s.producer.abort_transaction(TIMEOUT));
+                        s.state = SlotState::Free;
+                        return Err(CommitError::Lost {
+                            what: c.to_string(),
+                            source: err.into(),
+                        });
+                    }
+                    _ => s.state = SlotState::Broken,
+                }
+                Err(err)
+            }
+        }
+    }
+
+    async fn abort(&mut self, txn: KafkaTransaction) -> exactly_core::Result<()> {
+        let s = &mut self.slots[txn.slot];
+        tokio::task::block_in_place(|| s.producer.abort_transaction(TIMEOUT))
+            .map_err(|e| SinkError::kafka(format!("abort_transaction on {}", s.id), e))?;
+        s.state = SlotState::Free;
+        Ok(())
+    }
+
+    async fn abort_lingering(
+        &mut self,
+        ctx: &RecoveryContext<'_, KafkaCommittable>,
+    ) -> exactly_core::Result<()> {
+        let me = ctx.info.index;
+        let parallelism = ctx.info.parallelism;
+        // Transactions others are committing right now (restored committables that are still the
+        // open transaction of their id) must be left alone.
+        let pending: BTreeMap<&str, &KafkaCommittable> = ctx
+            .all_restored
+            .iter()
+            .map(|(_, c)| (c.transactional_id.as_str(), c))
+            .collect();
+        let listed = self.wire.list(&self.brokers).await?;
+        let mut aborted = BTreeSet::new();
+        for t in listed {
+            let Some((subtask, slot)) = parse(&self.prefix, &t.transactional_id) else {
+                continue;
+            };
+            if t.state != "Ongoing" {
+                continue;
+            }
+            let mine = subtask == me || (me == 0 && subtask >= parallelism);
+            if !mine || (subtask == me && slot < self.pool_size) {
+                continue; // not ours, or handled by initialising our pool below
+            }
+            if let Some(c) = pending.get(t.transactional_id.as_str()) {
+                let d = self.wire.describe(&t.transactional_id).await?;
+                if d.producer_id == c.producer_id
+                    && d.producer_epoch == c.producer_epoch
+                    && d.start_time_ms == c.txn_start_ms
+                {
+                    continue;
+                }
+            }
+            warn!(transactional_id = %t.transactional_id, "Aborting a lingering transaction.");
+            self.fence_and_abort(&t.transactional_id)?;
+            aborted.insert(t.transactional_id);
+        }
+        // Our own pool: initialising each id fences older producers (zombies) and aborts what
+        // they left open. Restored committables of these ids were committed before this.
+        let mut slots = Vec::with_capacity(self.pool_size);
+        for slot in 0..self.pool_size {
+            let id = transactional_id(&self.prefix, me, slot);
+            let (producer, deliveries) = create_producer(
+                &self.config.bootstrap_servers,
+                &self.config.client,
+                Some((&id, self.transaction_timeout)),
+            )?;
+            tokio::task::block_in_place(|| producer.init_transactions(TIMEOUT))
+                .map_err(|e| SinkError::kafka(format!("init_transactions for {id}"), e))?;
+            slots.push(Slot {
+                id,
+                producer,
+                deliveries,
+                state: SlotState::Free,
+            });
+        }
+        self.slots = slots;
+        info!(
+            subtask = me,
+            pool = self.pool_size,
+            lingering_aborted = aborted.len(),
+            "Transactional producers ready."
+        );
+        Ok(())
+    }
+
+    fn transaction_timeout(&self) -> Option<Duration> {
+        Some(self.transaction_timeout)
+    }
+}
+
+/// The sink for `none` and `at_least_once`: one idempotent producer.
+pub struct KafkaWriter {
+    config: KafkaSinkConfig,
+    partitioner: Box<dyn Partitioner>,
+    partitions: Vec<i32>,
+    producer: Option<(Producer_, Arc<Mutex<Deliveries>>)>,
+}
+
+impl KafkaWriter {
+    /// A writer for `config`.
+    pub fn new(config: KafkaSinkConfig, partitioner: Box<dyn Partitioner>) -> Result<Self> {
+        config.validate()?;
+        Ok(KafkaWriter {
+            config,
+            partitioner,
+            partitions: Vec::new(),
+            producer: None,
+        })
+    }
+
+    fn flush(&self) -> Result<()> {
+        if let Some((p, d)) = &self.producer {
+            flush(p, d, &self.config.topic, self.config.flush_timeout)?;
+        }
+        Ok(())
+    }
+}
+
+impl Sink<ProducerRecord> for KafkaWriter {
+    async fn initialize_state(&mut self, ctx: &InitContext<'_>) -> exactly_core::Result<()> {
+        let facts = broker_facts(&self.config).await?;
+        self.partitions = facts.partitions;
+        self.partitioner.open(ctx.info.index, ctx.info.parallelism);
+        self.producer = Some(create_producer(
+            &self.config.bootstrap_servers,
+            &self.config.client,
+            None,
+        )?);
+        Ok(())
+    }
+
+    async fn write(&mut self, records: Vec<ProducerRecord>) -> exactly_core::Result<()> {
+        let (p, _) = self.producer.as_ref().expect("initialized");
+        send_all(
+            p,
+            &self.config.topic,
+            &self.partitions,
+            self.partitioner.as_ref(),
+            records,
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn snapshot_state(&mut self, _ctx: &mut SnapshotContext) -> exactly_core::Result<()> {
+        if self.config.delivery == DeliveryGuarantee::AtLeastOnce {
+            // Everything before the barrier is acknowledged by the broker before the checkpoint
+            // can complete; an undelivered record fails the job (which replays from the last one).
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    async fn finish(&mut self) -> exactly_core::Result<()> {
+        Ok(self.flush()?)
+    }
+}
+
+/// The Kafka sink for any delivery guarantee.
+pub enum KafkaSink {
+    /// `none` or `at_least_once`.
+    Plain(KafkaWriter),
+    /// `exactly_once`.
+    Transactional(Box<TwoPhaseSink<ProducerRecord, TransactionalKafkaSink>>),
+}
+
+impl KafkaSink {
+    /// The sink `config` asks for, with the configured partitioner.
+    pub fn new(config: KafkaSinkConfig) -> Result<Self> {
+        let partitioner = partitioner_for(config.partitioner);
+        Self::with_partitioner(config, partitioner)
+    }
+
+    /// The sink `config` asks for, with a custom partitioner.
+    pub fn with_partitioner(
+        config: KafkaSinkConfig,
+        partitioner: Box<dyn Partitioner>,
+    ) -> Result<Self> {
+        Ok(match config.delivery {
+            DeliveryGuarantee::ExactlyOnce { .. } => KafkaSink::Transactional(Box::new(
+                TwoPhaseSink::new(TransactionalKafkaSink::new(config, partitioner)?),
+            )),
+            _ => KafkaSink::Plain(KafkaWriter::new(config, partitioner)?),
+        })
+    }
+}
+
+impl Sink<ProducerRecord> for KafkaSink {
+    async fn initialize_state(&mut self, ctx: &InitContext<'_>) -> exactly_core::Result<()> {
+        match self {
+            KafkaSink::Plain(s) => s.initialize_state(ctx).await,
+            KafkaSink::Transactional(s) => s.initialize_state(ctx).await,
+        }
+    }
+    async fn write(&mut self, records: Vec<ProducerRecord>) -> exactly_core::Result<()> {
+        match self {
+            KafkaSink::Plain(s) => s.write(records).await,
+            KafkaSink::Transactional(s) => s.write(records).await,
+        }
+    }
+    async fn snapshot_state(&mut self, ctx: &mut SnapshotContext) -> exactly_core::Result<()> {
+        match self {
+            KafkaSink::Plain(s) => s.snapshot_state(ctx).await,
+            KafkaSink::Transactional(s) => s.snapshot_state(ctx).await,
+        }
+    }
+    async fn notify_checkpoint_complete(&mut self, id: CheckpointId) -> exactly_core::Result<()> {
+        match self {
+            KafkaSink::Plain(s) => s.notify_checkpoint_complete(id).await,
+            KafkaSink::Transactional(s) => s.notify_checkpoint_complete(id).await,
+        }
+    }
+    async fn notify_checkpoint_aborted(&mut self, id: CheckpointId) -> exactly_core::Result<()> {
+        match self {
+            KafkaSink::Plain(s) => s.notify_checkpoint_aborted(id).await,
+            KafkaSink::Transactional(s) => s.notify_checkpoint_aborted(id).await,
+        }
+    }
+    async fn finish(&mut self) -> exactly_core::Result<()> {
+        match self {
+            KafkaSink::Plain(s) => s.finish().await,
+            KafkaSink::Transactional(s) => s.finish().await,
+        }
+    }
+    async fn close(&mut self) -> exactly_core::Result<()> {
+        match self {
+            KafkaSink::Plain(s) => s.close().await,
+            KafkaSink::Transactional(s) => s.close().await,
+        }
+    }
+}
