@@ -18,6 +18,7 @@
 pub mod checkpoint;
 pub mod coordinator;
 pub mod error;
+pub mod failpoint;
 pub mod message;
 pub mod restart;
 pub mod runtime;

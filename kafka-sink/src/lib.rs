@@ -16,6 +16,7 @@
 //!
 //! Consumers of the output must read with `isolation.level=read_committed`.
 
+pub mod admin;
 mod committable;
 mod config;
 mod error;

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use exactly_core::runtime::{InitContext, Sink, SnapshotContext, SubtaskInfo};
-use exactly_core::{CheckpointId, CoreError};
+use exactly_core::{failpoint, CheckpointId, CoreError};
 use tracing::{error, info, warn};
 
 use crate::error::{CommitError, TwoPhaseError};
@@ -112,19 +112,26 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
     }
 
     async fn commit_up_to(&mut self, id: CheckpointId) -> Result<(), TwoPhaseError> {
+        let mut committed_any = false;
         while let Some((&first, _)) = self.pending.first_key_value() {
             if first > id {
                 break;
             }
             let batch = self.pending.remove(&first).unwrap_or_default();
             for (i, p) in batch.iter().enumerate() {
+                if committed_any {
+                    failpoint::hit("sink.between_commits");
+                }
+                failpoint::hit("sink.before_commit");
                 if let Err(e) = self.commit_one(first, &p.committable).await {
                     // Keep what is not committed: a later completion or the restart retries it.
                     let rest: Vec<_> = batch.into_iter().skip(i).collect();
                     self.pending.insert(first, rest);
                     return Err(e);
                 }
+                committed_any = true;
             }
+            failpoint::hit("sink.after_commit");
         }
         Ok(())
     }
@@ -223,6 +230,7 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
     async fn snapshot_state(&mut self, ctx: &mut SnapshotContext) -> exactly_core::Result<()> {
         let id = ctx.checkpoint_id;
         if let Some(txn) = self.current.take() {
+            failpoint::hit("sink.before_pre_commit");
             match self.sink.pre_commit(txn, id).await? {
                 PreCommitted::Committable(c) => self.pending.entry(id).or_default().push(Pending {
                     committable: c,
@@ -247,6 +255,7 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
             }
         }
         ctx.put_union_state(STATE, entries);
+        failpoint::hit("sink.after_pre_commit");
         Ok(())
     }
 

@@ -624,6 +624,7 @@ impl Run<'_> {
             self.broadcast(Control::Notify(Notification::Aborted(b.id)));
             let _ = storage.abort(b.id);
         }
+        crate::failpoint::hit("checkpoint.after_durable");
         // Durable first, then notify: sinks commit on this.
         self.broadcast(Control::Notify(Notification::Complete(barrier.id)));
         if let Some(keep) = self.config().map(|c| c.retained) {

@@ -1,0 +1,99 @@
+//! Named fail points for crash tests. Inactive (one atomic load) unless the process was started
+//! with `EXACTLY_FAILPOINTS`, e.g. `sink.after_pre_commit=freeze@3;checkpoint.after_durable=delay@200ms`:
+//!
+//! - `freeze@N`: on the N-th hit, print `FAILPOINT <name>` on stderr and stop making progress, so
+//!   the test that runs this process can kill it (SIGKILL) exactly there;
+//! - `delay@D`: sleep for D (a human duration) at every hit.
+//!
+//! Points: `checkpoint.after_durable` (metadata written, completion not yet notified),
+//! `sink.before_pre_commit`, `sink.after_pre_commit` (prepared, checkpoint not yet durable),
+//! `sink.before_commit`, `sink.between_commits`, `sink.after_commit`.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// The environment variable that arms fail points.
+pub const ENV: &str = "EXACTLY_FAILPOINTS";
+
+#[derive(Debug)]
+enum Action {
+    Freeze(u64),
+    Delay(Duration),
+}
+
+#[derive(Debug)]
+struct Point {
+    action: Action,
+    hits: AtomicU64,
+}
+
+fn parse(spec: &str) -> HashMap<String, Point> {
+    let mut out = HashMap::new();
+    for item in spec.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+        let Some((name, action)) = item.split_once('=') else {
+            eprintln!("{ENV}: ignoring {item:?} (expected name=action)");
+            continue;
+        };
+        let action = match action.split_once('@') {
+            Some(("freeze", n)) => n.parse().ok().map(Action::Freeze),
+            Some(("delay", d)) => humantime::parse_duration(d).ok().map(Action::Delay),
+            _ => None,
+        };
+        match action {
+            Some(action) => {
+                out.insert(
+                    name.to_owned(),
+                    Point {
+                        action,
+                        hits: AtomicU64::new(0),
+                    },
+                );
+            }
+            None => eprintln!("{ENV}: ignoring {item:?} (actions: freeze@N, delay@DURATION)"),
+        }
+    }
+    out
+}
+
+fn points() -> &'static HashMap<String, Point> {
+    static POINTS: OnceLock<HashMap<String, Point>> = OnceLock::new();
+    POINTS.get_or_init(|| std::env::var(ENV).map(|s| parse(&s)).unwrap_or_default())
+}
+
+/// Marks that execution reached `name`.
+pub fn hit(name: &str) {
+    let points = points();
+    if points.is_empty() {
+        return;
+    }
+    let Some(p) = points.get(name) else { return };
+    let n = p.hits.fetch_add(1, Ordering::SeqCst) + 1;
+    match p.action {
+        Action::Delay(d) => std::thread::sleep(d),
+        Action::Freeze(at) if n == at => {
+            let mut err = std::io::stderr().lock();
+            let _ = writeln!(err, "FAILPOINT {name}");
+            let _ = err.flush();
+            loop {
+                std::thread::park();
+            }
+        }
+        Action::Freeze(_) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_actions_and_ignores_nonsense() {
+        let p = parse("a=freeze@3; b=delay@20ms;c=explode;d");
+        assert!(matches!(p["a"].action, Action::Freeze(3)));
+        assert!(matches!(p["b"].action, Action::Delay(d) if d == Duration::from_millis(20)));
+        assert_eq!(p.len(), 2);
+    }
+}

@@ -1,0 +1,270 @@
+//! The exactly-once Kafka sink's transaction handling against the real broker, one step at a
+//! time: commit after the producer is gone, a transaction aborted by its timeout reported as
+//! lost, a stale committable that must not commit a newer transaction of the same id, pool
+//! exhaustion declining, lingering transactions of removed subtasks, and the timeout guardrail.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use exactly_core::runtime::SubtaskInfo;
+use exactly_integration_tests::{create_topic, read_committed, unique, TestEnv};
+use exactly_kafka_sink::admin::describe_transaction;
+use exactly_kafka_sink::{
+    DeliveryGuarantee, KafkaCommittable, KafkaSinkConfig, KafkaTransaction, KeyHashPartitioner,
+    ProducerRecord, TransactionalKafkaSink,
+};
+use exactly_twophase::{CommitError, PreCommitted, RecoveryContext, TwoPhaseCommitSink};
+
+const T: Duration = Duration::from_secs(30);
+
+fn info(index: u32, parallelism: u32) -> SubtaskInfo {
+    SubtaskInfo {
+        uid: "sink".into(),
+        index,
+        parallelism,
+        max_parallelism: 128,
+        attempt: 0,
+    }
+}
+
+fn sink(
+    env: &TestEnv,
+    topic: &str,
+    prefix: &str,
+    pool_size: usize,
+    timeout: Duration,
+) -> TransactionalKafkaSink {
+    let config = KafkaSinkConfig::new(
+        &env.kafka_bootstrap,
+        topic,
+        DeliveryGuarantee::ExactlyOnce {
+            transactional_id_prefix: prefix.to_owned(),
+            pool_size,
+            transaction_timeout: timeout,
+        },
+    );
+    TransactionalKafkaSink::new(config, Box::new(KeyHashPartitioner::default())).unwrap()
+}
+
+async fn start(
+    s: &mut TransactionalKafkaSink,
+    info: &SubtaskInfo,
+    restored: &[(u64, KafkaCommittable)],
+) -> Result<()> {
+    s.open(info).await?;
+    s.abort_lingering(&RecoveryContext {
+        info,
+        restored,
+        all_restored: restored,
+        is_restored: !restored.is_empty(),
+    })
+    .await?;
+    Ok(())
+}
+
+async fn txn(s: &mut TransactionalKafkaSink, id: u64, values: &[&str]) -> Result<KafkaTransaction> {
+    let mut t = s.begin(id).await?;
+    let records = values
+        .iter()
+        .map(|v| ProducerRecord::keyed(v.as_bytes(), v.as_bytes()))
+        .collect();
+    s.write(&mut t, records).await?;
+    Ok(t)
+}
+
+async fn prepared(
+    s: &mut TransactionalKafkaSink,
+    t: KafkaTransaction,
+    id: u64,
+) -> Result<KafkaCommittable> {
+    match s.pre_commit(t, id).await? {
+        PreCommitted::Committable(c) => Ok(c),
+        other => bail!("expected a committable, got {other:?}"),
+    }
+}
+
+fn values(env: &TestEnv, topic: &str) -> Result<Vec<String>> {
+    let mut v: Vec<String> = read_committed(env, topic, T)?
+        .iter()
+        .map(|r| r.value_str())
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_sink_commits_what_the_crashed_one_pre_committed() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let topic = unique("sink-recover");
+    create_topic(env, &topic, 3).await?;
+    let prefix = unique("recover");
+    let me = info(0, 1);
+
+    let mut crashed = sink(env, &topic, &prefix, 3, Duration::from_secs(120));
+    start(&mut crashed, &me, &[]).await?;
+    let t = txn(&mut crashed, 1, &["a", "b", "c"]).await?;
+    let c = prepared(&mut crashed, t, 1).await?;
+    assert!(c.producer_id >= 0 && c.probe.is_some(), "{c:?}");
+    drop(crashed); // the process dies: no commit, no abort
+    assert!(
+        values(env, &topic)?.is_empty(),
+        "nothing visible before the commit"
+    );
+
+    let mut restarted = sink(env, &topic, &prefix, 3, Duration::from_secs(120));
+    restarted.open(&me).await?;
+    restarted.commit(&c).await?; // through the protocol: no producer holds it any more
+    assert_eq!(values(env, &topic)?, ["a", "b", "c"]);
+    restarted.commit(&c).await?; // idempotent: already committed is success
+    start(&mut restarted, &me, std::slice::from_ref(&(1, c))).await?;
+    assert_eq!(values(env, &topic)?, ["a", "b", "c"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_the_broker_aborted_on_timeout_is_reported_lost() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let topic = unique("sink-lost");
+    create_topic(env, &topic, 1).await?;
+    let prefix = unique("lost");
+    let me = info(0, 1);
+    let mut crashed = sink(env, &topic, &prefix, 2, Duration::from_secs(2));
+    start(&mut crashed, &me, &[]).await?;
+    let t = txn(&mut crashed, 1, &["doomed"]).await?;
+    let c = prepared(&mut crashed, t, 1).await?;
+    drop(crashed);
+
+    // Wait until the coordinator aborted it (timeout 2 s, checked every second by our broker).
+    let deadline = Instant::now() + T;
+    loop {
+        let now = describe_transaction(&env.kafka_bootstrap, &c.transactional_id).await?;
+        if now.state != "Ongoing" {
+            eprintln!("coordinator now reports {now:?}");
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the broker did not abort the transaction within {T:?}: {now:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut restarted = sink(env, &topic, &prefix, 2, Duration::from_secs(2));
+    restarted.open(&me).await?;
+    match restarted.commit(&c).await {
+        Err(CommitError::Lost { what, source }) => {
+            assert!(what.contains(&c.transactional_id), "{what}");
+            eprintln!("lost as expected: {what}: {source}");
+        }
+        Ok(()) => bail!("a transaction aborted by its timeout must not count as committed"),
+        Err(e) => bail!("expected Lost, got {e}"),
+    }
+    assert!(values(env, &topic)?.is_empty());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_committable_never_commits_a_newer_transaction_of_its_id() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let topic = unique("sink-stale");
+    create_topic(env, &topic, 1).await?;
+    let prefix = unique("stale");
+    let me = info(0, 1);
+    let mut crashed = sink(env, &topic, &prefix, 2, Duration::from_secs(120));
+    start(&mut crashed, &me, &[]).await?;
+    let t1 = txn(&mut crashed, 1, &["one"]).await?; // slot 0
+    let c1 = prepared(&mut crashed, t1, 1).await?;
+    crashed.commit(&c1).await?;
+    let t2 = txn(&mut crashed, 2, &["two"]).await?; // slot 1
+    let c2 = prepared(&mut crashed, t2, 2).await?;
+    crashed.commit(&c2).await?;
+    let t3 = txn(&mut crashed, 3, &["late"]).await?; // slot 0 again: same id, producer id and epoch as c1
+    drop(t3);
+    drop(crashed);
+
+    // A restore of checkpoint 1 (say) hands c1 back: it must be recognised as committed, and the
+    // open transaction of the same id must not be committed in its place.
+    let mut restarted = sink(env, &topic, &prefix, 2, Duration::from_secs(120));
+    restarted.open(&me).await?;
+    restarted.commit(&c1).await?;
+    start(&mut restarted, &me, std::slice::from_ref(&(1, c1))).await?; // aborts "late"
+    assert_eq!(values(env, &topic)?, ["one", "two"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_pool_declines_then_recovers() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let topic = unique("sink-pool");
+    create_topic(env, &topic, 1).await?;
+    let me = info(0, 1);
+    let mut s = sink(env, &topic, &unique("pool"), 2, Duration::from_secs(120));
+    start(&mut s, &me, &[]).await?;
+    let t1 = txn(&mut s, 1, &["x"]).await?;
+    let c1 = prepared(&mut s, t1, 1).await?; // slot 0 waits for checkpoint 1
+    let t2 = txn(&mut s, 2, &["y"]).await?; // slot 1 open
+    let t2 = match s.pre_commit(t2, 2).await? {
+        PreCommitted::Declined { txn, reason } => {
+            assert!(reason.contains("wait for their checkpoints"), "{reason}");
+            txn
+        }
+        other => bail!("expected a decline, got {other:?}"),
+    };
+    s.commit(&c1).await?; // checkpoint 1 completes: slot 0 is free again
+    let c2 = prepared(&mut s, t2, 3).await?;
+    s.commit(&c2).await?;
+    assert_eq!(values(env, &topic)?, ["x", "y"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lingering_transactions_of_removed_subtasks_are_aborted_and_readers_move_on() -> Result<()>
+{
+    let env = TestEnv::get().await?;
+    let topic = unique("sink-linger");
+    create_topic(env, &topic, 1).await?;
+    let prefix = unique("linger");
+    // Subtask 3 of 4 dies with a transaction open, and the job comes back with 2 subtasks.
+    let mut gone = sink(env, &topic, &prefix, 2, Duration::from_secs(600));
+    start(&mut gone, &info(3, 4), &[]).await?;
+    let t = txn(&mut gone, 1, &["never"]).await?;
+    drop(t);
+    drop(gone);
+    let mut other = sink(env, &topic, &unique("other"), 2, Duration::from_secs(120));
+    start(&mut other, &info(0, 1), &[]).await?;
+    let t = txn(&mut other, 1, &["after"]).await?;
+    let c = prepared(&mut other, t, 1).await?;
+    other.commit(&c).await?;
+    assert!(
+        values(env, &topic)?.is_empty(),
+        "the open transaction pins the last stable offset"
+    );
+
+    let mut restarted = sink(env, &topic, &prefix, 2, Duration::from_secs(120));
+    start(&mut restarted, &info(0, 2), &[]).await?;
+    assert_eq!(
+        values(env, &topic)?,
+        ["after"],
+        "the reader moves on once the lingering one is aborted"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_timeout_above_the_brokers_maximum_is_refused_at_start() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let topic = unique("sink-guard");
+    create_topic(env, &topic, 1).await?;
+    let mut s = sink(
+        env,
+        &topic,
+        &unique("guard"),
+        2,
+        Duration::from_secs(20 * 60),
+    );
+    let err = s.open(&info(0, 1)).await.unwrap_err().to_string();
+    let chain = format!("{err} {:?}", err);
+    assert!(
+        chain.contains("transaction.max.timeout.ms") && chain.contains("15m"),
+        "{chain}"
+    );
+    Ok(())
+}

@@ -1,0 +1,72 @@
+//! Transaction inspection for operators and tests (the `exactly txn` tool builds on this).
+
+use std::time::Duration;
+
+use rdkafka::consumer::DefaultConsumerContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::ClientConfig;
+
+use crate::error::{Result, SinkError};
+use crate::protocol::Wire;
+
+/// A transaction as its coordinator reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransactionInfo {
+    /// The transactional id.
+    pub transactional_id: String,
+    /// Coordinator state: Empty, Ongoing, PrepareCommit, PrepareAbort, CompleteCommit, CompleteAbort, ...
+    pub state: String,
+    /// Producer id.
+    pub producer_id: i64,
+    /// Producer epoch.
+    pub producer_epoch: i16,
+    /// Start of the current transaction (ms since the Unix epoch; -1 when none).
+    pub start_time_ms: i64,
+    /// Transaction timeout (ms).
+    pub timeout_ms: i32,
+    /// Partitions the current transaction touches.
+    pub partitions: usize,
+}
+
+/// Describes one transactional id.
+pub async fn describe_transaction(
+    bootstrap: &str,
+    transactional_id: &str,
+) -> Result<TransactionInfo> {
+    let d = Wire::new(bootstrap, Duration::from_secs(30))
+        .describe(transactional_id)
+        .await?;
+    Ok(TransactionInfo {
+        transactional_id: transactional_id.to_owned(),
+        state: d.state,
+        producer_id: d.producer_id,
+        producer_epoch: d.producer_epoch,
+        start_time_ms: d.start_time_ms,
+        timeout_ms: d.timeout_ms,
+        partitions: d.partitions,
+    })
+}
+
+/// Every transactional id starting with `prefix` that the brokers know, described.
+pub async fn list_transactions(bootstrap: &str, prefix: &str) -> Result<Vec<TransactionInfo>> {
+    let consumer: BaseConsumer<DefaultConsumerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .map_err(|e| SinkError::kafka("creating a metadata client", e))?;
+    let md = tokio::task::block_in_place(|| consumer.fetch_metadata(None, Duration::from_secs(30)))
+        .map_err(|e| SinkError::kafka("fetching metadata", e))?;
+    let brokers: Vec<String> = md
+        .brokers()
+        .iter()
+        .map(|b| format!("{}:{}", b.host(), b.port()))
+        .collect();
+    let wire = Wire::new(bootstrap, Duration::from_secs(30));
+    let mut out = Vec::new();
+    for t in wire.list(&brokers).await? {
+        if t.transactional_id.starts_with(prefix) {
+            out.push(describe_transaction(bootstrap, &t.transactional_id).await?);
+        }
+    }
+    out.sort_by(|a, b| a.transactional_id.cmp(&b.transactional_id));
+    Ok(out)
+}
