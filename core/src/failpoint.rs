@@ -3,7 +3,7 @@
 //!
 //! - `freeze@N`: on the N-th hit, print `FAILPOINT <name>` on stderr and stop making progress, so
 //!   the test that runs this process can kill it (SIGKILL) exactly there;
-//! - `delay@D`: sleep for D (a human duration) at every hit.
+//! - `delay@D`: sleep for D (a human duration) at every hit; `delay@D@N`: only at the N-th hit.
 //!
 //! Points: `checkpoint.after_durable` (metadata written, completion not yet notified),
 //! `sink.before_pre_commit`, `sink.after_pre_commit` (prepared, checkpoint not yet durable),
@@ -21,7 +21,7 @@ pub const ENV: &str = "EXACTLY_FAILPOINTS";
 #[derive(Debug)]
 enum Action {
     Freeze(u64),
-    Delay(Duration),
+    Delay(Duration, Option<u64>),
 }
 
 #[derive(Debug)]
@@ -37,9 +37,16 @@ fn parse(spec: &str) -> HashMap<String, Point> {
             eprintln!("{ENV}: ignoring {item:?} (expected name=action)");
             continue;
         };
-        let action = match action.split_once('@') {
-            Some(("freeze", n)) => n.parse().ok().map(Action::Freeze),
-            Some(("delay", d)) => humantime::parse_duration(d).ok().map(Action::Delay),
+        let parts: Vec<&str> = action.split('@').collect();
+        let action = match parts.as_slice() {
+            ["freeze", n] => n.parse().ok().map(Action::Freeze),
+            ["delay", d] => humantime::parse_duration(d)
+                .ok()
+                .map(|d| Action::Delay(d, None)),
+            ["delay", d, n] => match (humantime::parse_duration(d), n.parse()) {
+                (Ok(d), Ok(n)) => Some(Action::Delay(d, Some(n))),
+                _ => None,
+            },
             _ => None,
         };
         match action {
@@ -72,7 +79,9 @@ pub fn hit(name: &str) {
     let Some(p) = points.get(name) else { return };
     let n = p.hits.fetch_add(1, Ordering::SeqCst) + 1;
     match p.action {
-        Action::Delay(d) => std::thread::sleep(d),
+        Action::Delay(d, None) => std::thread::sleep(d),
+        Action::Delay(d, Some(at)) if n == at => std::thread::sleep(d),
+        Action::Delay(..) => {}
         Action::Freeze(at) if n == at => {
             let mut err = std::io::stderr().lock();
             let _ = writeln!(err, "FAILPOINT {name}");
@@ -91,9 +100,10 @@ mod tests {
 
     #[test]
     fn parses_actions_and_ignores_nonsense() {
-        let p = parse("a=freeze@3; b=delay@20ms;c=explode;d");
+        let p = parse("a=freeze@3; b=delay@20ms;c=explode;d;e=delay@1s@2");
         assert!(matches!(p["a"].action, Action::Freeze(3)));
-        assert!(matches!(p["b"].action, Action::Delay(d) if d == Duration::from_millis(20)));
-        assert_eq!(p.len(), 2);
+        assert!(matches!(p["b"].action, Action::Delay(d, None) if d == Duration::from_millis(20)));
+        assert!(matches!(p["e"].action, Action::Delay(d, Some(2)) if d == Duration::from_secs(1)));
+        assert_eq!(p.len(), 3);
     }
 }

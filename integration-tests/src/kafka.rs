@@ -6,7 +6,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{BaseProducer, Producer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 use crate::TestEnv;
@@ -164,4 +164,34 @@ fn to_record<M: Message>(msg: &M) -> CommittedRecord {
         key: msg.key().map(<[u8]>::to_vec),
         value: msg.payload().map(<[u8]>::to_vec),
     }
+}
+
+/// Produces keyed records (non-transactionally, idempotent) and waits until all are acknowledged.
+pub fn produce(env: &TestEnv, topic: &str, records: &[(String, String)]) -> Result<()> {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &env.kafka_bootstrap)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .context("creating a producer")?;
+    for (k, v) in records {
+        loop {
+            match producer.send(BaseRecord::to(topic).key(k.as_str()).payload(v.as_str())) {
+                Ok(()) => break,
+                Err((
+                    rdkafka::error::KafkaError::MessageProduction(
+                        rdkafka::types::RDKafkaErrorCode::QueueFull,
+                    ),
+                    _,
+                )) => {
+                    producer.poll(Duration::from_millis(10));
+                }
+                Err((e, _)) => return Err(e).context("producing"),
+            }
+        }
+    }
+    producer
+        .flush(Duration::from_secs(60))
+        .context("flushing the producer")?;
+    Ok(())
 }

@@ -9,14 +9,17 @@
 //! in parallel against one broker, and checks what it wrote with an independent `read_committed`
 //! consumer ([`read_committed`]) or SQL, polling with deadlines rather than sleeping.
 
+mod child;
 mod env;
 mod ids;
 mod kafka;
 mod mysql;
 
+pub use child::{signal, ChildJob};
 pub use env::{TestEnv, HOW_TO_START};
 pub use ids::unique;
 pub use kafka::{
-    create_topic, read_committed, transactional_producer, wait_for_committed, CommittedRecord,
+    create_topic, produce, read_committed, transactional_producer, wait_for_committed,
+    CommittedRecord,
 };
 pub use mysql::{connect_mysql, query_i64};

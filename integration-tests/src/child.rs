@@ -1,0 +1,112 @@
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// A job running as a child process, its stderr collected; killed with SIGKILL on drop.
+pub struct ChildJob {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl ChildJob {
+    /// Starts `program args`, with `EXACTLY_FAILPOINTS` set to `failpoints` (empty: none).
+    pub fn spawn(program: &str, args: &[String], failpoints: &str) -> Result<Self> {
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if failpoints.is_empty() {
+            cmd.env_remove("EXACTLY_FAILPOINTS");
+        } else {
+            cmd.env("EXACTLY_FAILPOINTS", failpoints);
+        }
+        let mut child = cmd.spawn().with_context(|| format!("starting {program}"))?;
+        let stderr = child.stderr.take().expect("piped");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr)
+                .lines()
+                .map_while(std::result::Result::ok)
+            {
+                sink.lock().expect("not poisoned").push(line);
+            }
+        });
+        Ok(ChildJob { child, lines })
+    }
+
+    /// The last `n` lines the child wrote to stderr.
+    pub fn tail(&self, n: usize) -> String {
+        let lines = self.lines.lock().expect("not poisoned");
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// Waits until the child reports reaching fail point `name`; fails if it exits or the
+    /// deadline passes first.
+    pub fn wait_for_failpoint(&mut self, name: &str, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let wanted = format!("FAILPOINT {name}");
+        loop {
+            if self
+                .lines
+                .lock()
+                .expect("not poisoned")
+                .iter()
+                .any(|l| l.trim() == wanted)
+            {
+                return Ok(());
+            }
+            if let Some(status) = self.child.try_wait()? {
+                bail!(
+                    "the job exited ({status}) before reaching {name}:\n{}",
+                    self.tail(40)
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the job did not reach {name} within {timeout:?}:\n{}",
+                    self.tail(40)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether the child is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGKILL, and wait for it to be gone.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The child's pid (to SIGSTOP / SIGCONT it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for ChildJob {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Sends `signal` (e.g. "STOP", "CONT") to `pid` with kill(1).
+pub fn signal(pid: u32, signal: &str) -> Result<()> {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()?;
+    if !status.success() {
+        bail!("kill -{signal} {pid} failed");
+    }
+    Ok(())
+}
