@@ -12,12 +12,14 @@
 mod child;
 mod env;
 mod ids;
+mod jobs;
 mod kafka;
 mod mysql;
 
 pub use child::{signal, ChildJob};
 pub use env::{TestEnv, HOW_TO_START};
 pub use ids::unique;
+pub use jobs::{eventually, Committed, CommittingCollector};
 pub use kafka::{
     create_topic, produce, read_committed, transactional_producer, wait_for_committed,
     CommittedRecord,

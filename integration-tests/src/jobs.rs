@@ -1,0 +1,63 @@
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use exactly_core::runtime::{Sink, SnapshotContext};
+use exactly_core::CheckpointId;
+
+/// Records a sink committed, shared with the test.
+pub type Committed<T> = Arc<Mutex<Vec<T>>>;
+
+/// A test sink with the visibility rule of a transactional one: records reach `committed` only
+/// when the checkpoint after them completes. What a cancelled or crashed run had not committed
+/// is gone, so `committed` over several runs shows exactly what an exactly-once sink would.
+pub struct CommittingCollector<T> {
+    current: Vec<T>,
+    staged: BTreeMap<CheckpointId, Vec<T>>,
+    committed: Committed<T>,
+}
+
+impl<T> CommittingCollector<T> {
+    /// A collector committing into `committed`.
+    pub fn new(committed: Committed<T>) -> Self {
+        CommittingCollector {
+            current: Vec::new(),
+            staged: BTreeMap::new(),
+            committed,
+        }
+    }
+}
+
+impl<T: Send + 'static> Sink<T> for CommittingCollector<T> {
+    async fn write(&mut self, records: Vec<T>) -> exactly_core::Result<()> {
+        self.current.extend(records);
+        Ok(())
+    }
+    async fn snapshot_state(&mut self, ctx: &mut SnapshotContext) -> exactly_core::Result<()> {
+        self.staged
+            .insert(ctx.checkpoint_id, std::mem::take(&mut self.current));
+        Ok(())
+    }
+    async fn notify_checkpoint_complete(&mut self, id: CheckpointId) -> exactly_core::Result<()> {
+        let later = self.staged.split_off(&(id + 1));
+        let done = std::mem::replace(&mut self.staged, later);
+        let mut committed = self.committed.lock().expect("not poisoned");
+        for (_, records) in done {
+            committed.extend(records);
+        }
+        Ok(())
+    }
+}
+
+/// Polls `f` until it returns true or `timeout` passes.
+pub async fn eventually(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
