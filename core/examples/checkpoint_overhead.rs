@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use exactly_core::coordinator::CheckpointConfig;
 use exactly_core::runtime::{
-    CheckpointListener, CheckpointedFunction, Collector, InitContext, JobBuilder, JobConfig,
-    KeyedProcessFunction, Sink, SnapshotContext, Source, SourceStatus, StateBackendConfig,
+    CheckpointListener, CheckpointedFunction, Collector, InitContext, JobBuilder, JobConfig, KeyedProcessFunction,
+    Sink, SnapshotContext, Source, SourceStatus, StateBackendConfig,
 };
 use exactly_core::state::{KeyedContext, ValueState};
 
@@ -105,10 +105,7 @@ fn quantile(d: &mut [Duration], q: f64) -> Duration {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let records: u64 = args
-        .get(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(5_000_000);
+    let records: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(5_000_000);
     let rounds: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(3);
     let dir = tempfile::tempdir().expect("temp dir");
     let mut with = Vec::new();
@@ -137,12 +134,6 @@ async fn main() {
     println!("checkpoints every 100 ms:   {on:>12.0} records/s (median of {rounds})");
     println!("ratio on/off:               {:>12.3}", on / off);
     println!("checkpoints completed:      {:>12}", durations.len());
-    println!(
-        "checkpoint duration p50:    {:>12.2?}",
-        quantile(&mut durations, 0.5)
-    );
-    println!(
-        "checkpoint duration p99:    {:>12.2?}",
-        quantile(&mut durations, 0.99)
-    );
+    println!("checkpoint duration p50:    {:>12.2?}", quantile(&mut durations, 0.5));
+    println!("checkpoint duration p99:    {:>12.2?}", quantile(&mut durations, 0.99));
 }

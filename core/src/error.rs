@@ -122,9 +122,9 @@ impl CoreError {
     /// How the runtime should react.
     pub fn class(&self) -> ErrorClass {
         match self {
-            CoreError::Io { .. }
-            | CoreError::CheckpointAborted { .. }
-            | CoreError::TaskLost { .. } => ErrorClass::Restart,
+            CoreError::Io { .. } | CoreError::CheckpointAborted { .. } | CoreError::TaskLost { .. } => {
+                ErrorClass::Restart
+            }
             CoreError::Operator { class, .. } => *class,
             CoreError::TooManyCheckpointFailures { .. } => ErrorClass::Restart,
             CoreError::RocksDb(_) => ErrorClass::Restart,
@@ -139,11 +139,7 @@ impl CoreError {
     }
 
     /// Wraps an error of user code or a connector, with its classification.
-    pub fn operator(
-        operator: impl Into<String>,
-        class: ErrorClass,
-        source: impl Into<BoxError>,
-    ) -> Self {
+    pub fn operator(operator: impl Into<String>, class: ErrorClass, source: impl Into<BoxError>) -> Self {
         CoreError::Operator {
             operator: operator.into(),
             class,
@@ -151,11 +147,7 @@ impl CoreError {
         }
     }
 
-    pub(crate) fn io(
-        action: &'static str,
-        path: impl Into<PathBuf>,
-        source: std::io::Error,
-    ) -> Self {
+    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         CoreError::Io {
             action,
             path: path.into(),

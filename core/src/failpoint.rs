@@ -40,9 +40,7 @@ fn parse(spec: &str) -> HashMap<String, Point> {
         let parts: Vec<&str> = action.split('@').collect();
         let action = match parts.as_slice() {
             ["freeze", n] => n.parse().ok().map(Action::Freeze),
-            ["delay", d] => humantime::parse_duration(d)
-                .ok()
-                .map(|d| Action::Delay(d, None)),
+            ["delay", d] => humantime::parse_duration(d).ok().map(|d| Action::Delay(d, None)),
             ["delay", d, n] => match (humantime::parse_duration(d), n.parse()) {
                 (Ok(d), Ok(n)) => Some(Action::Delay(d, Some(n))),
                 _ => None,

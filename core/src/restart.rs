@@ -81,14 +81,16 @@ impl RestartStrategy {
             RestartStrategy::ExponentialDelay { multiplier, .. } if !(*multiplier >= 1.0) => Err(CoreError::Config(
                 format!("restart_strategy.multiplier ({multiplier}) must be at least 1.0"),
             )),
-            RestartStrategy::ExponentialDelay { jitter, .. } if !(0.0..1.0).contains(jitter) => Err(
-                CoreError::Config(format!("restart_strategy.jitter ({jitter}) must be in [0, 1)")),
-            ),
-            RestartStrategy::ExponentialDelay { initial_delay, max_delay, .. } if initial_delay > max_delay => {
-                Err(CoreError::Config(format!(
-                    "restart_strategy.initial_delay ({initial_delay:?}) must not exceed max_delay ({max_delay:?})"
-                )))
-            }
+            RestartStrategy::ExponentialDelay { jitter, .. } if !(0.0..1.0).contains(jitter) => Err(CoreError::Config(
+                format!("restart_strategy.jitter ({jitter}) must be in [0, 1)"),
+            )),
+            RestartStrategy::ExponentialDelay {
+                initial_delay,
+                max_delay,
+                ..
+            } if initial_delay > max_delay => Err(CoreError::Config(format!(
+                "restart_strategy.initial_delay ({initial_delay:?}) must not exceed max_delay ({max_delay:?})"
+            ))),
             _ => Ok(()),
         }
     }
@@ -184,8 +186,7 @@ impl RestartTracker {
                 if max_attempts.is_some_and(|m| self.consecutive >= m) {
                     RestartDecision::GiveUp
                 } else {
-                    let base =
-                        initial_delay.as_secs_f64() * multiplier.powi(self.consecutive as i32);
+                    let base = initial_delay.as_secs_f64() * multiplier.powi(self.consecutive as i32);
                     let base = base.min(max_delay.as_secs_f64());
                     let factor = if *jitter > 0.0 {
                         self.rng.random_range(-jitter..*jitter)
@@ -250,11 +251,7 @@ mod tests {
             delay: s(1),
         });
         for i in 0..10 {
-            assert_eq!(
-                t.on_failure(s(i * 40)),
-                RestartDecision::Restart(s(1)),
-                "failure {i}"
-            );
+            assert_eq!(t.on_failure(s(i * 40)), RestartDecision::Restart(s(1)), "failure {i}");
         }
     }
 
@@ -295,10 +292,7 @@ mod tests {
         for i in 0..50 {
             match t.on_failure(s(i)) {
                 RestartDecision::Restart(d) => {
-                    assert!(
-                        d >= Duration::from_secs(8) && d <= Duration::from_secs(12),
-                        "{d:?}"
-                    );
+                    assert!(d >= Duration::from_secs(8) && d <= Duration::from_secs(12), "{d:?}");
                     distinct.insert(d.as_millis());
                 }
                 RestartDecision::GiveUp => panic!("gave up at {i}"),
@@ -318,11 +312,7 @@ mod tests {
             jitter: 0.0,
             max_attempts: None,
         };
-        assert!(bad
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("multiplier"));
+        assert!(bad.validate().unwrap_err().to_string().contains("multiplier"));
     }
 
     #[test]

@@ -29,10 +29,7 @@ impl ChildJob {
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();
         std::thread::spawn(move || {
-            for line in BufReader::new(stderr)
-                .lines()
-                .map_while(std::result::Result::ok)
-            {
+            for line in BufReader::new(stderr).lines().map_while(std::result::Result::ok) {
                 sink.lock().expect("not poisoned").push(line);
             }
         });
@@ -61,16 +58,10 @@ impl ChildJob {
                 return Ok(());
             }
             if let Some(status) = self.child.try_wait()? {
-                bail!(
-                    "the job exited ({status}) before reaching {name}:\n{}",
-                    self.tail(40)
-                );
+                bail!("the job exited ({status}) before reaching {name}:\n{}", self.tail(40));
             }
             if Instant::now() > deadline {
-                bail!(
-                    "the job did not reach {name} within {timeout:?}:\n{}",
-                    self.tail(40)
-                );
+                bail!("the job did not reach {name} within {timeout:?}:\n{}", self.tail(40));
             }
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -5,8 +5,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use tokio::sync::OnceCell;
 
 /// What a failing scenario prints when a service is missing.
-pub const HOW_TO_START: &str =
-    "Start the local services (no Docker needed) and export their settings:\n\
+pub const HOW_TO_START: &str = "Start the local services (no Docker needed) and export their settings:\n\
      \n    scripts/services up && eval \"$(scripts/services env)\"\n\
      \nor run the whole suite with `scripts/test`, which does both. With a Docker engine and no \
      EXACTLY_* variables set, the harness starts Kafka and MySQL containers itself.";
@@ -69,7 +68,11 @@ async fn find() -> Result<TestEnv> {
         ),
         (kafka, _) => bail!(
             "only one of EXACTLY_KAFKA_BOOTSTRAP and EXACTLY_MYSQL_URL is set ({} is missing).\n{HOW_TO_START}",
-            if kafka.is_some() { "EXACTLY_MYSQL_URL" } else { "EXACTLY_KAFKA_BOOTSTRAP" }
+            if kafka.is_some() {
+                "EXACTLY_MYSQL_URL"
+            } else {
+                "EXACTLY_KAFKA_BOOTSTRAP"
+            }
         ),
     }
 }
@@ -161,9 +164,7 @@ mod tests {
     #[test]
     fn an_unreachable_service_fails_with_instructions() {
         // Port 1 on loopback: nothing listens there.
-        let err = check_reachable("Kafka", "127.0.0.1:1")
-            .unwrap_err()
-            .to_string();
+        let err = check_reachable("Kafka", "127.0.0.1:1").unwrap_err().to_string();
         assert!(err.contains("not reachable at 127.0.0.1:1"), "{err}");
         assert!(err.contains("scripts/services up"), "{err}");
     }

@@ -35,8 +35,7 @@ impl<T: Send + 'static> Sink<T> for CommittingCollector<T> {
         Ok(())
     }
     async fn snapshot_state(&mut self, ctx: &mut SnapshotContext) -> exactly_core::Result<()> {
-        self.staged
-            .insert(ctx.checkpoint_id, std::mem::take(&mut self.current));
+        self.staged.insert(ctx.checkpoint_id, std::mem::take(&mut self.current));
         Ok(())
     }
     async fn notify_checkpoint_complete(&mut self, id: CheckpointId) -> exactly_core::Result<()> {

@@ -66,11 +66,7 @@ pub fn transactional_producer(env: &TestEnv, id: &str) -> Result<BaseProducer> {
     Ok(producer)
 }
 
-fn committed_consumer(
-    env: &TestEnv,
-    topic: &str,
-    timeout: Duration,
-) -> Result<(BaseConsumer, usize)> {
+fn committed_consumer(env: &TestEnv, topic: &str, timeout: Duration) -> Result<(BaseConsumer, usize)> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &env.kafka_bootstrap)
         .set("group.id", crate::unique("verifier"))
@@ -104,11 +100,7 @@ fn committed_consumer(
 /// the beginning up to its last stable offset (where librdkafka reports end of partition for
 /// read_committed). Records of open transactions are therefore not returned. Fails if the end is not
 /// reached within `timeout`.
-pub fn read_committed(
-    env: &TestEnv,
-    topic: &str,
-    timeout: Duration,
-) -> Result<Vec<CommittedRecord>> {
+pub fn read_committed(env: &TestEnv, topic: &str, timeout: Duration) -> Result<Vec<CommittedRecord>> {
     let deadline = Instant::now() + timeout;
     let (consumer, partitions) = committed_consumer(env, topic, timeout)?;
     let mut at_end = HashSet::new();
@@ -138,12 +130,7 @@ pub fn read_committed(
 
 /// Polls `topic` with a fresh `read_committed` consumer until at least `count` records have been
 /// seen or `timeout` passes; returns what was seen (callers assert on it).
-pub fn wait_for_committed(
-    env: &TestEnv,
-    topic: &str,
-    count: usize,
-    timeout: Duration,
-) -> Result<Vec<CommittedRecord>> {
+pub fn wait_for_committed(env: &TestEnv, topic: &str, count: usize, timeout: Duration) -> Result<Vec<CommittedRecord>> {
     let deadline = Instant::now() + timeout;
     let (consumer, _) = committed_consumer(env, topic, timeout)?;
     let mut records = Vec::new();
@@ -179,9 +166,7 @@ pub fn produce(env: &TestEnv, topic: &str, records: &[(String, String)]) -> Resu
             match producer.send(BaseRecord::to(topic).key(k.as_str()).payload(v.as_str())) {
                 Ok(()) => break,
                 Err((
-                    rdkafka::error::KafkaError::MessageProduction(
-                        rdkafka::types::RDKafkaErrorCode::QueueFull,
-                    ),
+                    rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
                     _,
                 )) => {
                     producer.poll(Duration::from_millis(10));

@@ -6,8 +6,7 @@ use crate::TestEnv;
 
 /// A fresh connection to the test database (not pooled: XA statements bind to their connection).
 pub async fn connect_mysql(env: &TestEnv) -> Result<MySqlConnection> {
-    let options: MySqlConnectOptions =
-        env.mysql_url.parse().context("parsing EXACTLY_MYSQL_URL")?;
+    let options: MySqlConnectOptions = env.mysql_url.parse().context("parsing EXACTLY_MYSQL_URL")?;
     let conn = options.connect().await.with_context(|| {
         format!(
             "connecting to MySQL ({})\n{}",

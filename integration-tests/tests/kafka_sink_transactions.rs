@@ -10,8 +10,8 @@ use exactly_core::runtime::SubtaskInfo;
 use exactly_integration_tests::{create_topic, read_committed, unique, TestEnv};
 use exactly_kafka_sink::admin::describe_transaction;
 use exactly_kafka_sink::{
-    DeliveryGuarantee, KafkaCommittable, KafkaSinkConfig, KafkaTransaction, KeyHashPartitioner,
-    ProducerRecord, TransactionalKafkaSink,
+    DeliveryGuarantee, KafkaCommittable, KafkaSinkConfig, KafkaTransaction, KeyHashPartitioner, ProducerRecord,
+    TransactionalKafkaSink,
 };
 use exactly_twophase::{CommitError, PreCommitted, RecoveryContext, TwoPhaseCommitSink};
 
@@ -27,13 +27,7 @@ fn info(index: u32, parallelism: u32) -> SubtaskInfo {
     }
 }
 
-fn sink(
-    env: &TestEnv,
-    topic: &str,
-    prefix: &str,
-    pool_size: usize,
-    timeout: Duration,
-) -> TransactionalKafkaSink {
+fn sink(env: &TestEnv, topic: &str, prefix: &str, pool_size: usize, timeout: Duration) -> TransactionalKafkaSink {
     let config = KafkaSinkConfig::new(
         &env.kafka_bootstrap,
         topic,
@@ -46,11 +40,7 @@ fn sink(
     TransactionalKafkaSink::new(config, Box::new(KeyHashPartitioner::default())).unwrap()
 }
 
-async fn start(
-    s: &mut TransactionalKafkaSink,
-    info: &SubtaskInfo,
-    restored: &[(u64, KafkaCommittable)],
-) -> Result<()> {
+async fn start(s: &mut TransactionalKafkaSink, info: &SubtaskInfo, restored: &[(u64, KafkaCommittable)]) -> Result<()> {
     s.open(info).await?;
     s.abort_lingering(&RecoveryContext {
         info,
@@ -72,11 +62,7 @@ async fn txn(s: &mut TransactionalKafkaSink, id: u64, values: &[&str]) -> Result
     Ok(t)
 }
 
-async fn prepared(
-    s: &mut TransactionalKafkaSink,
-    t: KafkaTransaction,
-    id: u64,
-) -> Result<KafkaCommittable> {
+async fn prepared(s: &mut TransactionalKafkaSink, t: KafkaTransaction, id: u64) -> Result<KafkaCommittable> {
     match s.pre_commit(t, id).await? {
         PreCommitted::Committable(c) => Ok(c),
         other => bail!("expected a committable, got {other:?}"),
@@ -84,10 +70,7 @@ async fn prepared(
 }
 
 fn values(env: &TestEnv, topic: &str) -> Result<Vec<String>> {
-    let mut v: Vec<String> = read_committed(env, topic, T)?
-        .iter()
-        .map(|r| r.value_str())
-        .collect();
+    let mut v: Vec<String> = read_committed(env, topic, T)?.iter().map(|r| r.value_str()).collect();
     v.sort();
     Ok(v)
 }
@@ -106,10 +89,7 @@ async fn a_restarted_sink_commits_what_the_crashed_one_pre_committed() -> Result
     let c = prepared(&mut crashed, t, 1).await?;
     assert!(c.producer_id >= 0 && c.probe.is_some(), "{c:?}");
     drop(crashed); // the process dies: no commit, no abort
-    assert!(
-        values(env, &topic)?.is_empty(),
-        "nothing visible before the commit"
-    );
+    assert!(values(env, &topic)?.is_empty(), "nothing visible before the commit");
 
     let mut restarted = sink(env, &topic, &prefix, 3, Duration::from_secs(120));
     restarted.open(&me).await?;
@@ -216,8 +196,7 @@ async fn an_exhausted_pool_declines_then_recovers() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lingering_transactions_of_removed_subtasks_are_aborted_and_readers_move_on() -> Result<()>
-{
+async fn lingering_transactions_of_removed_subtasks_are_aborted_and_readers_move_on() -> Result<()> {
     let env = TestEnv::get().await?;
     let topic = unique("sink-linger");
     create_topic(env, &topic, 1).await?;
@@ -253,13 +232,7 @@ async fn a_transaction_timeout_above_the_brokers_maximum_is_refused_at_start() -
     let env = TestEnv::get().await?;
     let topic = unique("sink-guard");
     create_topic(env, &topic, 1).await?;
-    let mut s = sink(
-        env,
-        &topic,
-        &unique("guard"),
-        2,
-        Duration::from_secs(20 * 60),
-    );
+    let mut s = sink(env, &topic, &unique("guard"), 2, Duration::from_secs(20 * 60));
     let err = s.open(&info(0, 1)).await.unwrap_err().to_string();
     let chain = format!("{err} {:?}", err);
     assert!(

@@ -12,12 +12,11 @@ use exactly_core::coordinator::CheckpointConfig;
 use exactly_core::restart::RestartStrategy;
 use exactly_core::runtime::{JobBuilder, JobConfig, JobHandle};
 use exactly_integration_tests::{
-    create_topic, eventually, produce, read_committed, transactional_producer, unique, Committed,
-    CommittingCollector, TestEnv,
+    create_topic, eventually, produce, read_committed, transactional_producer, unique, Committed, CommittingCollector,
+    TestEnv,
 };
 use exactly_kafka_source::{
-    Json, KafkaRecord, KafkaSource, KafkaSourceConfig, PoisonPolicy, RawBytes, ResetPosition,
-    StartPosition,
+    Json, KafkaRecord, KafkaSource, KafkaSourceConfig, PoisonPolicy, RawBytes, ResetPosition, StartPosition,
 };
 use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions};
 use rdkafka::client::DefaultClientContext;
@@ -36,12 +35,7 @@ fn job_config(dir: &Path, interval: Duration) -> JobConfig {
     config
 }
 
-fn start_job(
-    config: JobConfig,
-    source: KafkaSourceConfig,
-    parallelism: u32,
-    out: Committed<KafkaRecord>,
-) -> JobHandle {
+fn start_job(config: JobConfig, source: KafkaSourceConfig, parallelism: u32, out: Committed<KafkaRecord>) -> JobHandle {
     let mut job = JobBuilder::new(config);
     job.source("kafka", parallelism, move |_| {
         KafkaSource::new(source.clone(), RawBytes)
@@ -84,15 +78,9 @@ fn produce_timed(env: &TestEnv, topic: &str, base: i64) -> Result<()> {
     Ok(())
 }
 
-async fn run_until(
-    env: &TestEnv,
-    topic: &str,
-    start: StartPosition,
-    expect: usize,
-) -> Result<Vec<String>> {
+async fn run_until(env: &TestEnv, topic: &str, start: StartPosition, expect: usize) -> Result<Vec<String>> {
     let dir = tempfile::tempdir()?;
-    let mut source =
-        KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.to_owned()], unique("g"));
+    let mut source = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.to_owned()], unique("g"));
     source.start = start;
     let out: Committed<KafkaRecord> = Arc::default();
     let handle = start_job(
@@ -116,10 +104,7 @@ async fn every_start_position_and_restored_offsets_winning_over_it() -> Result<(
     produce_timed(env, &topic, base)?;
     let all: Vec<String> = (0..10).map(|i| format!("v{i}")).collect();
 
-    assert_eq!(
-        run_until(env, &topic, StartPosition::Earliest, 10).await?,
-        all
-    );
+    assert_eq!(run_until(env, &topic, StartPosition::Earliest, 10).await?, all);
     assert_eq!(
         run_until(env, &topic, StartPosition::Timestamp { ms: base + 5000 }, 5).await?,
         all[5..]
@@ -192,11 +177,7 @@ async fn every_start_position_and_restored_offsets_winning_over_it() -> Result<(
         out.clone(),
     );
     eventually("records produced while down", T, || {
-        values(&out)
-            .iter()
-            .filter(|v| v.starts_with("down"))
-            .count()
-            == 2
+        values(&out).iter().filter(|v| v.starts_with("down")).count() == 2
     })
     .await?;
     h.stop().await?;
@@ -263,41 +244,28 @@ async fn group_offsets_advance_only_when_a_checkpoint_completes() -> Result<()> 
     h.cancel();
     h.join().await?;
     assert_eq!(group_offset(env, &group, &topic)?, Offset::Invalid);
-    assert_eq!(
-        count(&seen_first),
-        0,
-        "nothing was committed by the cancelled run"
-    );
+    assert_eq!(count(&seen_first), 0, "nothing was committed by the cancelled run");
 
     let out: Committed<KafkaRecord> = Arc::default();
     let read_again = Arc::new(std::sync::Mutex::new(0usize));
     let h = {
         let mut job = JobBuilder::new(config);
         let r2 = read_again.clone();
-        job.source("kafka", 1, move |_| {
-            KafkaSource::new(source.clone(), RawBytes)
-        })
-        .map(move |r: KafkaRecord| {
-            *r2.lock().unwrap() += 1;
-            r
-        })
-        .sink("collect", {
-            let out = out.clone();
-            move |_| CommittingCollector::new(out.clone())
-        });
+        job.source("kafka", 1, move |_| KafkaSource::new(source.clone(), RawBytes))
+            .map(move |r: KafkaRecord| {
+                *r2.lock().unwrap() += 1;
+                r
+            })
+            .sink("collect", {
+                let out = out.clone();
+                move |_| CommittingCollector::new(out.clone())
+            });
         job.build()?.start()
     };
-    eventually("all ten read again", T, || {
-        *read_again.lock().unwrap() == 10
-    })
-    .await?;
+    eventually("all ten read again", T, || *read_again.lock().unwrap() == 10).await?;
     h.stop().await?; // final checkpoint: completes, commits offsets
     h.join().await?;
-    assert_eq!(
-        values(&out).len(),
-        10,
-        "the restarted job re-read from the beginning"
-    );
+    assert_eq!(values(&out).len(), 10, "the restarted job re-read from the beginning");
     eventually("group offset 10", T, || {
         matches!(group_offset(env, &group, &topic), Ok(Offset::Offset(10)))
     })
@@ -390,18 +358,10 @@ async fn partitions_and_topics_appearing_at_runtime_are_read_once_from_earliest(
             .payload("a-new-partition"),
     )
     .map_err(|(e, _)| e)?;
-    p.send(
-        BaseRecord::<str, str>::to(&second)
-            .partition(0)
-            .payload("b-0"),
-    )
-    .map_err(|(e, _)| e)?;
-    p.send(
-        BaseRecord::<str, str>::to(&second)
-            .partition(1)
-            .payload("b-1"),
-    )
-    .map_err(|(e, _)| e)?;
+    p.send(BaseRecord::<str, str>::to(&second).partition(0).payload("b-0"))
+        .map_err(|(e, _)| e)?;
+    p.send(BaseRecord::<str, str>::to(&second).partition(1).payload("b-1"))
+        .map_err(|(e, _)| e)?;
     p.flush(T)?;
     eventually("discovered records", T, || count(&out) >= 3).await?;
     h.stop().await?;
@@ -473,8 +433,7 @@ async fn poison_records_fail_skip_or_go_to_the_dead_letter_topic() -> Result<()>
 
     let run = |policy: PoisonPolicy| {
         let dir = tempfile::tempdir().unwrap();
-        let mut source =
-            KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));
+        let mut source = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));
         source.on_deserialization_error = policy;
         let out: Committed<serde_json::Value> = Arc::default();
         let mut job = JobBuilder::new(job_config(dir.path(), Duration::from_millis(100)));
@@ -493,20 +452,14 @@ async fn poison_records_fail_skip_or_go_to_the_dead_letter_topic() -> Result<()>
     assert!(chain.contains("kafka source failed"), "{chain}");
     let (h, _, _dir) = run(PoisonPolicy::Fail);
     let err = format!("{:?}", h.join().await.unwrap_err());
-    assert!(
-        err.contains(&format!("{topic}")) && err.contains("offset: 1"),
-        "{err}"
-    );
+    assert!(err.contains(&format!("{topic}")) && err.contains("offset: 1"), "{err}");
 
     // skip
     let (h, out, _dir) = run(PoisonPolicy::Skip);
     eventually("two good records", T, || out.lock().unwrap().len() >= 2).await?;
     h.stop().await?;
     h.join().await?;
-    assert_eq!(
-        *out.lock().unwrap(),
-        vec![serde_json::json!(1), serde_json::json!(3)]
-    );
+    assert_eq!(*out.lock().unwrap(), vec![serde_json::json!(1), serde_json::json!(3)]);
 
     // dead letter
     let dlq = unique("src-dlq");
@@ -545,10 +498,7 @@ async fn poison_records_fail_skip_or_go_to_the_dead_letter_topic() -> Result<()>
         })
         .unwrap_or_default();
     assert_eq!(headers.get("exactly.source.topic"), Some(&topic));
-    assert_eq!(
-        headers.get("exactly.source.offset").map(String::as_str),
-        Some("1")
-    );
+    assert_eq!(headers.get("exactly.source.offset").map(String::as_str), Some("1"));
     assert!(headers.get("exactly.error").is_some_and(|e| !e.is_empty()));
     Ok(())
 }

@@ -46,9 +46,7 @@ fn feed(env: &TestEnv, topic: &str, next: Arc<std::sync::Mutex<Vec<usize>>>) -> 
 impl Feeder {
     fn finish(self) -> Result<usize> {
         self.stop.store(true, Ordering::SeqCst);
-        self.handle
-            .join()
-            .map_err(|_| anyhow::anyhow!("feeder panicked"))?
+        self.handle.join().map_err(|_| anyhow::anyhow!("feeder panicked"))?
     }
 }
 
@@ -89,10 +87,7 @@ async fn kafka_to_kafka_is_exactly_once_across_sigkills_at_every_protocol_step()
     let steps: &[(&str, &str)] = &[
         ("sink.before_pre_commit", "sink.before_pre_commit=freeze@4"),
         ("sink.after_pre_commit", "sink.after_pre_commit=freeze@3"),
-        (
-            "checkpoint.after_durable",
-            "checkpoint.after_durable=freeze@3",
-        ),
+        ("checkpoint.after_durable", "checkpoint.after_durable=freeze@3"),
         // A pre-commit slow enough for its checkpoint to time out leaves two transactions to
         // commit at the next completion: die between them.
         (
@@ -125,11 +120,7 @@ async fn kafka_to_kafka_is_exactly_once_across_sigkills_at_every_protocol_step()
             break seen;
         }
         if !job.running() || Instant::now() > deadline {
-            bail!(
-                "output has {} of {expected} records:\n{}",
-                seen.len(),
-                job.tail(40)
-            );
+            bail!("output has {} of {expected} records:\n{}", seen.len(), job.tail(40));
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };

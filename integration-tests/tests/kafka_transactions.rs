@@ -6,9 +6,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use exactly_integration_tests::{
-    create_topic, read_committed, transactional_producer, unique, TestEnv,
-};
+use exactly_integration_tests::{create_topic, read_committed, transactional_producer, unique, TestEnv};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseRecord, Producer};
@@ -18,12 +16,7 @@ const T: Duration = Duration::from_secs(30);
 
 fn send(producer: &rdkafka::producer::BaseProducer, topic: &str, value: &str) -> Result<()> {
     producer
-        .send(
-            BaseRecord::<str, str>::to(topic)
-                .partition(0)
-                .key(value)
-                .payload(value),
-        )
+        .send(BaseRecord::<str, str>::to(topic).partition(0).key(value).payload(value))
         .map_err(|(err, _)| err)
         .with_context(|| format!("producing {value}"))?;
     producer.flush(T)?;
@@ -62,11 +55,7 @@ async fn read_committed_sees_committed_not_aborted_nor_open() -> Result<()> {
     committer.commit_transaction(T)?;
 
     let seen = read_committed(env, &topic, T)?;
-    assert_eq!(
-        values(&seen),
-        ["c1", "c2"],
-        "while o1's transaction is open"
-    );
+    assert_eq!(values(&seen), ["c1", "c2"], "while o1's transaction is open");
 
     open.commit_transaction(T)?;
     let seen = read_committed(env, &topic, T)?;
@@ -97,10 +86,7 @@ async fn a_second_producer_with_the_same_id_fences_the_first() -> Result<()> {
         KafkaError::Transaction(e) => e.is_fatal() || e.txn_requires_abort(),
         _ => false,
     };
-    assert!(
-        fenced,
-        "expected a fatal or abortable transaction error, got {err:?}"
-    );
+    assert!(fenced, "expected a fatal or abortable transaction error, got {err:?}");
 
     new.begin_transaction()?;
     send(&new, &topic, "from-new")?;

@@ -48,15 +48,10 @@ async fn prepared_branch_survives_disconnect_and_commits_from_another_connection
         .await
         .context("XA COMMIT")?;
     let visible = query_i64(&mut other, &format!("SELECT COUNT(*) FROM {table}")).await?;
-    assert_eq!(
-        visible, 2,
-        "rows are visible after XA COMMIT from another connection"
-    );
+    assert_eq!(visible, 2, "rows are visible after XA COMMIT from another connection");
 
     // A second commit of the same xid is indistinguishable from an unknown xid (XAER_NOTA, 1397).
-    let again = sqlx::raw_sql(&format!("XA COMMIT {xid}"))
-        .execute(&mut other)
-        .await;
+    let again = sqlx::raw_sql(&format!("XA COMMIT {xid}")).execute(&mut other).await;
     let code = again
         .expect_err("committing twice must fail")
         .as_database_error()

@@ -29,10 +29,7 @@ pub struct TransactionInfo {
 }
 
 /// Describes one transactional id.
-pub async fn describe_transaction(
-    bootstrap: &str,
-    transactional_id: &str,
-) -> Result<TransactionInfo> {
+pub async fn describe_transaction(bootstrap: &str, transactional_id: &str) -> Result<TransactionInfo> {
     let d = Wire::new(bootstrap, Duration::from_secs(30))
         .describe(transactional_id)
         .await?;

@@ -88,11 +88,7 @@ pub struct KafkaSinkConfig {
 
 impl KafkaSinkConfig {
     /// A sink writing to `topic` with `delivery`.
-    pub fn new(
-        bootstrap_servers: impl Into<String>,
-        topic: impl Into<String>,
-        delivery: DeliveryGuarantee,
-    ) -> Self {
+    pub fn new(bootstrap_servers: impl Into<String>, topic: impl Into<String>, delivery: DeliveryGuarantee) -> Self {
         KafkaSinkConfig {
             bootstrap_servers: bootstrap_servers.into(),
             topic: topic.into(),
@@ -126,9 +122,7 @@ impl KafkaSinkConfig {
         } = &self.delivery
         {
             if transactional_id_prefix.is_empty() {
-                return bad(
-                    "delivery.transactional_id_prefix must not be empty for exactly_once".into(),
-                );
+                return bad("delivery.transactional_id_prefix must not be empty for exactly_once".into());
             }
             if *pool_size < 2 {
                 return bad(format!(
@@ -144,14 +138,9 @@ impl KafkaSinkConfig {
 
     /// Checks the transaction timeout against the job's checkpointing: a transaction must outlive
     /// the checkpoint that commits it.
-    pub fn validate_against_checkpoints(
-        &self,
-        interval: Duration,
-        timeout: Duration,
-    ) -> Result<()> {
+    pub fn validate_against_checkpoints(&self, interval: Duration, timeout: Duration) -> Result<()> {
         if let DeliveryGuarantee::ExactlyOnce {
-            transaction_timeout,
-            ..
+            transaction_timeout, ..
         } = &self.delivery
         {
             let needed = interval + timeout;

@@ -30,7 +30,9 @@ pub enum SinkError {
         reason: String,
     },
     /// The producer was fenced by a newer one with the same transactional id.
-    #[error("producer {0} was fenced by a newer instance (another job or a zombie uses this transactional id prefix?)")]
+    #[error(
+        "producer {0} was fenced by a newer instance (another job or a zombie uses this transactional id prefix?)"
+    )]
     Fenced(String),
 }
 

@@ -7,13 +7,7 @@ pub trait Partitioner: Send + Sync + 'static {
     /// Called once per subtask before any record.
     fn open(&mut self, _subtask: u32, _parallelism: u32) {}
     /// The partition (an index into `partitions`) for a record. `partitions` is non-empty.
-    fn partition(
-        &self,
-        key: Option<&[u8]>,
-        value: Option<&[u8]>,
-        topic: &str,
-        partitions: &[i32],
-    ) -> i32;
+    fn partition(&self, key: Option<&[u8]>, value: Option<&[u8]>, topic: &str, partitions: &[i32]) -> i32;
 }
 
 /// Every record of subtask `i` goes to partition `i % partitions` (Flink's `FlinkFixedPartitioner`).
@@ -28,13 +22,7 @@ impl Partitioner for FixedPartitioner {
         self.subtask = subtask;
         self.parallelism = parallelism;
     }
-    fn partition(
-        &self,
-        _key: Option<&[u8]>,
-        _value: Option<&[u8]>,
-        topic: &str,
-        partitions: &[i32],
-    ) -> i32 {
+    fn partition(&self, _key: Option<&[u8]>, _value: Option<&[u8]>, topic: &str, partitions: &[i32]) -> i32 {
         if self.subtask == 0 && (self.parallelism as usize) < partitions.len() {
             static WARNED: std::sync::Once = std::sync::Once::new();
             WARNED.call_once(|| {
@@ -57,13 +45,7 @@ pub struct RoundRobinPartitioner {
 }
 
 impl Partitioner for RoundRobinPartitioner {
-    fn partition(
-        &self,
-        _key: Option<&[u8]>,
-        _value: Option<&[u8]>,
-        _topic: &str,
-        partitions: &[i32],
-    ) -> i32 {
+    fn partition(&self, _key: Option<&[u8]>, _value: Option<&[u8]>, _topic: &str, partitions: &[i32]) -> i32 {
         partitions[self.next.fetch_add(1, Ordering::Relaxed) % partitions.len()]
     }
 }
@@ -76,13 +58,7 @@ pub struct KeyHashPartitioner {
 }
 
 impl Partitioner for KeyHashPartitioner {
-    fn partition(
-        &self,
-        key: Option<&[u8]>,
-        value: Option<&[u8]>,
-        topic: &str,
-        partitions: &[i32],
-    ) -> i32 {
+    fn partition(&self, key: Option<&[u8]>, value: Option<&[u8]>, topic: &str, partitions: &[i32]) -> i32 {
         match key {
             Some(k) => partitions[(to_positive(murmur2(k)) as usize) % partitions.len()],
             None => self.unkeyed.partition(None, value, topic, partitions),
@@ -177,9 +153,7 @@ mod tests {
         f.open(4, 6);
         assert_eq!(f.partition(None, None, "t", &[0, 1, 2]), 1);
         let rr = RoundRobinPartitioner::default();
-        let got: Vec<i32> = (0..4)
-            .map(|_| rr.partition(None, None, "t", &[5, 6]))
-            .collect();
+        let got: Vec<i32> = (0..4).map(|_| rr.partition(None, None, "t", &[5, 6])).collect();
         assert_eq!(got, [5, 6, 5, 6]);
     }
 }

@@ -92,18 +92,16 @@ pub(crate) async fn send_all(
     records: Vec<ProducerRecord>,
 ) -> Result<()> {
     for r in records {
-        let partition =
-            partitioner.partition(r.key.as_deref(), r.value.as_deref(), topic, partitions);
+        let partition = partitioner.partition(r.key.as_deref(), r.value.as_deref(), topic, partitions);
         let headers = (!r.headers.is_empty()).then(|| {
-            r.headers.iter().fold(
-                OwnedHeaders::new_with_capacity(r.headers.len()),
-                |h, (k, v)| {
+            r.headers
+                .iter()
+                .fold(OwnedHeaders::new_with_capacity(r.headers.len()), |h, (k, v)| {
                     h.insert(Header {
                         key: k,
                         value: v.as_deref(),
                     })
-                },
-            )
+                })
         });
         let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).partition(partition);
         if let Some(k) = &r.key {
@@ -132,6 +130,17 @@ pub(crate) async fn send_all(
     Ok(())
 }
 
+/// Fails if a record was reported undelivered since the last reset.
+pub(crate) fn check_deliveries(deliveries: &Mutex<Deliveries>, topic: &str) -> Result<()> {
+    match &deliveries.lock().expect("not poisoned").first_error {
+        Some(reason) => Err(SinkError::Delivery {
+            topic: topic.to_owned(),
+            reason: reason.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Waits for every outstanding record; fails if any was not delivered.
 pub(crate) fn flush(
     producer: &Producer_,
@@ -139,14 +148,6 @@ pub(crate) fn flush(
     topic: &str,
     timeout: Duration,
 ) -> Result<()> {
-    tokio::task::block_in_place(|| producer.flush(timeout))
-        .map_err(|e| SinkError::kafka("flushing", e))?;
-    let d = deliveries.lock().expect("not poisoned");
-    match &d.first_error {
-        Some(reason) => Err(SinkError::Delivery {
-            topic: topic.to_owned(),
-            reason: reason.clone(),
-        }),
-        None => Ok(()),
-    }
+    tokio::task::block_in_place(|| producer.flush(timeout)).map_err(|e| SinkError::kafka("flushing", e))?;
+    check_deliveries(deliveries, topic)
 }

@@ -10,9 +10,8 @@ use std::time::Duration;
 use bytes::{Buf, BufMut, BytesMut};
 use kafka_protocol::messages::{
     describe_transactions_request::DescribeTransactionsRequest, end_txn_request::EndTxnRequest,
-    find_coordinator_request::FindCoordinatorRequest,
-    list_transactions_request::ListTransactionsRequest, ApiKey, ProducerId, RequestHeader,
-    ResponseHeader, TransactionalId,
+    find_coordinator_request::FindCoordinatorRequest, list_transactions_request::ListTransactionsRequest, ApiKey,
+    ProducerId, RequestHeader, ResponseHeader, TransactionalId,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -91,23 +90,15 @@ impl Wire {
 
     async fn send<R: Request>(&self, addr: &str, req: &R, version: i16) -> Result<R::Response> {
         let fut = self.send_inner(addr, req, version);
-        tokio::time::timeout(self.timeout, fut).await.map_err(|_| {
-            SinkError::Protocol(format!("{addr}: no answer within {:?}", self.timeout))
-        })?
+        tokio::time::timeout(self.timeout, fut)
+            .await
+            .map_err(|_| SinkError::Protocol(format!("{addr}: no answer within {:?}", self.timeout)))?
     }
 
-    async fn send_inner<R: Request>(
-        &self,
-        addr: &str,
-        req: &R,
-        version: i16,
-    ) -> Result<R::Response> {
-        let proto = |e: anyhow::Error| {
-            SinkError::Protocol(format!("encoding/decoding api {}: {e}", R::KEY))
-        };
+    async fn send_inner<R: Request>(&self, addr: &str, req: &R, version: i16) -> Result<R::Response> {
+        let proto = |e: anyhow::Error| SinkError::Protocol(format!("encoding/decoding api {}: {e}", R::KEY));
         let io = |e: std::io::Error| SinkError::Protocol(format!("{addr}: {e}"));
-        let api = ApiKey::try_from(R::KEY)
-            .map_err(|()| SinkError::Protocol(format!("unknown api key {}", R::KEY)))?;
+        let api = ApiKey::try_from(R::KEY).map_err(|()| SinkError::Protocol(format!("unknown api key {}", R::KEY)))?;
         let correlation_id = self.correlation.fetch_add(1, Ordering::Relaxed);
         let header = RequestHeader::default()
             .with_request_api_key(R::KEY)
@@ -126,27 +117,18 @@ impl Wire {
         stream.write_all(&frame).await.map_err(io)?;
         let len = stream.read_i32().await.map_err(io)?;
         if !(0..=64 * 1024 * 1024).contains(&len) {
-            return Err(SinkError::Protocol(format!(
-                "{addr}: implausible response size {len}"
-            )));
+            return Err(SinkError::Protocol(format!("{addr}: implausible response size {len}")));
         }
         let mut resp = vec![0u8; len as usize];
         stream.read_exact(&mut resp).await.map_err(io)?;
         let mut buf = bytes::Bytes::from(resp);
-        let rh = ResponseHeader::decode(&mut buf, api.response_header_version(version))
-            .map_err(proto)?;
+        let rh = ResponseHeader::decode(&mut buf, api.response_header_version(version)).map_err(proto)?;
         if rh.correlation_id != correlation_id {
-            return Err(SinkError::Protocol(format!(
-                "{addr}: correlation id mismatch"
-            )));
+            return Err(SinkError::Protocol(format!("{addr}: correlation id mismatch")));
         }
         let decoded = R::Response::decode(&mut buf, version).map_err(proto)?;
         if buf.has_remaining() {
-            tracing::debug!(
-                api = R::KEY,
-                left = buf.remaining(),
-                "Response had trailing bytes."
-            );
+            tracing::debug!(api = R::KEY, left = buf.remaining(), "Response had trailing bytes.");
         }
         Ok(decoded)
     }
@@ -159,9 +141,7 @@ impl Wire {
         let mut last = String::from("no bootstrap server");
         for addr in &self.bootstrap {
             match self.send(addr, &req, 3).await {
-                Ok(r) if r.error_code == code::NONE => {
-                    return Ok(format!("{}:{}", r.host.as_str(), r.port))
-                }
+                Ok(r) if r.error_code == code::NONE => return Ok(format!("{}:{}", r.host.as_str(), r.port)),
                 Ok(r) => last = format!("FindCoordinator error code {}", r.error_code),
                 Err(e) => last = e.to_string(),
             }
@@ -174,16 +154,14 @@ impl Wire {
     /// Describes `transactional_id` at its coordinator.
     pub(crate) async fn describe(&self, transactional_id: &str) -> Result<TxnDescription> {
         let coordinator = self.coordinator(transactional_id).await?;
-        let req =
-            DescribeTransactionsRequest::default().with_transactional_ids(vec![TransactionalId(
-                StrBytes::from_string(transactional_id.to_owned()),
-            )]);
+        let req = DescribeTransactionsRequest::default().with_transactional_ids(vec![TransactionalId(
+            StrBytes::from_string(transactional_id.to_owned()),
+        )]);
         let resp = self.send(&coordinator, &req, 0).await?;
-        let s = resp.transaction_states.into_iter().next().ok_or_else(|| {
-            SinkError::Protocol(format!(
-                "DescribeTransactions of {transactional_id}: empty answer"
-            ))
-        })?;
+        let s =
+            resp.transaction_states.into_iter().next().ok_or_else(|| {
+                SinkError::Protocol(format!("DescribeTransactions of {transactional_id}: empty answer"))
+            })?;
         if s.error_code != code::NONE {
             return Err(SinkError::Protocol(format!(
                 "DescribeTransactions of {transactional_id}: error code {}",
@@ -210,25 +188,18 @@ impl Wire {
     ) -> Result<i16> {
         let coordinator = self.coordinator(transactional_id).await?;
         let req = EndTxnRequest::default()
-            .with_transactional_id(TransactionalId(StrBytes::from_string(
-                transactional_id.to_owned(),
-            )))
+            .with_transactional_id(TransactionalId(StrBytes::from_string(transactional_id.to_owned())))
             .with_producer_id(ProducerId(producer_id))
             .with_producer_epoch(epoch)
             .with_committed(commit);
-        Ok(self
-            .send(&coordinator, &req, END_TXN_VERSION)
-            .await?
-            .error_code)
+        Ok(self.send(&coordinator, &req, END_TXN_VERSION).await?.error_code)
     }
 
     /// Every transaction every broker in `brokers` coordinates.
     pub(crate) async fn list(&self, brokers: &[String]) -> Result<Vec<ListedTxn>> {
         let mut out = Vec::new();
         for addr in brokers {
-            let resp = self
-                .send(addr, &ListTransactionsRequest::default(), 0)
-                .await?;
+            let resp = self.send(addr, &ListTransactionsRequest::default(), 0).await?;
             if resp.error_code != code::NONE {
                 return Err(SinkError::Protocol(format!(
                     "ListTransactions at {addr}: error code {}",

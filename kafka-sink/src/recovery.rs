@@ -20,11 +20,7 @@ use crate::protocol::{code, Wire};
 use exactly_twophase::CommitError;
 
 /// Commits a restored committable through the protocol. Already committed is success.
-pub(crate) async fn commit_recovered(
-    wire: &Wire,
-    bootstrap: &str,
-    c: &KafkaCommittable,
-) -> Result<(), CommitError> {
+pub(crate) async fn commit_recovered(wire: &Wire, bootstrap: &str, c: &KafkaCommittable) -> Result<(), CommitError> {
     let desc = wire
         .describe(&c.transactional_id)
         .await
@@ -72,12 +68,10 @@ pub(crate) async fn commit_recovered(
     };
     let bootstrap = bootstrap.to_owned();
     let probe2 = probe.clone();
-    let visible = tokio::task::spawn_blocking(move || {
-        probe_visible(&bootstrap, &probe2, Duration::from_secs(30))
-    })
-    .await
-    .map_err(|e| CommitError::Retriable(e.to_string().into()))?
-    .map_err(|e| CommitError::Retriable(e.into()))?;
+    let visible = tokio::task::spawn_blocking(move || probe_visible(&bootstrap, &probe2, Duration::from_secs(30)))
+        .await
+        .map_err(|e| CommitError::Retriable(e.to_string().into()))?
+        .map_err(|e| CommitError::Retriable(e.into()))?;
     if visible {
         info!(committable = %c, "Restored transaction was already committed.");
         Ok(())
@@ -95,11 +89,7 @@ pub(crate) async fn commit_recovered(
 
 /// Whether a read_committed reader sees the record at the probe's coordinates. Fails (to be
 /// retried) while the partition's last stable offset has not passed it.
-pub(crate) fn probe_visible(
-    bootstrap: &str,
-    probe: &Probe,
-    timeout: Duration,
-) -> Result<bool, SinkError> {
+pub(crate) fn probe_visible(bootstrap: &str, probe: &Probe, timeout: Duration) -> Result<bool, SinkError> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "exactly-probe")

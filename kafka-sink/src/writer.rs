@@ -7,9 +7,7 @@ use std::time::Duration;
 
 use exactly_core::runtime::{InitContext, Sink, SnapshotContext, SubtaskInfo};
 use exactly_core::CheckpointId;
-use exactly_twophase::{
-    CommitError, PreCommitted, RecoveryContext, TwoPhaseCommitSink, TwoPhaseSink,
-};
+use exactly_twophase::{CommitError, PreCommitted, RecoveryContext, TwoPhaseCommitSink, TwoPhaseSink};
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::KafkaError;
@@ -20,10 +18,8 @@ use tracing::{info, warn};
 use crate::committable::{KafkaCommittable, COMMITTABLE_VERSION};
 use crate::config::{DeliveryGuarantee, KafkaSinkConfig, PartitionerKind};
 use crate::error::{Result, SinkError};
-use crate::partitioner::{
-    FixedPartitioner, KeyHashPartitioner, Partitioner, RoundRobinPartitioner,
-};
-use crate::pool::{create_producer, flush, send_all, Deliveries, Producer_};
+use crate::partitioner::{FixedPartitioner, KeyHashPartitioner, Partitioner, RoundRobinPartitioner};
+use crate::pool::{check_deliveries, create_producer, flush, send_all, Deliveries, Producer_};
 use crate::protocol::Wire;
 use crate::recovery::commit_recovered;
 use crate::transactional_id::{parse, transactional_id};
@@ -51,9 +47,8 @@ async fn broker_facts(config: &KafkaSinkConfig) -> Result<BrokerFacts> {
         .set("bootstrap.servers", &config.bootstrap_servers)
         .create()
         .map_err(|e| SinkError::kafka("creating an admin client", e))?;
-    let md =
-        tokio::task::block_in_place(|| admin.inner().fetch_metadata(Some(&config.topic), TIMEOUT))
-            .map_err(|e| SinkError::kafka("fetching metadata", e))?;
+    let md = tokio::task::block_in_place(|| admin.inner().fetch_metadata(Some(&config.topic), TIMEOUT))
+        .map_err(|e| SinkError::kafka("fetching metadata", e))?;
     let topic = md.topics().iter().find(|t| t.name() == config.topic);
     let partitions: Vec<i32> = topic
         .map(|t| t.partitions().iter().map(|p| p.id()).collect())
@@ -162,10 +157,7 @@ impl TransactionalKafkaSink {
     }
 
     fn free_slots(&self) -> usize {
-        self.slots
-            .iter()
-            .filter(|s| s.state == SlotState::Free)
-            .count()
+        self.slots.iter().filter(|s| s.state == SlotState::Free).count()
     }
 
     /// Aborts whatever is open under `id` by initialising a producer with it (fences and aborts).
@@ -214,17 +206,12 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         Ok(())
     }
 
-    async fn begin(
-        &mut self,
-        _checkpoint_id: CheckpointId,
-    ) -> exactly_core::Result<KafkaTransaction> {
+    async fn begin(&mut self, _checkpoint_id: CheckpointId) -> exactly_core::Result<KafkaTransaction> {
         let n = self.slots.len();
         let slot = (0..n)
             .map(|i| (self.next_slot + i) % n)
             .find(|i| self.slots[*i].state == SlotState::Free)
-            .ok_or_else(|| {
-                SinkError::Protocol("no free transactional producer (all pending or broken)".into())
-            })?;
+            .ok_or_else(|| SinkError::Protocol("no free transactional producer (all pending or broken)".into()))?;
         self.next_slot = (slot + 1) % n;
         let s = &mut self.slots[slot];
         *s.deliveries.lock().expect("not poisoned") = Deliveries::default();
@@ -235,11 +222,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         Ok(KafkaTransaction { slot, records: 0 })
     }
 
-    async fn write(
-        &mut self,
-        txn: &mut KafkaTransaction,
-        records: Vec<ProducerRecord>,
-    ) -> exactly_core::Result<()> {
+    async fn write(&mut self, txn: &mut KafkaTransaction, records: Vec<ProducerRecord>) -> exactly_core::Result<()> {
         txn.records += records.len() as u64;
         let s = &self.slots[txn.slot];
         send_all(
@@ -265,6 +248,8 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             s.state = SlotState::Free;
             return Ok(PreCommitted::Empty);
         }
+        // A failed delivery (e.g. fenced by a newer instance) fails now, not after a decline.
+        check_deliveries(&self.slots[txn.slot].deliveries, &self.config.topic)?;
         if self.free_slots() == 0 {
             return Ok(PreCommitted::Declined {
                 reason: format!(
@@ -323,8 +308,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
                 match &err {
                     CommitError::Retriable(_) => {}
                     CommitError::Lost { .. } => {
-                        let _ =
-                            tokio::task::block_in_place(|| s.producer.abort_transaction(TIMEOUT));
+                        let _ = tokio::task::block_in_place(|| s.producer.abort_transaction(TIMEOUT));
                         s.state = SlotState::Free;
                         return Err(CommitError::Lost {
                             what: c.to_string(),
@@ -346,10 +330,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         Ok(())
     }
 
-    async fn abort_lingering(
-        &mut self,
-        ctx: &RecoveryContext<'_, KafkaCommittable>,
-    ) -> exactly_core::Result<()> {
+    async fn abort_lingering(&mut self, ctx: &RecoveryContext<'_, KafkaCommittable>) -> exactly_core::Result<()> {
         let me = ctx.info.index;
         let parallelism = ctx.info.parallelism;
         // Transactions others are committing right now (restored committables that are still the
@@ -503,14 +484,11 @@ impl KafkaSink {
     }
 
     /// The sink `config` asks for, with a custom partitioner.
-    pub fn with_partitioner(
-        config: KafkaSinkConfig,
-        partitioner: Box<dyn Partitioner>,
-    ) -> Result<Self> {
+    pub fn with_partitioner(config: KafkaSinkConfig, partitioner: Box<dyn Partitioner>) -> Result<Self> {
         Ok(match config.delivery {
-            DeliveryGuarantee::ExactlyOnce { .. } => KafkaSink::Transactional(Box::new(
-                TwoPhaseSink::new(TransactionalKafkaSink::new(config, partitioner)?),
-            )),
+            DeliveryGuarantee::ExactlyOnce { .. } => KafkaSink::Transactional(Box::new(TwoPhaseSink::new(
+                TransactionalKafkaSink::new(config, partitioner)?,
+            ))),
             _ => KafkaSink::Plain(KafkaWriter::new(config, partitioner)?),
         })
     }

@@ -148,11 +148,7 @@ pub struct KafkaSourceConfig {
 
 impl KafkaSourceConfig {
     /// A configuration reading `topics` from `bootstrap_servers`, committing to `group_id`.
-    pub fn new(
-        bootstrap_servers: impl Into<String>,
-        topics: Vec<String>,
-        group_id: impl Into<String>,
-    ) -> Self {
+    pub fn new(bootstrap_servers: impl Into<String>, topics: Vec<String>, group_id: impl Into<String>) -> Self {
         KafkaSourceConfig {
             bootstrap_servers: bootstrap_servers.into(),
             topics,
@@ -176,9 +172,7 @@ impl KafkaSourceConfig {
         }
         match (self.topics.is_empty(), &self.topic_pattern) {
             (true, None) => return bad("set `topics` (a list) or `topic_pattern` (a regex)".into()),
-            (false, Some(_)) => {
-                return bad("set either `topics` or `topic_pattern`, not both".into())
-            }
+            (false, Some(_)) => return bad("set either `topics` or `topic_pattern`, not both".into()),
             (_, Some(p)) => {
                 if let Err(e) = regex::Regex::new(p) {
                     return bad(format!("topic_pattern {p:?} is not a valid regex: {e}"));
@@ -195,9 +189,7 @@ impl KafkaSourceConfig {
         if let StartPosition::Specific { offsets, .. } = &self.start {
             for key in offsets.keys() {
                 if parse_topic_partition(key).is_none() {
-                    return bad(format!(
-                        "start.offsets key {key:?} must look like \"topic:partition\""
-                    ));
+                    return bad(format!("start.offsets key {key:?} must look like \"topic:partition\""));
                 }
             }
         }
@@ -208,9 +200,7 @@ impl KafkaSourceConfig {
         }
         if let PoisonPolicy::DeadLetter { topic } = &self.on_deserialization_error {
             if topic.is_empty() {
-                return bad(
-                    "on_deserialization_error.topic must name the dead-letter topic".into(),
-                );
+                return bad("on_deserialization_error.topic must name the dead-letter topic".into());
             }
         }
         for key in self.client.keys() {
@@ -254,11 +244,7 @@ mod tests {
         c.topics.clear();
         c.validate().unwrap();
         c.topic_pattern = Some("(".into());
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("not a valid regex"));
+        assert!(c.validate().unwrap_err().to_string().contains("not a valid regex"));
     }
 
     #[test]
@@ -275,18 +261,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.discovery_interval, Some(Duration::from_secs(10)));
-        assert_eq!(
-            c.start,
-            StartPosition::Timestamp {
-                ms: 1_700_000_000_000
-            }
-        );
+        assert_eq!(c.start, StartPosition::Timestamp { ms: 1_700_000_000_000 });
         c.validate().unwrap();
-        let err = toml::from_str::<KafkaSourceConfig>(
-            "bootstrap_servers = \"x\"\ngroup_id = \"g\"\ntopicz = []",
-        )
-        .unwrap_err()
-        .to_string();
+        let err = toml::from_str::<KafkaSourceConfig>("bootstrap_servers = \"x\"\ngroup_id = \"g\"\ntopicz = []")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("topicz"), "{err}");
     }
 
@@ -297,11 +276,7 @@ mod tests {
             offsets: [("in-0".to_owned(), 5)].into(),
             reset: ResetPosition::None,
         };
-        assert!(c
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("topic:partition"));
+        assert!(c.validate().unwrap_err().to_string().contains("topic:partition"));
         assert_eq!(parse_topic_partition("a:b:3"), Some(("a:b", 3)));
     }
 }

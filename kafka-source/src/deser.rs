@@ -90,8 +90,7 @@ mod tests {
         assert!(Utf8.deserialize(rec(&[0xff])).is_err());
         assert_eq!(Json.deserialize(rec(br#"{"a":1}"#)).unwrap()["a"], 1);
         assert!(Json.deserialize(rec(b"{")).is_err());
-        let custom =
-            |r: KafkaRecord| -> Result<usize, BoxError> { Ok(r.value.map_or(0, |v| v.len())) };
+        let custom = |r: KafkaRecord| -> Result<usize, BoxError> { Ok(r.value.map_or(0, |v| v.len())) };
         assert_eq!(custom.deserialize(rec(b"abc")).unwrap(), 3);
     }
 }

@@ -21,8 +21,7 @@ mod reader;
 
 pub use assignment::subtask_for;
 pub use config::{
-    IsolationLevel, KafkaSourceConfig, OffsetCommitMode, PoisonPolicy, ResetPosition,
-    StartPosition, OWNED_KEYS,
+    IsolationLevel, KafkaSourceConfig, OffsetCommitMode, PoisonPolicy, ResetPosition, StartPosition, OWNED_KEYS,
 };
 pub use deser::{Deserializer, Json, KafkaRecord, RawBytes, Utf8};
 pub use error::{Result, SourceError};

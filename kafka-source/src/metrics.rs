@@ -54,10 +54,7 @@ impl KafkaSourceMetrics {
         self.partitions.lock().expect("not poisoned").clone()
     }
 
-    pub(crate) fn with_partitions(
-        &self,
-        f: impl FnOnce(&mut BTreeMap<TopicPartition, PartitionMetrics>),
-    ) {
+    pub(crate) fn with_partitions(&self, f: impl FnOnce(&mut BTreeMap<TopicPartition, PartitionMetrics>)) {
         f(&mut self.partitions.lock().expect("not poisoned"));
     }
 }

@@ -41,8 +41,7 @@ impl OffsetEntry {
     }
 
     pub(crate) fn decode(bytes: &[u8]) -> Result<OffsetEntry> {
-        let e: OffsetEntry =
-            serde_json::from_slice(bytes).map_err(|e| SourceError::State(e.to_string()))?;
+        let e: OffsetEntry = serde_json::from_slice(bytes).map_err(|e| SourceError::State(e.to_string()))?;
         if e.version > STATE_VERSION {
             return Err(SourceError::State(format!(
                 "offset state version {} is newer than this build ({STATE_VERSION})",
@@ -136,9 +135,6 @@ mod tests {
         // Fixture of version 1 as written by this release: must keep decoding.
         let v1 = br#"{"version":1,"tp":{"topic":"a","partition":3},"next_offset":42}"#;
         assert_eq!(OffsetEntry::decode(v1).unwrap().next_offset, 42);
-        assert!(OffsetEntry::decode(
-            br#"{"version":9,"tp":{"topic":"a","partition":3},"next_offset":1}"#
-        )
-        .is_err());
+        assert!(OffsetEntry::decode(br#"{"version":9,"tp":{"topic":"a","partition":3},"next_offset":1}"#).is_err());
     }
 }

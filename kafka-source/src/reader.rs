@@ -17,9 +17,7 @@ use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use tracing::{debug, info, warn};
 
 use crate::assignment::subtask_for;
-use crate::config::{
-    IsolationLevel, KafkaSourceConfig, OffsetCommitMode, PoisonPolicy, ResetPosition, StartPosition,
-};
+use crate::config::{IsolationLevel, KafkaSourceConfig, OffsetCommitMode, PoisonPolicy, ResetPosition, StartPosition};
 use crate::deser::{Deserializer, KafkaRecord};
 use crate::error::{Result, SourceError};
 use crate::metrics::KafkaSourceMetrics;
@@ -56,9 +54,7 @@ impl ConsumerContext for SourceContext {
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
         match result {
             Ok(()) => {
-                self.metrics
-                    .commits_succeeded
-                    .fetch_add(1, Ordering::Relaxed);
+                self.metrics.commits_succeeded.fetch_add(1, Ordering::Relaxed);
                 self.metrics.with_partitions(|parts| {
                     for e in offsets.elements() {
                         let tp = TopicPartition {
@@ -198,9 +194,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
     fn watermarks(&self, tp: &TopicPartition) -> Result<(i64, i64)> {
         self.consumer()
             .fetch_watermarks(&tp.topic, tp.partition, TIMEOUT)
-            .map_err(|e| {
-                SourceError::kafka(format!("watermarks of {}/{}", tp.topic, tp.partition), e)
-            })
+            .map_err(|e| SourceError::kafka(format!("watermarks of {}/{}", tp.topic, tp.partition), e))
     }
 
     fn reset(&self, tp: &TopicPartition, reset: ResetPosition) -> Result<i64> {
@@ -227,10 +221,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                     .consumer()
                     .offsets_for_times(tpl, TIMEOUT)
                     .map_err(|e| SourceError::kafka("offsets for times", e))?;
-                match found
-                    .find_partition(&tp.topic, tp.partition)
-                    .map(|e| e.offset())
-                {
+                match found.find_partition(&tp.topic, tp.partition).map(|e| e.offset()) {
                     Some(Offset::Offset(o)) => Ok(o),
                     // No record at or after the timestamp: start at the end.
                     _ => Ok(self.watermarks(tp)?.1),
@@ -243,10 +234,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                     .consumer()
                     .committed_offsets(tpl, TIMEOUT)
                     .map_err(|e| SourceError::kafka("committed offsets of the group", e))?;
-                match committed
-                    .find_partition(&tp.topic, tp.partition)
-                    .map(|e| e.offset())
-                {
+                match committed.find_partition(&tp.topic, tp.partition).map(|e| e.offset()) {
                     Some(Offset::Offset(o)) => Ok(o),
                     _ => self.reset(tp, *reset),
                 }
@@ -489,11 +477,8 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                 }
             }
             // Only the dead-letter policy needs the raw record after a failure: copy it only then.
-            let keep = matches!(
-                self.config.on_deserialization_error,
-                PoisonPolicy::DeadLetter { .. }
-            )
-            .then(|| record.clone());
+            let keep =
+                matches!(self.config.on_deserialization_error, PoisonPolicy::DeadLetter { .. }).then(|| record.clone());
             let coordinates = (tp, record.offset);
             match self.deserializer.deserialize(record) {
                 Ok(t) => out.push(t),
@@ -511,9 +496,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                 }
             }
         }
-        self.metrics
-            .records
-            .fetch_add(out.len() as u64, Ordering::Relaxed);
+        self.metrics.records.fetch_add(out.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 }
@@ -559,8 +542,7 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
                 .map(|(tp, o)| OffsetEntry::encode(tp, *o))
                 .collect(),
         );
-        self.pending
-            .insert(ctx.checkpoint_id, self.positions.clone());
+        self.pending.insert(ctx.checkpoint_id, self.positions.clone());
         let positions = self.positions.clone();
         self.metrics.with_partitions(|parts| {
             for (tp, o) in positions {

@@ -78,11 +78,7 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
         &self.sink
     }
 
-    async fn commit_one(
-        &mut self,
-        id: CheckpointId,
-        c: &S::Committable,
-    ) -> Result<(), TwoPhaseError> {
+    async fn commit_one(&mut self, id: CheckpointId, c: &S::Committable) -> Result<(), TwoPhaseError> {
         let mut backoff = self.retry.initial_backoff;
         let mut attempt = 1;
         loop {
@@ -164,15 +160,11 @@ fn encode<C: serde::Serialize>(id: CheckpointId, origin: u32, c: &C) -> Result<V
         .map_err(|e| CoreError::operator("two-phase sink", exactly_core::ErrorClass::Fatal, e))
 }
 
-fn decode<C: serde::de::DeserializeOwned>(
-    bytes: &[u8],
-) -> Result<(CheckpointId, u32, C), TwoPhaseError> {
+fn decode<C: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<(CheckpointId, u32, C), TwoPhaseError> {
     let (version, id, origin, c): (u32, CheckpointId, u32, C) =
         serde_json::from_slice(bytes).map_err(|e| TwoPhaseError::Decode(e.to_string()))?;
     if version != 1 {
-        return Err(TwoPhaseError::Decode(format!(
-            "unknown committable version {version}"
-        )));
+        return Err(TwoPhaseError::Decode(format!("unknown committable version {version}")));
     }
     Ok((id, origin, c))
 }

@@ -60,17 +60,10 @@ pub trait TwoPhaseCommitSink<T>: Send + 'static {
     }
 
     /// Opens a transaction for the records after the barrier of `checkpoint_id - 1`.
-    fn begin(
-        &mut self,
-        checkpoint_id: CheckpointId,
-    ) -> impl Future<Output = Result<Self::Transaction>> + Send;
+    fn begin(&mut self, checkpoint_id: CheckpointId) -> impl Future<Output = Result<Self::Transaction>> + Send;
 
     /// Writes records into the open transaction.
-    fn write(
-        &mut self,
-        txn: &mut Self::Transaction,
-        records: Vec<T>,
-    ) -> impl Future<Output = Result<()>> + Send;
+    fn write(&mut self, txn: &mut Self::Transaction, records: Vec<T>) -> impl Future<Output = Result<()>> + Send;
 
     /// Flushes and prepares the transaction at barrier `checkpoint_id`.
     fn pre_commit(
@@ -80,10 +73,7 @@ pub trait TwoPhaseCommitSink<T>: Send + 'static {
     ) -> impl Future<Output = Result<PreCommitted<Self::Committable, Self::Transaction>>> + Send;
 
     /// Commits a pre-committed transaction. Already committed is success.
-    fn commit(
-        &mut self,
-        committable: &Self::Committable,
-    ) -> impl Future<Output = Result<(), CommitError>> + Send;
+    fn commit(&mut self, committable: &Self::Committable) -> impl Future<Output = Result<(), CommitError>> + Send;
 
     /// Aborts an open transaction (the job is stopping without committing it).
     fn abort(&mut self, txn: Self::Transaction) -> impl Future<Output = Result<()>> + Send;

@@ -130,8 +130,7 @@ impl<T> BarrierAligner<T> {
     }
 
     fn blocked(&self, input: usize) -> bool {
-        self.mode == AlignmentMode::ExactlyOnce
-            && self.pending.as_ref().is_some_and(|p| p.seen[input])
+        self.mode == AlignmentMode::ExactlyOnce && self.pending.as_ref().is_some_and(|p| p.seen[input])
     }
 
     fn handle(&mut self, input: usize, msg: Message<T>, out: &mut impl FnMut(AlignerEvent<T>)) {
@@ -159,12 +158,7 @@ impl<T> BarrierAligner<T> {
         self.last_handled.is_some_and(|last| id <= last)
     }
 
-    fn on_barrier(
-        &mut self,
-        input: usize,
-        b: CheckpointBarrier,
-        out: &mut impl FnMut(AlignerEvent<T>),
-    ) {
+    fn on_barrier(&mut self, input: usize, b: CheckpointBarrier, out: &mut impl FnMut(AlignerEvent<T>)) {
         if self.is_stale(b.id) {
             return;
         }
@@ -229,11 +223,7 @@ impl<T> BarrierAligner<T> {
 
     fn try_complete(&mut self, out: &mut impl FnMut(AlignerEvent<T>)) {
         let Some(p) = &self.pending else { return };
-        let aligned = p
-            .seen
-            .iter()
-            .zip(&self.closed)
-            .all(|(seen, closed)| *seen || *closed);
+        let aligned = p.seen.iter().zip(&self.closed).all(|(seen, closed)| *seen || *closed);
         if aligned {
             let p = self.pending.take().expect("checked above");
             self.last_handled = Some(p.barrier.id);
@@ -272,11 +262,7 @@ impl<T> BarrierAligner<T> {
     }
 
     fn emit_watermark(&mut self, out: &mut impl FnMut(AlignerEvent<T>)) {
-        let open = self
-            .watermarks
-            .iter()
-            .zip(&self.closed)
-            .filter(|(_, c)| !**c);
+        let open = self.watermarks.iter().zip(&self.closed).filter(|(_, c)| !**c);
         let mut min: Option<i64> = None;
         for (w, _) in open {
             match w {

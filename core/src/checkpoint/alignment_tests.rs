@@ -70,37 +70,31 @@ struct Outcome {
     events: Vec<AlignerEvent<(usize, usize)>>,
 }
 
-fn run(
-    scripts: &[Vec<Step>],
-    schedule: &[usize],
-    mode: AlignmentMode,
-    max_buffered: usize,
-) -> Outcome {
+fn run(scripts: &[Vec<Step>], schedule: &[usize], mode: AlignmentMode, max_buffered: usize) -> Outcome {
     let inputs = scripts.len();
     let mut aligner = BarrierAligner::new(inputs, mode, max_buffered);
     let mut next = vec![0usize; inputs]; // next step index per input; len+1 = EOS sent
     let mut seq = vec![0usize; inputs];
     let mut outcome = Outcome::default();
-    let mut deliver =
-        |input: usize, next: &mut Vec<usize>, seq: &mut Vec<usize>, outcome: &mut Outcome| {
-            let i = next[input];
-            let msg = if i < scripts[input].len() {
-                match scripts[input][i] {
-                    Step::Record => {
-                        seq[input] += 1;
-                        Message::Record((input, seq[input] - 1))
-                    }
-                    Step::Barrier { id, skip: false } => Message::Barrier(barrier(id)),
-                    Step::Barrier { id, skip: true } => Message::CancelCheckpoint(id),
+    let mut deliver = |input: usize, next: &mut Vec<usize>, seq: &mut Vec<usize>, outcome: &mut Outcome| {
+        let i = next[input];
+        let msg = if i < scripts[input].len() {
+            match scripts[input][i] {
+                Step::Record => {
+                    seq[input] += 1;
+                    Message::Record((input, seq[input] - 1))
                 }
-            } else if i == scripts[input].len() {
-                Message::EndOfStream
-            } else {
-                return;
-            };
-            next[input] += 1;
-            aligner.push(input, msg, &mut |e| outcome.events.push(e));
+                Step::Barrier { id, skip: false } => Message::Barrier(barrier(id)),
+                Step::Barrier { id, skip: true } => Message::CancelCheckpoint(id),
+            }
+        } else if i == scripts[input].len() {
+            Message::EndOfStream
+        } else {
+            return;
         };
+        next[input] += 1;
+        aligner.push(input, msg, &mut |e| outcome.events.push(e));
+    };
     for &input in schedule {
         deliver(input, &mut next, &mut seq, &mut outcome);
     }
@@ -158,10 +152,7 @@ fn check_common(scripts: &[Vec<Step>], outcome: &Outcome) -> Result<(), TestCase
             .count(),
         1
     );
-    prop_assert!(matches!(
-        outcome.events.last(),
-        Some(AlignerEvent::EndOfStream)
-    ));
+    prop_assert!(matches!(outcome.events.last(), Some(AlignerEvent::EndOfStream)));
     Ok(())
 }
 
@@ -171,9 +162,7 @@ fn must_complete(scripts: &[Vec<Step>], id: u64) -> bool {
     scripts.iter().all(|s| {
         s.iter()
             .any(|st| matches!(st, Step::Barrier { id: b, skip: false } if *b == id))
-            || !s
-                .iter()
-                .any(|st| matches!(st, Step::Barrier { id: b, .. } if *b >= id))
+            || !s.iter().any(|st| matches!(st, Step::Barrier { id: b, .. } if *b >= id))
     }) && scripts.iter().any(|s| {
         s.iter()
             .any(|st| matches!(st, Step::Barrier { id: b, skip: false } if *b == id))
@@ -268,14 +257,10 @@ fn single_input_completes_immediately() {
 fn watermark_is_the_minimum_of_open_inputs() {
     let mut a = BarrierAligner::<u32>::new(2, AlignmentMode::ExactlyOnce, 10);
     let mut events = Vec::new();
-    a.push(0, Message::Watermark(Watermark(10)), &mut |e| {
-        events.push(e)
-    });
+    a.push(0, Message::Watermark(Watermark(10)), &mut |e| events.push(e));
     assert!(events.is_empty(), "input 1 has no watermark yet");
     a.push(1, Message::Watermark(Watermark(5)), &mut |e| events.push(e));
-    a.push(1, Message::Watermark(Watermark(20)), &mut |e| {
-        events.push(e)
-    });
+    a.push(1, Message::Watermark(Watermark(20)), &mut |e| events.push(e));
     a.push(0, Message::EndOfStream, &mut |e| events.push(e));
     assert_eq!(
         events,

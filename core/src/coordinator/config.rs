@@ -106,19 +106,13 @@ impl CheckpointConfig {
     /// Checks the values; the error says what to change.
     pub fn validate(&self) -> Result<()> {
         if self.interval.is_zero() {
-            return Err(CoreError::Config(
-                "checkpoint.interval must be greater than 0".into(),
-            ));
+            return Err(CoreError::Config("checkpoint.interval must be greater than 0".into()));
         }
         if self.timeout.is_zero() {
-            return Err(CoreError::Config(
-                "checkpoint.timeout must be greater than 0".into(),
-            ));
+            return Err(CoreError::Config("checkpoint.timeout must be greater than 0".into()));
         }
         if self.max_concurrent == 0 {
-            return Err(CoreError::Config(
-                "checkpoint.max_concurrent must be at least 1".into(),
-            ));
+            return Err(CoreError::Config("checkpoint.max_concurrent must be at least 1".into()));
         }
         if self.retained == 0 {
             return Err(CoreError::Config(

@@ -56,27 +56,20 @@ impl PendingCheckpoint {
 
     /// Longest alignment among the tasks.
     pub fn max_alignment(&self) -> Duration {
-        self.acks
-            .values()
-            .map(|a| a.alignment)
-            .max()
-            .unwrap_or_default()
+        self.acks.values().map(|a| a.alignment).max().unwrap_or_default()
     }
 
     /// The metadata to persist once every task acknowledged.
     pub fn into_metadata(self, job: &str, completed_ms: u64) -> Result<CheckpointMetadata> {
         let mut operators: BTreeMap<String, OperatorSnapshot> = BTreeMap::new();
-        let mut states: Vec<OperatorSubtaskState> =
-            self.acks.into_values().flat_map(|t| t.operators).collect();
+        let mut states: Vec<OperatorSubtaskState> = self.acks.into_values().flat_map(|t| t.operators).collect();
         states.sort_by(|a, b| (&a.uid, a.subtask).cmp(&(&b.uid, b.subtask)));
         for s in states {
-            let op = operators
-                .entry(s.uid.clone())
-                .or_insert_with(|| OperatorSnapshot {
-                    parallelism: s.parallelism,
-                    max_parallelism: s.max_parallelism,
-                    subtasks: Vec::new(),
-                });
+            let op = operators.entry(s.uid.clone()).or_insert_with(|| OperatorSnapshot {
+                parallelism: s.parallelism,
+                max_parallelism: s.max_parallelism,
+                subtasks: Vec::new(),
+            });
             if op.subtasks.len() as u32 != s.subtask || op.parallelism != s.parallelism {
                 return Err(CoreError::InvalidJob(format!(
                     "operator uid {:?} is used by more than one operator, or a subtask acknowledged twice",
@@ -127,12 +120,7 @@ pub struct CheckpointCoordinator {
 
 impl CheckpointCoordinator {
     /// A coordinator for `tasks` tasks; the first checkpoint gets id `first_id`.
-    pub fn new(
-        config: &CheckpointConfig,
-        tasks: usize,
-        first_id: CheckpointId,
-        now: Instant,
-    ) -> Self {
+    pub fn new(config: &CheckpointConfig, tasks: usize, first_id: CheckpointId, now: Instant) -> Self {
         CheckpointCoordinator {
             interval: config.interval,
             min_pause: config.min_pause,
@@ -171,19 +159,12 @@ impl CheckpointCoordinator {
     /// When [`due`](Self::due) may next become true (for sleeping until then).
     pub fn next_due(&self) -> Instant {
         let by_interval = self.last_trigger + self.interval;
-        let by_pause = self
-            .last_completion
-            .map_or(by_interval, |t| t + self.min_pause);
+        let by_pause = self.last_completion.map_or(by_interval, |t| t + self.min_pause);
         by_interval.max(by_pause)
     }
 
     /// Starts checkpoint `next_id` (periodic or savepoint) and returns its barrier.
-    pub fn trigger(
-        &mut self,
-        now: Instant,
-        kind: SnapshotKind,
-        timestamp_ms: u64,
-    ) -> CheckpointBarrier {
+    pub fn trigger(&mut self, now: Instant, kind: SnapshotKind, timestamp_ms: u64) -> CheckpointBarrier {
         let barrier = CheckpointBarrier {
             id: self.next_id,
             timestamp_ms,
@@ -203,12 +184,7 @@ impl CheckpointCoordinator {
     }
 
     /// Task `task` acknowledged checkpoint `id` with its state.
-    pub fn acknowledge(
-        &mut self,
-        id: CheckpointId,
-        task: usize,
-        snapshot: TaskSnapshot,
-    ) -> Acknowledged {
+    pub fn acknowledge(&mut self, id: CheckpointId, task: usize, snapshot: TaskSnapshot) -> Acknowledged {
         let Some(p) = self.pending.get_mut(&id) else {
             return Acknowledged::Unknown;
         };

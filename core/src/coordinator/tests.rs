@@ -59,10 +59,7 @@ fn min_pause_and_max_concurrency_hold_back_triggers() {
     c.trigger(ms(100), SnapshotKind::Checkpoint, 0);
     c.trigger(ms(200), SnapshotKind::Checkpoint, 0);
     assert!(!c.due(ms(300)), "two in flight, max_concurrent = 2");
-    assert!(
-        c.completed(2, ms(310)).iter().any(|b| b.id == 1),
-        "1 is subsumed by 2"
-    );
+    assert!(c.completed(2, ms(310)).iter().any(|b| b.id == 1), "1 is subsumed by 2");
     assert!(!c.due(ms(320)), "min pause after completion");
     assert!(c.due(ms(340)));
     assert_eq!(c.next_due(), ms(340));
@@ -96,10 +93,7 @@ fn duplicate_uids_are_refused() {
     let Acknowledged::AllAcknowledged(p) = c.acknowledge(1, 1, ack_state("same", 0, 1)) else {
         panic!()
     };
-    assert!(matches!(
-        p.into_metadata("j", 0),
-        Err(CoreError::InvalidJob(_))
-    ));
+    assert!(matches!(p.into_metadata("j", 0), Err(CoreError::InvalidJob(_))));
 }
 
 #[derive(Debug, Clone)]

@@ -143,18 +143,12 @@ impl<T> Collector<'_, T> {
 }
 
 /// A stateful operator on a (non-keyed) stream.
-pub trait ProcessFunction<I, O>:
-    CheckpointedFunction + CheckpointListener + Send + 'static
-{
+pub trait ProcessFunction<I, O>: CheckpointedFunction + CheckpointListener + Send + 'static {
     /// Handles one record.
     fn process(&mut self, record: I, out: &mut Collector<'_, O>) -> Result<()>;
     /// Called before the barrier is forwarded (Flink's `prepareSnapshotPreBarrier`): emit what
     /// must belong to this checkpoint.
-    fn prepare_snapshot_pre_barrier(
-        &mut self,
-        _id: CheckpointId,
-        _out: &mut Collector<'_, O>,
-    ) -> Result<()> {
+    fn prepare_snapshot_pre_barrier(&mut self, _id: CheckpointId, _out: &mut Collector<'_, O>) -> Result<()> {
         Ok(())
     }
     /// Called when the event-time watermark advances.
@@ -168,16 +162,9 @@ pub trait ProcessFunction<I, O>:
 }
 
 /// A stateful operator on a keyed stream: keyed state is scoped to the current record's key.
-pub trait KeyedProcessFunction<I, O>:
-    CheckpointedFunction + CheckpointListener + Send + 'static
-{
+pub trait KeyedProcessFunction<I, O>: CheckpointedFunction + CheckpointListener + Send + 'static {
     /// Handles one record; `state` accesses the current key's state.
-    fn process(
-        &mut self,
-        record: I,
-        state: &mut KeyedContext<'_>,
-        out: &mut Collector<'_, O>,
-    ) -> Result<()>;
+    fn process(&mut self, record: I, state: &mut KeyedContext<'_>, out: &mut Collector<'_, O>) -> Result<()>;
 }
 
 /// What a source poll produced.
@@ -195,34 +182,22 @@ pub enum SourceStatus {
 /// so `snapshot_state` sees the position right after the records it returned last.
 pub trait Source<T>: Send + 'static {
     /// Called once before polling, with restored state if the job restores.
-    fn initialize_state(
-        &mut self,
-        _ctx: &InitContext<'_>,
-    ) -> impl Future<Output = Result<()>> + Send {
+    fn initialize_state(&mut self, _ctx: &InitContext<'_>) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
     }
     /// Appends records to `out` and returns promptly (within a few tens of milliseconds when there
     /// is no data, so barriers are not delayed).
     fn poll_next(&mut self, out: &mut Vec<T>) -> impl Future<Output = Result<SourceStatus>> + Send;
     /// Snapshots the read position.
-    fn snapshot_state(
-        &mut self,
-        _ctx: &mut SnapshotContext,
-    ) -> impl Future<Output = Result<()>> + Send {
+    fn snapshot_state(&mut self, _ctx: &mut SnapshotContext) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
     }
     /// Checkpoint `id` (and all before it) is durable.
-    fn notify_checkpoint_complete(
-        &mut self,
-        _id: CheckpointId,
-    ) -> impl Future<Output = Result<()>> + Send {
+    fn notify_checkpoint_complete(&mut self, _id: CheckpointId) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
     }
     /// Checkpoint `id` was aborted.
-    fn notify_checkpoint_aborted(
-        &mut self,
-        _id: CheckpointId,
-    ) -> impl Future<Output = Result<()>> + Send {
+    fn notify_checkpoint_aborted(&mut self, _id: CheckpointId) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
     }
 }
@@ -231,34 +206,22 @@ pub trait Source<T>: Send + 'static {
 pub trait Sink<T>: Send + 'static {
     /// Called once before any record, with restored state if the job restores. A transactional
     /// sink commits what the restored checkpoint pre-committed here.
-    fn initialize_state(
-        &mut self,
-        _ctx: &InitContext<'_>,
-    ) -> impl Future<Output = Result<()>> + Send {
+    fn initialize_state(&mut self, _ctx: &InitContext<'_>) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
     }
     /// Writes a batch of records.
     fn write(&mut self, records: Vec<T>) -> impl Future<Output = Result<()>> + Send;
     /// The barrier of checkpoint `ctx.checkpoint_id` arrived: flush or pre-commit, and record in
     /// `ctx` what a restore needs.
-    fn snapshot_state(
-        &mut self,
-        _ctx: &mut SnapshotContext,
-    ) -> impl Future<Output = Result<()>> + Send {
+    fn snapshot_state(&mut self, _ctx: &mut SnapshotContext) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
     }
     /// Checkpoint `id` (and all before it) is durable: commit.
-    fn notify_checkpoint_complete(
-        &mut self,
-        _id: CheckpointId,
-    ) -> impl Future<Output = Result<()>> + Send {
+    fn notify_checkpoint_complete(&mut self, _id: CheckpointId) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
     }
     /// Checkpoint `id` was aborted.
-    fn notify_checkpoint_aborted(
-        &mut self,
-        _id: CheckpointId,
-    ) -> impl Future<Output = Result<()>> + Send {
+    fn notify_checkpoint_aborted(&mut self, _id: CheckpointId) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
     }
     /// End of input: flush what is buffered (a final checkpoint follows when checkpointing is on).

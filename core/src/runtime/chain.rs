@@ -9,8 +9,8 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use super::api::{
-    CheckpointListener, Collector, InitContext, KeyedProcessFunction, ProcessFunction, Sink,
-    SnapshotContext, SubtaskInfo,
+    CheckpointListener, Collector, InitContext, KeyedProcessFunction, ProcessFunction, Sink, SnapshotContext,
+    SubtaskInfo,
 };
 use super::graph::Partitioner;
 use crate::coordinator::{OperatorSubtaskState, TaskSnapshot};
@@ -219,11 +219,8 @@ impl<I: Send, O: Send, P: ProcessFunction<I, O>> Output<I> for ProcessNode<I, O,
 }
 
 /// Builds a subtask's keyed state backend (fresh or restored).
-pub(crate) type BackendFactory = Arc<
-    dyn Fn(&SubtaskInfo, Option<&RestoredState>) -> Result<Box<dyn KeyedStateBackend>>
-        + Send
-        + Sync,
->;
+pub(crate) type BackendFactory =
+    Arc<dyn Fn(&SubtaskInfo, Option<&RestoredState>) -> Result<Box<dyn KeyedStateBackend>> + Send + Sync>;
 
 /// A node running a [`KeyedProcessFunction`] with its keyed state backend.
 pub(crate) struct KeyedNode<I, O, P> {
@@ -289,9 +286,7 @@ impl<I: Send, O: Send, P: KeyedProcessFunction<I, O>> Output<I> for KeyedNode<I,
                 let writer = storage.writer(b.id)?;
                 let name = format!("{}-{}", self.info.uid, self.info.index);
                 let backend = self.backend.as_deref_mut().expect("opened before barriers");
-                let handle = tokio::task::block_in_place(|| {
-                    backend.snapshot(b.id, b.kind, &name, writer.as_ref())
-                })?;
+                let handle = tokio::task::block_in_place(|| backend.snapshot(b.id, b.kind, &name, writer.as_ref()))?;
                 ctx.snapshot.operators[at].state.keyed = Some(handle);
             }
             self.next.barrier(ctx).await
@@ -337,12 +332,7 @@ impl<T: Send + 'static, S: Sink<T>> SinkNode<T, S> {
 
 impl<T: Send + 'static, S: Sink<T>> Output<T> for SinkNode<T, S> {
     fn close(&mut self) -> BoxFut<'_, Result<()>> {
-        Box::pin(async move {
-            self.sink
-                .close()
-                .await
-                .map_err(|e| user_error(&self.info.uid, e))
-        })
+        Box::pin(async move { self.sink.close().await.map_err(|e| user_error(&self.info.uid, e)) })
     }
     fn open(&mut self) -> BoxFut<'_, Result<()>> {
         Box::pin(async move {
@@ -396,10 +386,7 @@ impl<T: Send + 'static, S: Sink<T>> Output<T> for SinkNode<T, S> {
     fn end(&mut self) -> BoxFut<'_, Result<()>> {
         Box::pin(async move {
             self.write_buffered().await?;
-            self.sink
-                .finish()
-                .await
-                .map_err(|e| user_error(&self.info.uid, e))
+            self.sink.finish().await.map_err(|e| user_error(&self.info.uid, e))
         })
     }
 }
@@ -482,13 +469,9 @@ impl<T: Send + 'static> Output<T> for ChannelOut<T> {
                 self.next_target = (self.next_target + 1) % self.targets.len();
                 self.next_target
             }
-            Partitioner::Hash {
-                key,
-                max_parallelism,
-            } => {
+            Partitioner::Hash { key, max_parallelism } => {
                 let kg = key_group(&key(&record), *max_parallelism);
-                crate::state::subtask_for_key_group(*max_parallelism, self.targets.len() as u32, kg)
-                    as usize
+                crate::state::subtask_for_key_group(*max_parallelism, self.targets.len() as u32, kg) as usize
             }
         };
         self.buffers[target].push(record);

@@ -16,9 +16,7 @@ use super::graph::{PrepareInputs, Vertex};
 use super::metrics::JobMetrics;
 use super::task::{Control, TaskContext, TaskEvent};
 use super::{JobConfig, StateBackendConfig};
-use crate::coordinator::{
-    Acknowledged, CheckpointConfig, CheckpointCoordinator, PendingCheckpoint,
-};
+use crate::coordinator::{Acknowledged, CheckpointConfig, CheckpointCoordinator, PendingCheckpoint};
 use crate::error::{CoreError, ErrorClass, Result};
 use crate::message::{CheckpointBarrier, CheckpointId, SnapshotKind};
 use crate::restart::{RestartDecision, RestartTracker};
@@ -248,10 +246,7 @@ impl Job {
             .as_deref()
             .map(LocalStorage::open_path)
             .transpose()?;
-        let latest = storage
-            .map(CheckpointStorage::latest)
-            .transpose()?
-            .flatten();
+        let latest = storage.map(CheckpointStorage::latest).transpose()?.flatten();
         let chosen = match (explicit, latest) {
             (Some(e), Some(l)) => Some(if e.meta.id > l.meta.id { e } else { l }),
             (e, l) => e.or(l),
@@ -278,8 +273,7 @@ impl Job {
         let config = self.config.state_backend.clone();
         let job = self.config.name.clone();
         Arc::new(move |info, restored| {
-            let range =
-                KeyGroupRange::for_subtask(info.max_parallelism, info.parallelism, info.index);
+            let range = KeyGroupRange::for_subtask(info.max_parallelism, info.parallelism, info.index);
             let handles: Vec<_> = match (restored, &restore) {
                 (Some(r), Some(s)) => r.keyed.iter().map(|h| (h, s.reader.as_ref())).collect(),
                 _ => Vec::new(),
@@ -314,10 +308,13 @@ impl Job {
         }
         let (events_tx, events) = mpsc::unbounded_channel();
         let backend = self.backend_factory(restore.clone());
-        let (alignment, max_alignment_buffer) = self.config.checkpointing.as_ref().map_or(
-            (crate::checkpoint::AlignmentMode::ExactlyOnce, usize::MAX),
-            |c| (c.mode.alignment(), c.max_alignment_buffer),
-        );
+        let (alignment, max_alignment_buffer) = self
+            .config
+            .checkpointing
+            .as_ref()
+            .map_or((crate::checkpoint::AlignmentMode::ExactlyOnce, usize::MAX), |c| {
+                (c.mode.alignment(), c.max_alignment_buffer)
+            });
         let mut controls = Vec::new();
         let mut sources = Vec::new();
         let mut set = JoinSet::new();
@@ -350,22 +347,23 @@ impl Job {
             }
         }
         drop(events_tx);
-        let mut run =
-            Run {
-                job: self,
-                storage,
-                coordinator: self.config.checkpointing.as_ref().map(|c| {
-                    CheckpointCoordinator::new(c, controls.len(), first_id, Instant::now())
-                }),
-                controls,
-                sources,
-                ended: BTreeSet::new(),
-                waiters: BTreeMap::new(),
-                shutdown_after: None,
-                shutting_down: false,
-                completed,
-                last_id,
-            };
+        let mut run = Run {
+            job: self,
+            storage,
+            coordinator: self
+                .config
+                .checkpointing
+                .as_ref()
+                .map(|c| CheckpointCoordinator::new(c, controls.len(), first_id, Instant::now())),
+            controls,
+            sources,
+            ended: BTreeSet::new(),
+            waiters: BTreeMap::new(),
+            shutdown_after: None,
+            shutting_down: false,
+            completed,
+            last_id,
+        };
         let end = run.drive(&mut set, events, commands).await;
         if !matches!(end, RunEnd::Finished) {
             run.shutdown();
@@ -525,10 +523,7 @@ impl Run<'_> {
             self.abort(b, "timed out").await?;
         }
         let c = self.coordinator.as_ref().expect("checked");
-        if !self.shutting_down
-            && self.shutdown_after.is_none()
-            && self.ended.len() < self.controls.len()
-            && c.due(now)
+        if !self.shutting_down && self.shutdown_after.is_none() && self.ended.len() < self.controls.len() && c.due(now)
         {
             self.trigger(SnapshotKind::Checkpoint, false);
         }

@@ -34,10 +34,7 @@ impl<T> Clone for Partitioner<T> {
         match self {
             Partitioner::Forward => Partitioner::Forward,
             Partitioner::Rebalance => Partitioner::Rebalance,
-            Partitioner::Hash {
-                key,
-                max_parallelism,
-            } => Partitioner::Hash {
+            Partitioner::Hash { key, max_parallelism } => Partitioner::Hash {
                 key: key.clone(),
                 max_parallelism: *max_parallelism,
             },
@@ -46,8 +43,7 @@ impl<T> Clone for Partitioner<T> {
 }
 
 /// Builds the chain of one subtask: given the rest of the chain, returns the task.
-type Attach<T> =
-    Arc<dyn Fn(&mut TaskContext, Box<dyn Output<T>>) -> Result<TaskBody> + Send + Sync>;
+type Attach<T> = Arc<dyn Fn(&mut TaskContext, Box<dyn Output<T>>) -> Result<TaskBody> + Send + Sync>;
 
 /// Creates one subtask's task (the whole chain, head to terminal).
 pub(crate) type MakeTask = Box<dyn Fn(&mut TaskContext) -> Result<TaskBody> + Send + Sync>;
@@ -167,9 +163,7 @@ impl JobBuilder {
     /// The finished job.
     pub fn build(self) -> Result<Job> {
         let graph = Rc::try_unwrap(self.graph)
-            .map_err(|_| {
-                CoreError::InvalidJob("a stream is still open: connect it to a sink".into())
-            })?
+            .map_err(|_| CoreError::InvalidJob("a stream is still open: connect it to a sink".into()))?
             .into_inner();
         if let Some(e) = graph.error {
             return Err(e);
@@ -184,9 +178,7 @@ impl JobBuilder {
 fn register_uid(graph: &Rc<RefCell<Graph>>, uid: &str) {
     let mut g = graph.borrow_mut();
     if !g.uids.insert(uid.to_owned()) && g.error.is_none() {
-        g.error = Some(CoreError::InvalidJob(format!(
-            "operator uid {uid:?} is used twice"
-        )));
+        g.error = Some(CoreError::InvalidJob(format!("operator uid {uid:?} is used twice")));
     }
 }
 
@@ -213,9 +205,7 @@ impl<T: Send + 'static> Stream<T> {
             name: self.name,
             parallelism: self.parallelism,
             is_source: self.is_source,
-            attach: Arc::new(move |ctx, next| {
-                prev(ctx, Box::new(Stateless { f: f.clone(), next }))
-            }),
+            attach: Arc::new(move |ctx, next| prev(ctx, Box::new(Stateless { f: f.clone(), next }))),
         }
     }
 
@@ -318,13 +308,7 @@ impl<T: Send + 'static> Stream<T> {
                 }),
             )
         });
-        push_vertex(
-            &self.graph,
-            self.name,
-            self.parallelism,
-            self.is_source,
-            make,
-        );
+        push_vertex(&self.graph, self.name, self.parallelism, self.is_source, make);
     }
 }
 
@@ -375,13 +359,7 @@ impl<T: Send + 'static> KeyedStream<T> {
     }
 }
 
-fn push_vertex(
-    graph: &Rc<RefCell<Graph>>,
-    name: String,
-    parallelism: u32,
-    is_source: bool,
-    make: MakeTask,
-) {
+fn push_vertex(graph: &Rc<RefCell<Graph>>, name: String, parallelism: u32, is_source: bool, make: MakeTask) {
     graph.borrow_mut().vertices.push(Vertex {
         name,
         parallelism,
@@ -422,10 +400,7 @@ fn connect<T: Send + 'static>(
             let senders = slots_up.senders.lock().expect("not poisoned").clone();
             let targets: Vec<_> = match part {
                 Partitioner::Forward => vec![(senders[ctx.index as usize].clone(), base)],
-                _ => senders
-                    .into_iter()
-                    .map(|s| (s, base + ctx.index as usize))
-                    .collect(),
+                _ => senders.into_iter().map(|s| (s, base + ctx.index as usize)).collect(),
             };
             let buffers = targets.iter().map(|_| Vec::new()).collect();
             let out = ChannelOut {
@@ -443,9 +418,9 @@ fn connect<T: Send + 'static>(
     *slots.inputs.lock().expect("not poisoned") = next_input;
     let slots_down = slots.clone();
     let attach: Attach<T> = Arc::new(move |ctx, out| {
-        let rx = slots_down.take_receiver(ctx.index).ok_or_else(|| {
-            CoreError::InvalidJob("input channel taken twice (internal error)".into())
-        })?;
+        let rx = slots_down
+            .take_receiver(ctx.index)
+            .ok_or_else(|| CoreError::InvalidJob("input channel taken twice (internal error)".into()))?;
         let inputs = *slots_down.inputs.lock().expect("not poisoned");
         Ok(input_task(ctx, rx, inputs, out))
     });

@@ -19,8 +19,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use api::{
-    CheckpointListener, CheckpointedFunction, Collector, InitContext, KeyedProcessFunction,
-    ProcessFunction, Sink, SnapshotContext, Source, SourceStatus, SubtaskInfo,
+    CheckpointListener, CheckpointedFunction, Collector, InitContext, KeyedProcessFunction, ProcessFunction, Sink,
+    SnapshotContext, Source, SourceStatus, SubtaskInfo,
 };
 pub use executor::{Job, JobHandle, JobOutcome};
 pub use graph::{JobBuilder, KeyedStream, Stream};
@@ -119,9 +119,7 @@ impl JobConfig {
             )));
         }
         if self.channel_capacity == 0 {
-            return Err(CoreError::Config(
-                "channel_capacity must be at least 1".into(),
-            ));
+            return Err(CoreError::Config("channel_capacity must be at least 1".into()));
         }
         Ok(())
     }

@@ -173,23 +173,17 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
                 match c {
                     Control::Trigger { barrier, stop } => {
                         let snapshot = source_snapshot(&info, &mut source, barrier).await?;
-                        parts
-                            .checkpoint(&mut chain, barrier, snapshot, !ended)
-                            .await?;
+                        parts.checkpoint(&mut chain, barrier, snapshot, !ended).await?;
                         stopped |= stop;
                     }
                     Control::SnapshotIfEnded(barrier) if ended => {
                         let snapshot = source_snapshot(&info, &mut source, barrier).await?;
-                        parts
-                            .checkpoint(&mut chain, barrier, snapshot, false)
-                            .await?;
+                        parts.checkpoint(&mut chain, barrier, snapshot, false).await?;
                     }
                     Control::SnapshotIfEnded(_) => {}
                     Control::Notify(n) => {
                         match n {
-                            Notification::Complete(id) => {
-                                source.notify_checkpoint_complete(id).await
-                            }
+                            Notification::Complete(id) => source.notify_checkpoint_complete(id).await,
                             Notification::Aborted(id) => source.notify_checkpoint_aborted(id).await,
                         }
                         .map_err(|e| user_error(&info.uid, e))?;
@@ -199,10 +193,7 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
                 }
                 continue;
             }
-            let status = source
-                .poll_next(&mut buf)
-                .await
-                .map_err(|e| user_error(&info.uid, e))?;
+            let status = source.poll_next(&mut buf).await.map_err(|e| user_error(&info.uid, e))?;
             for r in buf.drain(..) {
                 chain.record(r)?;
             }
@@ -210,9 +201,7 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
             if status == SourceStatus::End {
                 chain.end().await?;
                 ended = true;
-                parts.send(TaskEvent::Ended {
-                    task: parts.task_id,
-                });
+                parts.send(TaskEvent::Ended { task: parts.task_id });
             }
         }
     })

@@ -113,11 +113,7 @@ impl KeyedProcessFunction<String, (String, u64)> for Count {
         out: &mut Collector<'_, (String, u64)>,
     ) -> crate::Result<()> {
         if self.fail.should_fail() {
-            return Err(CoreError::operator(
-                "count",
-                ErrorClass::Restart,
-                "injected failure",
-            ));
+            return Err(CoreError::operator("count", ErrorClass::Restart, "injected failure"));
         }
         let n = self.counts.get(state)?.unwrap_or(0) + 1;
         self.counts.set(state, &n)?;
@@ -150,12 +146,8 @@ impl StagingSink {
 impl Sink<(String, u64)> for StagingSink {
     async fn initialize_state(&mut self, ctx: &InitContext<'_>) -> crate::Result<()> {
         for entry in ctx.list_state("staged") {
-            let (chk, rows): (CheckpointId, Vec<(String, u64)>) =
-                serde_json::from_slice(&entry).unwrap();
-            self.committed
-                .lock()
-                .unwrap()
-                .insert((self.subtask, chk), rows);
+            let (chk, rows): (CheckpointId, Vec<(String, u64)>) = serde_json::from_slice(&entry).unwrap();
+            self.committed.lock().unwrap().insert((self.subtask, chk), rows);
         }
         Ok(())
     }
@@ -164,13 +156,8 @@ impl Sink<(String, u64)> for StagingSink {
         Ok(())
     }
     async fn snapshot_state(&mut self, ctx: &mut SnapshotContext) -> crate::Result<()> {
-        self.staged
-            .insert(ctx.checkpoint_id, std::mem::take(&mut self.current));
-        let entries = self
-            .staged
-            .iter()
-            .map(|e| serde_json::to_vec(&e).unwrap())
-            .collect();
+        self.staged.insert(ctx.checkpoint_id, std::mem::take(&mut self.current));
+        let entries = self.staged.iter().map(|e| serde_json::to_vec(&e).unwrap()).collect();
         ctx.put_list_state("staged", entries);
         Ok(())
     }
@@ -319,10 +306,7 @@ async fn stop_with_savepoint_then_rescale_from_it() {
     );
     let handle = job.start();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let savepoint = handle
-        .stop_with_savepoint(dir.path().join("savepoints"))
-        .await
-        .unwrap();
+    let savepoint = handle.stop_with_savepoint(dir.path().join("savepoints")).await.unwrap();
     let first = handle.join().await.unwrap();
     assert!(!first.cancelled);
     let partial: usize = committed.lock().unwrap().values().map(Vec::len).sum();
@@ -334,15 +318,7 @@ async fn stop_with_savepoint_then_rescale_from_it() {
     // Resume from the savepoint with 3 counters instead of 2 and a fresh checkpoint directory.
     let mut cfg = config(&dir.path().join("second"), StateBackendConfig::Memory);
     cfg.restore_from = Some(savepoint.clone());
-    let job = word_count(
-        cfg,
-        total,
-        2,
-        3,
-        FailPlan::new(0),
-        committed.clone(),
-        Duration::ZERO,
-    );
+    let job = word_count(cfg, total, 2, 3, FailPlan::new(0), committed.clone(), Duration::ZERO);
     job.run().await.unwrap();
     assert_exact(&committed, total);
 
@@ -381,20 +357,9 @@ async fn restart_strategy_none_surfaces_the_failure() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path(), StateBackendConfig::Memory);
     cfg.restart = crate::restart::RestartStrategy::None;
-    let job = word_count(
-        cfg,
-        5_000,
-        1,
-        1,
-        FailPlan::new(1),
-        Arc::default(),
-        Duration::ZERO,
-    );
+    let job = word_count(cfg, 5_000, 1, 1, FailPlan::new(1), Arc::default(), Duration::ZERO);
     let err = job.run().await.unwrap_err();
-    assert!(
-        matches!(err, CoreError::RestartsExhausted { restarts: 0, .. }),
-        "{err}"
-    );
+    assert!(matches!(err, CoreError::RestartsExhausted { restarts: 0, .. }), "{err}");
     assert!(err.to_string().contains("injected failure"), "{err}");
 }
 

@@ -66,8 +66,7 @@ pub(crate) fn entry_key_group(entry: &[u8]) -> u32 {
 }
 
 pub(crate) fn encode<V: Serialize>(what: &str, v: &V) -> Result<Vec<u8>> {
-    bincode::serde::encode_to_vec(v, bincode::config::standard())
-        .map_err(|e| CoreError::ser(what, e))
+    bincode::serde::encode_to_vec(v, bincode::config::standard()).map_err(|e| CoreError::ser(what, e))
 }
 
 pub(crate) fn decode<V: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<V> {
@@ -108,10 +107,7 @@ impl<V: Serialize + DeserializeOwned> ValueState<V> {
     /// The current key's value.
     pub fn get(&self, ctx: &KeyedContext<'_>) -> Result<Option<V>> {
         let k = entry_key(ctx.key_group, &self.name, ctx.key, None);
-        ctx.backend
-            .get(&k)?
-            .map(|b| decode(&self.name, &b))
-            .transpose()
+        ctx.backend.get(&k)?.map(|b| decode(&self.name, &b)).transpose()
     }
 
     /// Sets the current key's value.
@@ -146,10 +142,7 @@ impl<K: Serialize + DeserializeOwned, V: Serialize + DeserializeOwned> MapState<
     pub fn get(&self, ctx: &KeyedContext<'_>, k: &K) -> Result<Option<V>> {
         let mk = encode(&self.name, k)?;
         let key = entry_key(ctx.key_group, &self.name, ctx.key, Some(&mk));
-        ctx.backend
-            .get(&key)?
-            .map(|b| decode(&self.name, &b))
-            .transpose()
+        ctx.backend.get(&key)?.map(|b| decode(&self.name, &b)).transpose()
     }
 
     /// Sets `k` to `v` for the current key.
@@ -172,12 +165,7 @@ impl<K: Serialize + DeserializeOwned, V: Serialize + DeserializeOwned> MapState<
         ctx.backend
             .scan_prefix(&prefix)?
             .into_iter()
-            .map(|(k, v)| {
-                Ok((
-                    decode(&self.name, &k[prefix.len()..])?,
-                    decode(&self.name, &v)?,
-                ))
-            })
+            .map(|(k, v)| Ok((decode(&self.name, &k[prefix.len()..])?, decode(&self.name, &v)?)))
             .collect()
     }
 }

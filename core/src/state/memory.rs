@@ -27,10 +27,7 @@ impl MemoryBackend {
 
     /// A backend for `range` holding the entries of `handles` that fall in it (handles of other
     /// ranges are filtered: this is how keyed state is redistributed when rescaling).
-    pub fn restore(
-        range: KeyGroupRange,
-        handles: &[(&KeyedStateHandle, &dyn SnapshotReader)],
-    ) -> Result<Self> {
+    pub fn restore(range: KeyGroupRange, handles: &[(&KeyedStateHandle, &dyn SnapshotReader)]) -> Result<Self> {
         let mut backend = MemoryBackend::new(range);
         for (handle, reader) in handles {
             if handle.backend != BackendKind::Memory {
@@ -44,11 +41,9 @@ impl MemoryBackend {
             }
             for file in &handle.files {
                 let entries: Vec<(Vec<u8>, Vec<u8>)> = decode("keyed state", &reader.read(file)?)?;
-                backend.entries.extend(
-                    entries
-                        .into_iter()
-                        .filter(|(k, _)| range.contains(entry_key_group(k))),
-                );
+                backend
+                    .entries
+                    .extend(entries.into_iter().filter(|(k, _)| range.contains(entry_key_group(k))));
             }
         }
         Ok(backend)
@@ -101,8 +96,7 @@ impl KeyedStateBackend for MemoryBackend {
         writer: &dyn SnapshotWriter,
     ) -> Result<KeyedStateHandle> {
         let entries: Vec<(&Vec<u8>, &Vec<u8>)> = self.entries.iter().collect();
-        let file =
-            writer.write_private(&format!("{name}.keyed"), &encode("keyed state", &entries)?)?;
+        let file = writer.write_private(&format!("{name}.keyed"), &encode("keyed state", &entries)?)?;
         Ok(KeyedStateHandle {
             backend: BackendKind::Memory,
             key_groups: self.range,

@@ -8,9 +8,7 @@ mod operator_state;
 mod rocks;
 
 pub use backend::{KeyedContext, KeyedStateBackend, ListState, MapState, ValueState};
-pub use key_groups::{
-    hash_key, key_group, subtask_for_key_group, KeyGroupRange, DEFAULT_MAX_PARALLELISM,
-};
+pub use key_groups::{hash_key, key_group, subtask_for_key_group, KeyGroupRange, DEFAULT_MAX_PARALLELISM};
 pub use memory::MemoryBackend;
 pub use operator_state::{redistribute, RestoredState};
 pub use rocks::RocksDbBackend;

@@ -70,10 +70,8 @@ mod tests {
                 .iter()
                 .map(|l| {
                     let mut s = SubtaskSnapshot::default();
-                    s.list_state
-                        .insert("l".into(), l.iter().map(|b| vec![*b]).collect());
-                    s.union_state
-                        .insert("u".into(), l.iter().map(|b| vec![*b]).collect());
+                    s.list_state.insert("l".into(), l.iter().map(|b| vec![*b]).collect());
+                    s.union_state.insert("u".into(), l.iter().map(|b| vec![*b]).collect());
                     s
                 })
                 .collect(),
@@ -101,10 +99,7 @@ mod tests {
     #[test]
     fn unchanged_parallelism_keeps_each_subtasks_own_list() {
         let snap = snapshot(&[vec![1, 2], vec![3]]);
-        assert_eq!(
-            redistribute(&snap, 2, 0).list_state["l"],
-            vec![vec![1], vec![2]]
-        );
+        assert_eq!(redistribute(&snap, 2, 0).list_state["l"], vec![vec![1], vec![2]]);
         assert_eq!(redistribute(&snap, 2, 1).list_state["l"], vec![vec![3]]);
     }
 }

@@ -212,11 +212,7 @@ impl KeyedStateBackend for RocksDbBackend {
                 let handle = match self.uploaded.get(&local) {
                     Some(h) => h.clone(),
                     None => {
-                        let h = writer.upload_shared(
-                            &format!("{}-{local}", self.instance),
-                            &local,
-                            &path,
-                        )?;
+                        let h = writer.upload_shared(&format!("{}-{local}", self.instance), &local, &path)?;
                         self.uploaded.insert(local.clone(), h.clone());
                         h
                     }

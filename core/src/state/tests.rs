@@ -23,10 +23,7 @@ fn fill(backend: &mut dyn KeyedStateBackend, keys: std::ops::Range<u32>) {
     let tags = MapState::<String, u32>::new("tags");
     for i in keys {
         let key = format!("key-{i}");
-        if !backend
-            .key_groups()
-            .contains(key_group(key.as_bytes(), MAX))
-        {
+        if !backend.key_groups().contains(key_group(key.as_bytes(), MAX)) {
             continue;
         }
         let mut c = ctx(backend, key.as_bytes());
@@ -42,9 +39,7 @@ fn check(backend: &mut dyn KeyedStateBackend, keys: std::ops::Range<u32>) -> usi
     let mut seen = 0;
     for i in keys {
         let key = format!("key-{i}");
-        let mine = backend
-            .key_groups()
-            .contains(key_group(key.as_bytes(), MAX));
+        let mine = backend.key_groups().contains(key_group(key.as_bytes(), MAX));
         let c = ctx(backend, key.as_bytes());
         let got = count.get(&c).unwrap();
         if mine {
@@ -95,11 +90,7 @@ enum Kind {
     Rocks,
 }
 
-fn new_backend(
-    kind: &Kind,
-    range: KeyGroupRange,
-    dir: &std::path::Path,
-) -> Box<dyn KeyedStateBackend> {
+fn new_backend(kind: &Kind, range: KeyGroupRange, dir: &std::path::Path) -> Box<dyn KeyedStateBackend> {
     match kind {
         Kind::Memory => Box::new(MemoryBackend::new(range)),
         Kind::Rocks => Box::new(RocksDbBackend::new(range, dir).unwrap()),
@@ -130,13 +121,8 @@ fn rescale_round_trip(kind: Kind) {
         let mut b = new_backend(&kind, range, &local);
         fill(b.as_mut(), 0..300);
         handles.push(
-            b.snapshot(
-                1,
-                SnapshotKind::Checkpoint,
-                &format!("op-{i}"),
-                writer.as_ref(),
-            )
-            .unwrap(),
+            b.snapshot(1, SnapshotKind::Checkpoint, &format!("op-{i}"), writer.as_ref())
+                .unwrap(),
         );
     }
     commit(&storage, 1, handles);
@@ -147,11 +133,7 @@ fn rescale_round_trip(kind: Kind) {
         let mut total = 0;
         for i in 0..p {
             let restored = redistribute(op, p, i);
-            let pairs: Vec<_> = restored
-                .keyed
-                .iter()
-                .map(|h| (h, snap.reader.as_ref()))
-                .collect();
+            let pairs: Vec<_> = restored.keyed.iter().map(|h| (h, snap.reader.as_ref())).collect();
             let mut b = restore(&kind, KeyGroupRange::for_subtask(MAX, p, i), &pairs, &local);
             total += check(b.as_mut(), 0..300);
         }
@@ -190,45 +172,29 @@ fn rocksdb_second_snapshot_of_mostly_unchanged_state_writes_far_less() {
     // Incompressible values, so sizes reflect what is written.
     let value_of = |i: u32| -> Vec<u8> {
         (0..50u64)
-            .flat_map(|j| {
-                hash_key(&[i.to_be_bytes(), (j as u32).to_be_bytes()].concat()).to_le_bytes()
-            })
+            .flat_map(|j| hash_key(&[i.to_be_bytes(), (j as u32).to_be_bytes()].concat()).to_le_bytes())
             .take(200)
             .collect()
     };
     for i in 0..20_000u32 {
         b.put(
-            &entry_key(
-                key_group(&i.to_be_bytes(), MAX),
-                "s",
-                &i.to_be_bytes(),
-                None,
-            ),
+            &entry_key(key_group(&i.to_be_bytes(), MAX), "s", &i.to_be_bytes(), None),
             &value_of(i),
         )
         .unwrap();
     }
     let w1 = storage.writer(1).unwrap();
-    let h1 = b
-        .snapshot(1, SnapshotKind::Checkpoint, "op-0", w1.as_ref())
-        .unwrap();
+    let h1 = b.snapshot(1, SnapshotKind::Checkpoint, "op-0", w1.as_ref()).unwrap();
     commit(&storage, 1, vec![h1]);
     for i in 0..20u32 {
         b.put(
-            &entry_key(
-                key_group(&i.to_be_bytes(), MAX),
-                "s",
-                &i.to_be_bytes(),
-                None,
-            ),
+            &entry_key(key_group(&i.to_be_bytes(), MAX), "s", &i.to_be_bytes(), None),
             b"changed",
         )
         .unwrap();
     }
     let w2 = storage.writer(2).unwrap();
-    let h2 = b
-        .snapshot(2, SnapshotKind::Checkpoint, "op-0", w2.as_ref())
-        .unwrap();
+    let h2 = b.snapshot(2, SnapshotKind::Checkpoint, "op-0", w2.as_ref()).unwrap();
     commit(&storage, 2, vec![h2]);
     let (first, second) = (w1.bytes_written(), w2.bytes_written());
     assert!(first > 1_000_000, "first snapshot wrote {first} bytes");
@@ -242,24 +208,10 @@ fn rocksdb_second_snapshot_of_mostly_unchanged_state_writes_far_less() {
     let snap = storage.latest().unwrap().unwrap();
     assert_eq!(snap.meta.id, 2);
     let restored = redistribute(&snap.meta.operators["op"], 1, 0);
-    let pairs: Vec<_> = restored
-        .keyed
-        .iter()
-        .map(|h| (h, snap.reader.as_ref()))
-        .collect();
+    let pairs: Vec<_> = restored.keyed.iter().map(|h| (h, snap.reader.as_ref())).collect();
     let r = RocksDbBackend::restore(range, &pairs, &tmp.path().join("local2")).unwrap();
-    let k0 = entry_key(
-        key_group(&0u32.to_be_bytes(), MAX),
-        "s",
-        &0u32.to_be_bytes(),
-        None,
-    );
-    let k99 = entry_key(
-        key_group(&99u32.to_be_bytes(), MAX),
-        "s",
-        &99u32.to_be_bytes(),
-        None,
-    );
+    let k0 = entry_key(key_group(&0u32.to_be_bytes(), MAX), "s", &0u32.to_be_bytes(), None);
+    let k99 = entry_key(key_group(&99u32.to_be_bytes(), MAX), "s", &99u32.to_be_bytes(), None);
     assert_eq!(r.get(&k0).unwrap().as_deref(), Some(&b"changed"[..]));
     assert_eq!(r.get(&k99).unwrap(), Some(value_of(99)));
 }

@@ -68,9 +68,7 @@ impl LocalStorage {
         let meta = read_metadata(&dir.join(METADATA_FILE))?;
         Ok(Snapshot {
             meta,
-            reader: Arc::new(DirReader {
-                dir: dir.to_path_buf(),
-            }),
+            reader: Arc::new(DirReader { dir: dir.to_path_buf() }),
         })
     }
 }
@@ -78,12 +76,39 @@ impl LocalStorage {
 fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
     let mut f = File::create(&tmp).map_err(|e| CoreError::io("creating", &tmp, e))?;
-    f.write_all(bytes)
-        .map_err(|e| CoreError::io("writing", &tmp, e))?;
-    f.sync_all()
-        .map_err(|e| CoreError::io("fsyncing", &tmp, e))?;
+    f.write_all(bytes).map_err(|e| CoreError::io("writing", &tmp, e))?;
+    f.sync_all().map_err(|e| CoreError::io("fsyncing", &tmp, e))?;
     drop(f);
     fs::rename(&tmp, path).map_err(|e| CoreError::io("renaming into place", path, e))?;
+    if let Some(parent) = path.parent() {
+        File::open(parent)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| CoreError::io("fsyncing directory", parent, e))?;
+    }
+    Ok(())
+}
+
+/// Like [`write_durably`], but never replaces an existing file: a second writer of the same
+/// checkpoint id (another process on the same directory) fails instead of overwriting it.
+fn write_new_durably(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    let mut f = File::create(&tmp).map_err(|e| CoreError::io("creating", &tmp, e))?;
+    f.write_all(bytes).map_err(|e| CoreError::io("writing", &tmp, e))?;
+    f.sync_all().map_err(|e| CoreError::io("fsyncing", &tmp, e))?;
+    drop(f);
+    let linked = fs::hard_link(&tmp, path);
+    let _ = fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(CoreError::Corrupt {
+                path: path.to_path_buf(),
+                reason: "this checkpoint already exists: is another job writing to the same checkpoint directory?"
+                    .into(),
+            })
+        }
+        Err(e) => return Err(CoreError::io("linking into place", path, e)),
+    }
     if let Some(parent) = path.parent() {
         File::open(parent)
             .and_then(|d| d.sync_all())
@@ -133,9 +158,8 @@ fn read_metadata(path: &Path) -> Result<CheckpointMetadata> {
     if crc32fast::hash(payload) != crc {
         return Err(corrupt("metadata checksum mismatch".into()));
     }
-    let (meta, _): (CheckpointMetadata, _) =
-        bincode::serde::decode_from_slice(payload, bincode::config::standard())
-            .map_err(|e| corrupt(format!("undecodable metadata: {e}")))?;
+    let (meta, _): (CheckpointMetadata, _) = bincode::serde::decode_from_slice(payload, bincode::config::standard())
+        .map_err(|e| corrupt(format!("undecodable metadata: {e}")))?;
     Ok(meta)
 }
 
@@ -204,12 +228,9 @@ impl SnapshotWriter for DirWriter {
     fn write_private(&self, name: &str, bytes: &[u8]) -> Result<FileHandle> {
         let path = self.dir.join(name);
         let mut f = File::create(&path).map_err(|e| CoreError::io("creating", &path, e))?;
-        f.write_all(bytes)
-            .map_err(|e| CoreError::io("writing", &path, e))?;
-        f.sync_all()
-            .map_err(|e| CoreError::io("fsyncing", &path, e))?;
-        self.written
-            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        f.write_all(bytes).map_err(|e| CoreError::io("writing", &path, e))?;
+        f.sync_all().map_err(|e| CoreError::io("fsyncing", &path, e))?;
+        self.written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         Ok(FileHandle {
             scope: FileScope::Private,
             name: name.to_owned(),
@@ -235,8 +256,7 @@ impl SnapshotWriter for DirWriter {
             }
         }
         write_durably(&dest, &bytes)?;
-        self.written
-            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        self.written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         Ok(handle)
     }
 
@@ -265,7 +285,7 @@ impl CheckpointStorage for LocalStorage {
     fn commit(&self, meta: &CheckpointMetadata) -> Result<()> {
         let dir = self.checkpoint_dir(meta.id);
         fs::create_dir_all(&dir).map_err(|e| CoreError::io("creating", &dir, e))?;
-        write_durably(&dir.join(METADATA_FILE), &encode_metadata(meta)?)
+        write_new_durably(&dir.join(METADATA_FILE), &encode_metadata(meta)?)
     }
 
     fn abort(&self, id: CheckpointId) -> Result<()> {
@@ -274,16 +294,13 @@ impl CheckpointStorage for LocalStorage {
             return Ok(()); // completed meanwhile: never delete a durable checkpoint here
         }
         match fs::remove_dir_all(&dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(CoreError::io("removing", &dir, e))
-            }
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CoreError::io("removing", &dir, e)),
             _ => Ok(()),
         }
     }
 
     fn completed(&self) -> Result<Vec<CheckpointId>> {
-        let entries =
-            fs::read_dir(&self.root).map_err(|e| CoreError::io("listing", &self.root, e))?;
+        let entries = fs::read_dir(&self.root).map_err(|e| CoreError::io("listing", &self.root, e))?;
         let mut ids = Vec::new();
         for entry in entries {
             let entry = entry.map_err(|e| CoreError::io("listing", &self.root, e))?;

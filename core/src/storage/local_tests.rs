@@ -121,10 +121,7 @@ fn exported_snapshot_is_self_contained() {
     let s = LocalStorage::open_path(&out).unwrap();
     assert_eq!(s.meta.id, 4);
     let contents: Vec<_> = s.meta.files().map(|f| s.reader.read(f).unwrap()).collect();
-    assert_eq!(
-        contents,
-        vec![b"private 4".to_vec(), b"content of a.sst".to_vec()]
-    );
+    assert_eq!(contents, vec![b"private 4".to_vec(), b"content of a.sst".to_vec()]);
 }
 
 #[test]
@@ -138,4 +135,14 @@ fn newer_metadata_version_is_refused() {
     fs::write(&md, bytes).unwrap();
     let err = storage.open(1).unwrap_err().to_string();
     assert!(err.contains("newer than this build"), "{err}");
+}
+
+#[test]
+fn a_checkpoint_is_never_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(dir.path()).unwrap();
+    let m = checkpoint(&storage, 1, &[]);
+    let err = storage.commit(&m).unwrap_err().to_string();
+    assert!(err.contains("already exists"), "{err}");
+    assert_eq!(storage.latest().unwrap().unwrap().meta, m);
 }

@@ -1,6 +1,7 @@
 //! A Kafka-to-Kafka exactly-once job for crash tests: reads `--input`, writes every record
 //! (key, value, timestamp, headers) to `--output` through the transactional sink, checkpoints
-//! into `--checkpoints`. Runs until killed. Fail points come from `EXACTLY_FAILPOINTS`.
+//! into `--checkpoints`. Runs until killed (or, with `--no-restart`, until its first failure).
+//! Fail points come from `EXACTLY_FAILPOINTS`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -24,9 +25,7 @@ fn arg(name: &str) -> Result<String> {
 async fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .init();
     let bootstrap = arg("--bootstrap")?;
     let parallelism: u32 = arg("--parallelism")?.parse()?;
@@ -39,9 +38,13 @@ async fn main() -> Result<()> {
     checkpoint.retained = 2;
     let mut config = JobConfig::new("k2k");
     config.checkpointing = Some(checkpoint);
-    config.restart = RestartStrategy::FixedDelay {
-        attempts: 20,
-        delay: Duration::from_millis(200),
+    config.restart = if std::env::args().any(|a| a == "--no-restart") {
+        RestartStrategy::None
+    } else {
+        RestartStrategy::FixedDelay {
+            attempts: 20,
+            delay: Duration::from_millis(200),
+        }
     };
     let source = KafkaSourceConfig::new(&bootstrap, vec![arg("--input")?], arg("--group")?);
     let sink = KafkaSinkConfig::new(

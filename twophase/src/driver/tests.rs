@@ -38,11 +38,7 @@ impl TwoPhaseCommitSink<u32> for Fake {
         s.log.push(format!("begin {t} for {id}"));
         Ok((t, Vec::new()))
     }
-    async fn write(
-        &mut self,
-        txn: &mut Self::Transaction,
-        records: Vec<u32>,
-    ) -> exactly_core::Result<()> {
+    async fn write(&mut self, txn: &mut Self::Transaction, records: Vec<u32>) -> exactly_core::Result<()> {
         txn.1.extend(records);
         Ok(())
     }
@@ -90,13 +86,9 @@ impl TwoPhaseCommitSink<u32> for Fake {
         s.aborted.push(txn.0);
         Ok(())
     }
-    async fn abort_lingering(
-        &mut self,
-        ctx: &RecoveryContext<'_, u64>,
-    ) -> exactly_core::Result<()> {
+    async fn abort_lingering(&mut self, ctx: &RecoveryContext<'_, u64>) -> exactly_core::Result<()> {
         let mut s = self.0.lock().unwrap();
-        s.log
-            .push(format!("abort lingering (restored {:?})", ctx.restored));
+        s.log.push(format!("abort lingering (restored {:?})", ctx.restored));
         let open = std::mem::take(&mut s.open);
         s.aborted.extend(open);
         Ok(())
@@ -183,11 +175,7 @@ async fn restore_commits_restored_before_cleaning_up() {
     let s = fake.0.lock().unwrap();
     assert_eq!(s.committed, vec![(1, vec![7])]);
     let commit = s.log.iter().position(|l| l == "commit 1").unwrap();
-    let cleanup = s
-        .log
-        .iter()
-        .rposition(|l| l.starts_with("abort lingering"))
-        .unwrap();
+    let cleanup = s.log.iter().rposition(|l| l.starts_with("abort lingering")).unwrap();
     assert!(commit < cleanup, "{:?}", s.log);
     assert_eq!(s.aborted, vec![2]);
 }
@@ -226,10 +214,7 @@ async fn a_lost_transaction_is_a_loud_fatal_error() {
     let err: CoreError = d.notify_checkpoint_complete(3).await.unwrap_err();
     assert_eq!(err.class(), ErrorClass::Fatal);
     let text = format!("{err} / {:?}", std::error::Error::source(&err));
-    assert!(
-        text.contains("DATA LOST") && text.contains("checkpoint 3"),
-        "{text}"
-    );
+    assert!(text.contains("DATA LOST") && text.contains("checkpoint 3"), "{text}");
 }
 
 #[tokio::test]
@@ -239,13 +224,7 @@ async fn empty_transactions_are_not_committed() {
     let state = barrier(&mut d, 1).await;
     assert!(state.union_state[STATE].is_empty());
     d.notify_checkpoint_complete(1).await.unwrap();
-    assert!(fake
-        .0
-        .lock()
-        .unwrap()
-        .log
-        .iter()
-        .all(|l| !l.starts_with("commit")));
+    assert!(fake.0.lock().unwrap().log.iter().all(|l| !l.starts_with("commit")));
 }
 
 #[tokio::test]
@@ -265,10 +244,7 @@ async fn a_declined_pre_commit_keeps_the_transaction_open_into_the_next_checkpoi
     fake.0.lock().unwrap().decline = true;
     let mut ctx = SnapshotContext::new(1, SnapshotKind::Checkpoint, 0);
     let err = d.snapshot_state(&mut ctx).await.unwrap_err();
-    assert!(
-        matches!(err, CoreError::CheckpointAborted { id: 1, .. }),
-        "{err}"
-    );
+    assert!(matches!(err, CoreError::CheckpointAborted { id: 1, .. }), "{err}");
     fake.0.lock().unwrap().decline = false;
     d.write(vec![2]).await.unwrap();
     barrier(&mut d, 2).await;
