@@ -78,9 +78,11 @@ impl RestartStrategy {
             RestartStrategy::FailureRate { max_failures: 0, .. } => Err(CoreError::Config(
                 "restart_strategy.max_failures must be at least 1 (use type = \"none\" to never restart)".into(),
             )),
-            RestartStrategy::ExponentialDelay { multiplier, .. } if !(*multiplier >= 1.0) => Err(CoreError::Config(
-                format!("restart_strategy.multiplier ({multiplier}) must be at least 1.0"),
-            )),
+            RestartStrategy::ExponentialDelay { multiplier, .. } if multiplier.is_nan() || *multiplier < 1.0 => {
+                Err(CoreError::Config(format!(
+                    "restart_strategy.multiplier ({multiplier}) must be at least 1.0"
+                )))
+            }
             RestartStrategy::ExponentialDelay { jitter, .. } if !(0.0..1.0).contains(jitter) => Err(CoreError::Config(
                 format!("restart_strategy.jitter ({jitter}) must be in [0, 1)"),
             )),

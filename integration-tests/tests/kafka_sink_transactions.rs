@@ -157,7 +157,7 @@ async fn a_stale_committable_never_commits_a_newer_transaction_of_its_id() -> Re
     let c2 = prepared(&mut crashed, t2, 2).await?;
     crashed.commit(&c2).await?;
     let t3 = txn(&mut crashed, 3, &["late"]).await?; // slot 0 again: same id, producer id and epoch as c1
-    drop(t3);
+    let _open = t3; // left open when the process dies
     drop(crashed);
 
     // A restore of checkpoint 1 (say) hands c1 back: it must be recognised as committed, and the
@@ -205,7 +205,7 @@ async fn lingering_transactions_of_removed_subtasks_are_aborted_and_readers_move
     let mut gone = sink(env, &topic, &prefix, 2, Duration::from_secs(600));
     start(&mut gone, &info(3, 4), &[]).await?;
     let t = txn(&mut gone, 1, &["never"]).await?;
-    drop(t);
+    let _open = t; // left open when the process dies
     drop(gone);
     let mut other = sink(env, &topic, &unique("other"), 2, Duration::from_secs(120));
     start(&mut other, &info(0, 1), &[]).await?;

@@ -448,11 +448,11 @@ async fn poison_records_fail_skip_or_go_to_the_dead_letter_topic() -> Result<()>
     // fail: the job stops for good, naming the record; no restart loop.
     let (h, _, _dir) = run(PoisonPolicy::Fail);
     let err = h.join().await.unwrap_err().to_string();
-    let chain = format!("{err}");
+    let chain = err.clone();
     assert!(chain.contains("kafka source failed"), "{chain}");
     let (h, _, _dir) = run(PoisonPolicy::Fail);
     let err = format!("{:?}", h.join().await.unwrap_err());
-    assert!(err.contains(&format!("{topic}")) && err.contains("offset: 1"), "{err}");
+    assert!(err.contains(topic.as_str()) && err.contains("offset: 1"), "{err}");
 
     // skip
     let (h, out, _dir) = run(PoisonPolicy::Skip);

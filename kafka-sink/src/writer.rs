@@ -471,7 +471,7 @@ impl Sink<ProducerRecord> for KafkaWriter {
 /// The Kafka sink for any delivery guarantee.
 pub enum KafkaSink {
     /// `none` or `at_least_once`.
-    Plain(KafkaWriter),
+    Plain(Box<KafkaWriter>),
     /// `exactly_once`.
     Transactional(Box<TwoPhaseSink<ProducerRecord, TransactionalKafkaSink>>),
 }
@@ -489,7 +489,7 @@ impl KafkaSink {
             DeliveryGuarantee::ExactlyOnce { .. } => KafkaSink::Transactional(Box::new(TwoPhaseSink::new(
                 TransactionalKafkaSink::new(config, partitioner)?,
             ))),
-            _ => KafkaSink::Plain(KafkaWriter::new(config, partitioner)?),
+            _ => KafkaSink::Plain(Box::new(KafkaWriter::new(config, partitioner)?)),
         })
     }
 }

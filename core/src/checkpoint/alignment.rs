@@ -122,9 +122,16 @@ impl<T> BarrierAligner<T> {
 
     /// Feeds one message from `input`; events go to `out` in the order the subtask must act on them.
     pub fn push(&mut self, input: usize, msg: Message<T>, out: &mut impl FnMut(AlignerEvent<T>)) {
-        self.handle(input, msg, out);
-        // Releasing held messages may start and finish further alignments; loop until quiet.
-        while self.pending.is_none() && self.held_count > 0 {
+        if self.held[input].is_empty() {
+            self.handle(input, msg, out);
+        } else {
+            // Older held messages of this input go first.
+            self.held[input].push_back(msg);
+            self.held_count += 1;
+        }
+        // Releasing held messages may start and finish further alignments: go on until every
+        // input with held messages is blocked (or nothing is held).
+        while (0..self.held.len()).any(|i| !self.held[i].is_empty() && !self.blocked(i)) {
             self.release(out);
         }
     }

@@ -173,7 +173,7 @@ fn must_complete(scripts: &[Vec<Step>], id: u64) -> bool {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(ProptestConfig::with_cases(2048))]
 
     #[test]
     fn exactly_once_snapshots_are_consistent_cuts((scripts, schedule) in scripts()) {

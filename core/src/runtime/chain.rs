@@ -21,6 +21,12 @@ use crate::storage::CheckpointStorage;
 
 pub(crate) type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// A stateless operator body: one input record, zero or more outputs.
+pub(crate) type EmitFn<I, O> = Arc<dyn Fn(I, &mut Collector<'_, O>) -> Result<()> + Send + Sync>;
+
+/// Extracts the key bytes of a record.
+pub(crate) type KeyFn<T> = Arc<dyn Fn(&T) -> Vec<u8> + Send + Sync>;
+
 /// What travels on a channel between stages: which input of the receiver it is, and the message.
 pub(crate) struct Envelope<T> {
     pub(crate) input: usize,
@@ -72,7 +78,7 @@ pub(crate) fn user_error(uid: &str, e: CoreError) -> CoreError {
 
 /// A stateless node (map, filter, flat_map): `f` emits zero or more records per input.
 pub(crate) struct Stateless<I, O> {
-    pub(crate) f: Arc<dyn Fn(I, &mut Collector<'_, O>) -> Result<()> + Send + Sync>,
+    pub(crate) f: EmitFn<I, O>,
     pub(crate) next: Box<dyn Output<O>>,
 }
 
@@ -226,7 +232,7 @@ pub(crate) type BackendFactory =
 pub(crate) struct KeyedNode<I, O, P> {
     pub(crate) info: SubtaskInfo,
     pub(crate) f: P,
-    pub(crate) key: Arc<dyn Fn(&I) -> Vec<u8> + Send + Sync>,
+    pub(crate) key: KeyFn<I>,
     pub(crate) backend: Option<Box<dyn KeyedStateBackend>>,
     pub(crate) make_backend: BackendFactory,
     pub(crate) restored: Option<RestoredState>,

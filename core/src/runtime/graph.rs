@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
 use super::api::{Collector, KeyedProcessFunction, ProcessFunction, Sink, Source, SubtaskInfo};
-use super::chain::{ChannelOut, Envelope, KeyedNode, Output, ProcessNode, SinkNode, Stateless};
+use super::chain::{ChannelOut, EmitFn, Envelope, KeyFn, KeyedNode, Output, ProcessNode, SinkNode, Stateless};
 use super::task::{input_task, source_task, TaskBody, TaskContext};
 use super::{Job, JobConfig};
 use crate::error::{CoreError, Result};
@@ -23,10 +23,7 @@ pub(crate) enum Partitioner<T> {
     /// Round robin over every downstream subtask.
     Rebalance,
     /// By key group of the key.
-    Hash {
-        key: Arc<dyn Fn(&T) -> Vec<u8> + Send + Sync>,
-        max_parallelism: u32,
-    },
+    Hash { key: KeyFn<T>, max_parallelism: u32 },
 }
 
 impl<T> Clone for Partitioner<T> {
@@ -117,7 +114,7 @@ pub struct Stream<T> {
 /// A stream partitioned by key: the next operator sees each key on one subtask only.
 pub struct KeyedStream<T> {
     stream: Stream<T>,
-    key: Arc<dyn Fn(&T) -> Vec<u8> + Send + Sync>,
+    key: KeyFn<T>,
 }
 
 impl JobBuilder {
@@ -198,7 +195,7 @@ impl<T: Send + 'static> Stream<T> {
         self,
         f: impl Fn(T, &mut Collector<'_, O>) -> Result<()> + Send + Sync + 'static,
     ) -> Stream<O> {
-        let f: Arc<dyn Fn(T, &mut Collector<'_, O>) -> Result<()> + Send + Sync> = Arc::new(f);
+        let f: EmitFn<T, O> = Arc::new(f);
         let prev = self.attach;
         Stream {
             graph: self.graph,
