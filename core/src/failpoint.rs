@@ -77,8 +77,8 @@ pub fn hit(name: &str) {
     let Some(p) = points.get(name) else { return };
     let n = p.hits.fetch_add(1, Ordering::SeqCst) + 1;
     match p.action {
-        Action::Delay(d, None) => std::thread::sleep(d),
-        Action::Delay(d, Some(at)) if n == at => std::thread::sleep(d),
+        Action::Delay(d, None) => sleep(d),
+        Action::Delay(d, Some(at)) if n == at => sleep(d),
         Action::Delay(..) => {}
         Action::Freeze(at) if n == at => {
             let mut err = std::io::stderr().lock();
@@ -89,6 +89,18 @@ pub fn hit(name: &str) {
             }
         }
         Action::Freeze(_) => {}
+    }
+}
+
+/// Sleeps without holding up the other tasks of a multi-threaded tokio runtime (a plain sleep
+/// would also stall tasks queued on this worker, e.g. the coordinator's timeout check).
+fn sleep(d: Duration) {
+    let multi = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi {
+        tokio::task::block_in_place(|| std::thread::sleep(d));
+    } else {
+        std::thread::sleep(d);
     }
 }
 

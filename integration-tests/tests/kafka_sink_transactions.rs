@@ -171,27 +171,34 @@ async fn a_stale_committable_never_commits_a_newer_transaction_of_its_id() -> Re
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_exhausted_pool_declines_then_recovers() -> Result<()> {
+async fn an_exhausted_pool_grows_then_declines_then_recovers() -> Result<()> {
     let env = TestEnv::get().await?;
     let topic = unique("sink-pool");
     create_topic(env, &topic, 1).await?;
     let me = info(0, 1);
     let mut s = sink(env, &topic, &unique("pool"), 2, Duration::from_secs(120));
     start(&mut s, &me, &[]).await?;
-    let t1 = txn(&mut s, 1, &["x"]).await?;
-    let c1 = prepared(&mut s, t1, 1).await?; // slot 0 waits for checkpoint 1
-    let t2 = txn(&mut s, 2, &["y"]).await?; // slot 1 open
-    let t2 = match s.pre_commit(t2, 2).await? {
+    // Checkpoints 1..=3 pre-commit and none completes (say they were aborted): the pool of 2
+    // grows to 4 rather than leave the job unable to ever complete a checkpoint.
+    let mut pending = Vec::new();
+    for id in 1..=3 {
+        let t = txn(&mut s, id, &[&format!("x{id}")]).await?;
+        pending.push(prepared(&mut s, t, id).await?);
+    }
+    let t4 = txn(&mut s, 4, &["x4"]).await?; // the fourth and last producer
+    let t4 = match s.pre_commit(t4, 4).await? {
         PreCommitted::Declined { txn, reason } => {
             assert!(reason.contains("wait for their checkpoints"), "{reason}");
             txn
         }
         other => bail!("expected a decline, got {other:?}"),
     };
-    s.commit(&c1).await?; // checkpoint 1 completes: slot 0 is free again
-    let c2 = prepared(&mut s, t2, 3).await?;
-    s.commit(&c2).await?;
-    assert_eq!(values(env, &topic)?, ["x", "y"]);
+    for c in &pending {
+        s.commit(c).await?; // a later checkpoint completes: everything up to it commits
+    }
+    let c4 = prepared(&mut s, t4, 5).await?;
+    s.commit(&c4).await?;
+    assert_eq!(values(env, &topic)?, ["x1", "x2", "x3", "x4"]);
     Ok(())
 }
 

@@ -160,6 +160,28 @@ impl TransactionalKafkaSink {
         self.slots.iter().filter(|s| s.state == SlotState::Free).count()
     }
 
+    /// Adds a producer to the pool (an id past the configured pool size; the next start fences it
+    /// like any id this subtask owns).
+    fn add_slot(&mut self) -> Result<()> {
+        let me = self.info.as_ref().map_or(0, |i| i.index);
+        let id = transactional_id(&self.prefix, me, self.slots.len());
+        warn!(transactional_id = %id, "All transactional producers wait for checkpoints; adding one to the pool.");
+        let (producer, deliveries) = create_producer(
+            &self.config.bootstrap_servers,
+            &self.config.client,
+            Some((&id, self.transaction_timeout)),
+        )?;
+        tokio::task::block_in_place(|| producer.init_transactions(TIMEOUT))
+            .map_err(|e| SinkError::kafka(format!("init_transactions for {id}"), e))?;
+        self.slots.push(Slot {
+            id,
+            producer,
+            deliveries,
+            state: SlotState::Free,
+        });
+        Ok(())
+    }
+
     /// Aborts whatever is open under `id` by initialising a producer with it (fences and aborts).
     fn fence_and_abort(&self, id: &str) -> Result<()> {
         let (p, _) = create_producer(
@@ -251,13 +273,21 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         // A failed delivery (e.g. fenced by a newer instance) fails now, not after a decline.
         check_deliveries(&self.slots[txn.slot].deliveries, &self.config.topic)?;
         if self.free_slots() == 0 {
-            return Ok(PreCommitted::Declined {
-                reason: format!(
-                    "all {} transactional producers of this subtask wait for their checkpoints to complete",
-                    self.pool_size
-                ),
-                txn,
-            });
+            // Every producer holds a transaction waiting for a checkpoint. When those belong to
+            // checkpoints that were aborted, only a completed checkpoint frees them, and this one
+            // cannot complete without a producer for what follows: grow the pool (up to twice its
+            // size) rather than decline forever. Beyond that, decline: backpressure.
+            if self.slots.len() < 2 * self.pool_size {
+                self.add_slot()?;
+            } else {
+                return Ok(PreCommitted::Declined {
+                    reason: format!(
+                        "all {} transactional producers of this subtask wait for their checkpoints to complete",
+                        self.slots.len()
+                    ),
+                    txn,
+                });
+            }
         }
         let s = &self.slots[txn.slot];
         flush(
@@ -346,12 +376,13 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             let Some((subtask, slot)) = parse(&self.prefix, &t.transactional_id) else {
                 continue;
             };
-            if t.state != "Ongoing" {
-                continue;
-            }
             let mine = subtask == me || (me == 0 && subtask >= parallelism);
             if !mine || (subtask == me && slot < self.pool_size) {
                 continue; // not ours, or handled by initialising our pool below
+            }
+            // Any state: initialising the id also fences a zombie that might still use it.
+            if matches!(t.state.as_str(), "Dead" | "PrepareEpochFence") {
+                continue;
             }
             if let Some(c) = pending.get(t.transactional_id.as_str()) {
                 let d = self.wire.describe(&t.transactional_id).await?;
@@ -362,7 +393,9 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
                     continue;
                 }
             }
-            warn!(transactional_id = %t.transactional_id, "Aborting a lingering transaction.");
+            if t.state == "Ongoing" {
+                warn!(transactional_id = %t.transactional_id, "Aborting a lingering transaction.");
+            }
             self.fence_and_abort(&t.transactional_id)?;
             aborted.insert(t.transactional_id);
         }

@@ -114,6 +114,12 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
                 break;
             }
             let batch = self.pending.remove(&first).unwrap_or_default();
+            tracing::debug!(
+                checkpoint_id = first,
+                completed = id,
+                committables = batch.len(),
+                "Committing."
+            );
             for (i, p) in batch.iter().enumerate() {
                 if committed_any {
                     failpoint::hit("sink.between_commits");
