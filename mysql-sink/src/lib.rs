@@ -1,1 +1,118 @@
-//! `exactly-mysql-sink`: a MySQL/MariaDB sink with XA two-phase commit or idempotent upserts.
+//! `exactly-mysql-sink`: a MySQL/MariaDB sink, exactly once in one of two ways:
+//! - `xa`: a true two-phase commit (an XA branch per subtask per checkpoint, prepared at the
+//!   barrier, committed when the checkpoint completes, recovered after any crash);
+//! - `upsert`: idempotent writes (rows and progress committed together at every barrier; replays
+//!   overwrite identical rows, so key columns are required).
+//!
+//! Both write a progress row (job, sink, subtask, checkpoint id, source offsets) with the data.
+//! Records map to rows from JSON fields or delimited text; records that do not fit fail the job,
+//! are skipped, or go to a dead-letter table, with their Kafka coordinates in the log.
+
+mod config;
+mod db;
+mod error;
+mod mapping;
+mod upsert;
+mod xa;
+
+use exactly_core::runtime::{InitContext, Sink, SnapshotContext};
+use exactly_core::CheckpointId;
+use exactly_twophase::TwoPhaseSink;
+
+pub use config::{Mode, MysqlSinkConfig, OnError};
+pub use error::{MysqlSinkError, Result};
+pub use mapping::{Column, ColumnType, Format, Mapping, SqlValue};
+pub use upsert::UpsertMysqlSink;
+pub use xa::{XaCommittable, XaMysqlSink, XaTransaction};
+
+/// Where a record came from (for the progress row and the logs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+}
+
+/// A record for the sink: a payload to map to a row, and where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinkRecord {
+    /// JSON or delimited text.
+    pub payload: Vec<u8>,
+    /// Kafka coordinates, when it came from Kafka.
+    pub origin: Option<Origin>,
+}
+
+impl SinkRecord {
+    pub(crate) fn origin_text(&self) -> String {
+        match &self.origin {
+            Some(o) => format!("{}/{}@{}", o.topic, o.partition, o.offset),
+            None => "(no origin)".into(),
+        }
+    }
+}
+
+/// The MySQL sink in the configured mode.
+pub enum MysqlSink {
+    /// Mode `xa`.
+    Xa(Box<TwoPhaseSink<SinkRecord, XaMysqlSink>>),
+    /// Mode `upsert`.
+    Upsert(Box<UpsertMysqlSink>),
+}
+
+impl MysqlSink {
+    /// The sink `config` asks for.
+    pub fn new(config: MysqlSinkConfig) -> Result<Self> {
+        Ok(match config.mode {
+            Mode::Xa => MysqlSink::Xa(Box::new(TwoPhaseSink::new(XaMysqlSink::new(config)?))),
+            Mode::Upsert => MysqlSink::Upsert(Box::new(UpsertMysqlSink::new(config)?)),
+        })
+    }
+}
+
+impl Sink<SinkRecord> for MysqlSink {
+    async fn initialize_state(&mut self, ctx: &InitContext<'_>) -> exactly_core::Result<()> {
+        match self {
+            MysqlSink::Xa(s) => s.initialize_state(ctx).await,
+            MysqlSink::Upsert(s) => s.initialize_state(ctx).await,
+        }
+    }
+    async fn write(&mut self, records: Vec<SinkRecord>) -> exactly_core::Result<()> {
+        match self {
+            MysqlSink::Xa(s) => s.write(records).await,
+            MysqlSink::Upsert(s) => s.write(records).await,
+        }
+    }
+    async fn snapshot_state(&mut self, ctx: &mut SnapshotContext) -> exactly_core::Result<()> {
+        match self {
+            MysqlSink::Xa(s) => s.snapshot_state(ctx).await,
+            MysqlSink::Upsert(s) => s.snapshot_state(ctx).await,
+        }
+    }
+    async fn notify_checkpoint_complete(&mut self, id: CheckpointId) -> exactly_core::Result<()> {
+        match self {
+            MysqlSink::Xa(s) => s.notify_checkpoint_complete(id).await,
+            MysqlSink::Upsert(s) => s.notify_checkpoint_complete(id).await,
+        }
+    }
+    async fn notify_checkpoint_aborted(&mut self, id: CheckpointId) -> exactly_core::Result<()> {
+        match self {
+            MysqlSink::Xa(s) => s.notify_checkpoint_aborted(id).await,
+            MysqlSink::Upsert(s) => s.notify_checkpoint_aborted(id).await,
+        }
+    }
+    async fn finish(&mut self) -> exactly_core::Result<()> {
+        match self {
+            MysqlSink::Xa(s) => s.finish().await,
+            MysqlSink::Upsert(s) => s.finish().await,
+        }
+    }
+    async fn close(&mut self) -> exactly_core::Result<()> {
+        match self {
+            MysqlSink::Xa(s) => s.close().await,
+            MysqlSink::Upsert(s) => s.close().await,
+        }
+    }
+}

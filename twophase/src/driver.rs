@@ -227,14 +227,18 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
 
     async fn snapshot_state(&mut self, ctx: &mut SnapshotContext) -> exactly_core::Result<()> {
         let id = ctx.checkpoint_id;
+        let mut prepared = false;
         if let Some(txn) = self.current.take() {
             failpoint::hit("sink.before_pre_commit");
             match self.sink.pre_commit(txn, id).await? {
-                PreCommitted::Committable(c) => self.pending.entry(id).or_default().push(Pending {
-                    committable: c,
-                    prepared_at: Instant::now(),
-                    warned: false,
-                }),
+                PreCommitted::Committable(c) => {
+                    prepared = true;
+                    self.pending.entry(id).or_default().push(Pending {
+                        committable: c,
+                        prepared_at: Instant::now(),
+                        warned: false,
+                    })
+                }
                 PreCommitted::Empty => {}
                 PreCommitted::Declined { txn, reason } => {
                     self.current = Some(txn);
@@ -253,7 +257,9 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
             }
         }
         ctx.put_union_state(STATE, entries);
-        failpoint::hit("sink.after_pre_commit");
+        if prepared {
+            failpoint::hit("sink.after_pre_commit");
+        }
         Ok(())
     }
 

@@ -1,0 +1,122 @@
+//! Configuration of the MySQL sink.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{MysqlSinkError, Result};
+use crate::mapping::Mapping;
+
+/// How rows reach the table exactly once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// XA two-phase commit: one branch per subtask per checkpoint, committed when it completes.
+    Xa,
+    /// Idempotent: each checkpoint's rows are upserted (INSERT ... ON DUPLICATE KEY UPDATE) with
+    /// the progress row in one ordinary transaction; replays overwrite identical rows.
+    Upsert,
+}
+
+/// What happens to a record that does not fit the mapping.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum OnError {
+    /// Stop the job (fatal: a restart would meet the same record).
+    #[default]
+    Fail,
+    /// Skip it, logged with its origin.
+    Skip,
+    /// Store it in `table` (created if missing) with its origin and the reason.
+    DeadLetter {
+        /// The dead-letter table.
+        table: String,
+    },
+}
+
+fn default_batch_size() -> usize {
+    500
+}
+
+fn default_progress_table() -> String {
+    "exactly_progress".into()
+}
+
+/// The MySQL sink's configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MysqlSinkConfig {
+    /// `mysql://user:password@host:port/database`.
+    pub url: String,
+    /// Target table.
+    pub table: String,
+    /// XA or upsert.
+    pub mode: Mode,
+    /// Identifies the job in xids and the progress table; keep it across restarts.
+    pub job_id: String,
+    /// Identifies this sink within the job.
+    #[serde(default = "default_sink_id")]
+    pub sink_id: String,
+    /// Records to columns.
+    pub mapping: Mapping,
+    /// Rows per INSERT statement.
+    #[serde(default = "default_batch_size")]
+    pub batch_size: usize,
+    /// Create the table from the mapping when it does not exist.
+    #[serde(default)]
+    pub create_table: bool,
+    /// Table recording, per subtask and checkpoint, what was committed.
+    #[serde(default = "default_progress_table")]
+    pub progress_table: String,
+    /// Records that do not fit.
+    #[serde(default)]
+    pub on_error: OnError,
+}
+
+fn default_sink_id() -> String {
+    "mysql".into()
+}
+
+fn identifier_ok(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 64 && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+impl MysqlSinkConfig {
+    /// Checks the configuration; the error says what to change.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(MysqlSinkError::Config(m));
+        if !self.url.starts_with("mysql://") && !self.url.starts_with("mariadb://") {
+            return bad(format!(
+                "url must start with mysql:// (got {:?})",
+                self.url.split('@').next_back().unwrap_or("")
+            ));
+        }
+        for (what, name) in [("table", &self.table), ("progress_table", &self.progress_table)] {
+            if !identifier_ok(name) {
+                return bad(format!("{what} {name:?} must be 1-64 letters, digits or underscores"));
+            }
+        }
+        if let OnError::DeadLetter { table } = &self.on_error {
+            if !identifier_ok(table) {
+                return bad(format!(
+                    "on_error.table {table:?} must be 1-64 letters, digits or underscores"
+                ));
+            }
+        }
+        if self.job_id.is_empty()
+            || self.job_id.len() + self.sink_id.len() > 50
+            || self.job_id.contains(':')
+            || self.sink_id.contains(':')
+        {
+            return bad("job_id and sink_id must be non-empty, without ':', and 50 bytes together at most (they form XA gtrids)".into());
+        }
+        if self.batch_size == 0 {
+            return bad("batch_size must be at least 1".into());
+        }
+        self.mapping.validate()?;
+        if self.mode == Mode::Upsert && !self.mapping.columns.iter().any(|c| c.key) {
+            return bad(
+                "mode `upsert` needs at least one key column (key = true): replays overwrite rows by key".into(),
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,233 @@
+//! Statements shared by both modes.
+
+use std::collections::BTreeMap;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlRow};
+use sqlx::{ConnectOptions, Connection, MySql, QueryBuilder};
+use tracing::warn;
+
+use crate::config::{MysqlSinkConfig, OnError};
+use crate::error::{MysqlSinkError, Result};
+use crate::mapping::SqlValue;
+use crate::SinkRecord;
+
+/// A boxed, `Send` future. Every database call goes through one: sqlx's executor bounds trip the
+/// compiler's `Send` inference of futures in trait methods otherwise.
+pub(crate) type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Runs text-protocol SQL (XA statements need it).
+pub(crate) fn exec<'a>(conn: &'a mut MySqlConnection, sql: String) -> BoxFut<'a, Result<(), sqlx::Error>> {
+    Box::pin(async move { sqlx::Executor::execute(conn, sql.as_str()).await.map(|_| ()) })
+}
+
+/// Runs text-protocol SQL returning rows.
+pub(crate) fn fetch<'a>(conn: &'a mut MySqlConnection, sql: String) -> BoxFut<'a, Result<Vec<MySqlRow>, sqlx::Error>> {
+    Box::pin(async move { sqlx::Executor::fetch_all(conn, sql.as_str()).await })
+}
+
+/// Bind parameters per statement stay well below MySQL's 65 535.
+const MAX_BINDS: usize = 30_000;
+
+pub(crate) fn connect(url: &str) -> BoxFut<'_, Result<MySqlConnection>> {
+    Box::pin(async move {
+        let options: MySqlConnectOptions = url
+            .parse()
+            .map_err(|e| MysqlSinkError::Config(format!("url does not parse: {e}")))?;
+        options.connect().await.map_err(|e| MysqlSinkError::db("connecting", e))
+    })
+}
+
+/// Creates the progress table, the dead-letter table and (if asked) the target table.
+pub(crate) fn ensure_tables<'a>(conn: &'a mut MySqlConnection, c: &'a MysqlSinkConfig) -> BoxFut<'a, Result<()>> {
+    Box::pin(async move {
+        let progress = format!(
+        "CREATE TABLE IF NOT EXISTS `{}` (job VARCHAR(64) NOT NULL, sink VARCHAR(64) NOT NULL, subtask INT NOT NULL, \
+         checkpoint_id BIGINT NOT NULL, offsets TEXT NOT NULL, rows_written BIGINT NOT NULL, \
+         committed_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3), \
+         PRIMARY KEY (job, sink, subtask, checkpoint_id)) ENGINE=InnoDB",
+        c.progress_table
+    );
+        exec(conn, progress)
+            .await
+            .map_err(|e| MysqlSinkError::db("creating the progress table", e))?;
+        if let OnError::DeadLetter { table } = &c.on_error {
+            let ddl = format!(
+            "CREATE TABLE IF NOT EXISTS `{table}` (id BIGINT AUTO_INCREMENT PRIMARY KEY, origin VARCHAR(255) NOT NULL, \
+             payload LONGBLOB NOT NULL, error TEXT NOT NULL, at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)) ENGINE=InnoDB"
+        );
+            exec(conn, ddl)
+                .await
+                .map_err(|e| MysqlSinkError::db("creating the dead-letter table", e))?;
+        }
+        if c.create_table {
+            let ddl = c.mapping.ddl(&c.table);
+            exec(conn, ddl)
+                .await
+                .map_err(|e| MysqlSinkError::db("creating the table", e))?;
+        }
+        Ok(())
+    })
+}
+
+/// What one batch of records became.
+#[derive(Default)]
+pub(crate) struct Converted {
+    pub(crate) rows: Vec<Vec<SqlValue>>,
+    pub(crate) dead: Vec<(String, Vec<u8>, String)>,
+}
+
+/// Rows of the records, applying the error policy; also advances `offsets` (next offset per
+/// topic partition) for the progress row.
+pub(crate) fn convert(
+    c: &MysqlSinkConfig,
+    records: Vec<SinkRecord>,
+    offsets: &mut BTreeMap<String, i64>,
+) -> Result<Converted> {
+    let mut out = Converted::default();
+    for r in records {
+        if let Some(o) = &r.origin {
+            let e = offsets
+                .entry(format!("{}:{}", o.topic, o.partition))
+                .or_insert(o.offset + 1);
+            *e = (*e).max(o.offset + 1);
+        }
+        match c.mapping.row(&r.payload) {
+            Ok(row) => out.rows.push(row),
+            Err(reason) => {
+                let origin = r.origin_text();
+                match &c.on_error {
+                    OnError::Fail => return Err(MysqlSinkError::BadRecord { origin, reason }),
+                    OnError::Skip => warn!(%origin, %reason, "Skipping a record that does not fit the mapping."),
+                    OnError::DeadLetter { .. } => {
+                        warn!(%origin, %reason, "A record that does not fit the mapping goes to the dead-letter table.");
+                        out.dead.push((origin, r.payload, reason));
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Batched multi-row INSERT (or upsert) of `rows`, and the dead letters.
+pub(crate) fn insert<'a>(
+    conn: &'a mut MySqlConnection,
+    c: &'a MysqlSinkConfig,
+    data: Converted,
+    upsert: bool,
+) -> BoxFut<'a, Result<()>> {
+    Box::pin(async move {
+        let per_statement = (MAX_BINDS / c.mapping.columns.len()).min(c.batch_size).max(1);
+        let update: String = c
+            .mapping
+            .columns
+            .iter()
+            .filter(|col| !col.key)
+            .map(|col| format!("`{0}` = VALUES(`{0}`)", col.name))
+            .collect::<Vec<_>>()
+            .join(", ");
+        for chunk in data.rows.chunks(per_statement) {
+            let mut qb: QueryBuilder<'_, MySql> =
+                QueryBuilder::new(format!("INSERT INTO `{}` ({}) ", c.table, c.mapping.column_list()));
+            qb.push_values(chunk, |mut b, row| {
+                for v in row {
+                    match v {
+                        SqlValue::Null => b.push_bind(Option::<i64>::None),
+                        SqlValue::Int(i) => b.push_bind(*i),
+                        SqlValue::Float(f) => b.push_bind(*f),
+                        SqlValue::Bool(x) => b.push_bind(*x),
+                        SqlValue::Text(s) => b.push_bind(s.clone()),
+                    };
+                }
+            });
+            if upsert {
+                if update.is_empty() {
+                    let k = &c.mapping.columns[0].name;
+                    qb.push(format!(" ON DUPLICATE KEY UPDATE `{k}` = `{k}`"));
+                } else {
+                    qb.push(format!(" ON DUPLICATE KEY UPDATE {update}"));
+                }
+            }
+            qb.build()
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| MysqlSinkError::db(format!("inserting into {}", c.table), e))?;
+        }
+        if let crate::config::OnError::DeadLetter { table } = &c.on_error {
+            for (origin, payload, reason) in data.dead {
+                sqlx::query(&format!(
+                    "INSERT INTO `{table}` (origin, payload, error) VALUES (?, ?, ?)"
+                ))
+                .bind(origin)
+                .bind(payload)
+                .bind(reason)
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| MysqlSinkError::db("writing a dead letter", e))?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Records checkpoint `id` of `subtask` in the progress table (in the caller's transaction).
+pub(crate) fn progress<'a>(
+    conn: &'a mut MySqlConnection,
+    c: &'a MysqlSinkConfig,
+    subtask: u32,
+    id: u64,
+    offsets: &'a BTreeMap<String, i64>,
+    rows: u64,
+) -> BoxFut<'a, Result<()>> {
+    Box::pin(async move {
+        let offsets = serde_json::to_string(offsets).expect("a map of strings to numbers serializes");
+        sqlx::query(&format!(
+        "INSERT INTO `{}` (job, sink, subtask, checkpoint_id, offsets, rows_written) VALUES (?, ?, ?, ?, ?, ?) \
+         ON DUPLICATE KEY UPDATE offsets = VALUES(offsets), rows_written = VALUES(rows_written), committed_at = CURRENT_TIMESTAMP(3)",
+        c.progress_table
+    ))
+    .bind(&c.job_id)
+    .bind(&c.sink_id)
+    .bind(subtask)
+    .bind(id)
+    .bind(offsets)
+    .bind(rows)
+    .execute(&mut *conn)
+    .await
+    .map_err(|e| MysqlSinkError::db("writing the progress row", e))?;
+        Ok(())
+    })
+}
+
+/// Whether the progress table has checkpoint `id` of `subtask` (i.e. its branch committed).
+pub(crate) fn has_progress<'a>(
+    conn: &'a mut MySqlConnection,
+    c: &'a MysqlSinkConfig,
+    subtask: u32,
+    id: u64,
+) -> BoxFut<'a, Result<bool>> {
+    Box::pin(async move {
+        let n: i64 = sqlx::query_scalar(&format!(
+            "SELECT COUNT(*) FROM `{}` WHERE job = ? AND sink = ? AND subtask = ? AND checkpoint_id = ?",
+            c.progress_table
+        ))
+        .bind(&c.job_id)
+        .bind(&c.sink_id)
+        .bind(subtask)
+        .bind(id)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| MysqlSinkError::db("reading the progress table", e))?;
+        Ok(n > 0)
+    })
+}
+
+/// Closes a connection, ignoring errors (the server may already be gone).
+pub(crate) fn close(conn: MySqlConnection) -> BoxFut<'static, ()> {
+    Box::pin(async move {
+        let _ = conn.close().await;
+    })
+}

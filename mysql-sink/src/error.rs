@@ -1,0 +1,54 @@
+//! Errors of the MySQL sink.
+
+use exactly_core::{CoreError, ErrorClass};
+
+/// Errors of the MySQL sink.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MysqlSinkError {
+    /// Invalid configuration; the message says what to change.
+    #[error("mysql sink configuration: {0}")]
+    Config(String),
+    /// The database failed (connection, statement).
+    #[error("mysql: {context}: {source}")]
+    Database {
+        /// What was being done.
+        context: String,
+        /// The driver's error.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// A record does not fit the mapping and the policy is to fail.
+    #[error("record {origin} does not fit the mapping ({reason}); the policy is `fail`: fix the data or set on_error to `skip` or `dead_letter`")]
+    BadRecord {
+        /// Where it came from (topic/partition@offset).
+        origin: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// XA RECOVER is not allowed for the configured user.
+    #[error("XA RECOVER was refused ({0}); on MySQL 8 grant the XA_RECOVER_ADMIN privilege to the sink's user (MariaDB needs no grant)")]
+    XaRecoverDenied(String),
+}
+
+impl MysqlSinkError {
+    pub(crate) fn db(context: impl Into<String>, source: sqlx::Error) -> Self {
+        MysqlSinkError::Database {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+impl From<MysqlSinkError> for CoreError {
+    fn from(e: MysqlSinkError) -> Self {
+        let class = match &e {
+            MysqlSinkError::Database { .. } => ErrorClass::Restart,
+            _ => ErrorClass::Fatal,
+        };
+        CoreError::operator("mysql sink", class, e)
+    }
+}
+
+/// Result of the MySQL sink.
+pub type Result<T, E = MysqlSinkError> = std::result::Result<T, E>;
