@@ -5,8 +5,8 @@ use exactly_core::BoxError;
 /// A record as read from Kafka.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KafkaRecord {
-    /// Topic.
-    pub topic: String,
+    /// Topic (shared by the records of a partition).
+    pub topic: std::sync::Arc<str>,
     /// Partition.
     pub partition: i32,
     /// Offset.

@@ -27,6 +27,13 @@ const STATE: &str = "kafka-source-offsets";
 const TIMEOUT: Duration = Duration::from_secs(30);
 const IDLE_WAIT: Duration = Duration::from_millis(20);
 
+/// The next offset of one owned partition.
+struct Position {
+    tp: TopicPartition,
+    topic: Arc<str>,
+    next: i64,
+}
+
 /// Receives librdkafka's statistics and commit results.
 pub struct SourceContext {
     metrics: Arc<KafkaSourceMetrics>,
@@ -86,8 +93,9 @@ pub struct KafkaSource<T, D> {
     consumer: Option<BaseConsumer<SourceContext>>,
     dead_letters: Option<ThreadedProducer<DefaultProducerContext>>,
     pattern: Option<regex::Regex>,
-    /// Next offset to read, per partition this subtask owns.
-    positions: BTreeMap<TopicPartition, i64>,
+    /// Next offset to read, per partition this subtask owns (a short list: searched per record
+    /// without allocating).
+    positions: Vec<Position>,
     /// Every partition seen (any owner), for discovery.
     known: BTreeSet<TopicPartition>,
     pending: PendingOffsets,
@@ -107,7 +115,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             consumer: None,
             dead_letters: None,
             pattern: None,
-            positions: BTreeMap::new(),
+            positions: Vec::new(),
             known: BTreeSet::new(),
             pending: PendingOffsets::default(),
             next_discovery: None,
@@ -261,22 +269,29 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         for (tp, offset) in &new {
             info!(topic = %tp.topic, partition = tp.partition, offset, "Reading partition.");
         }
-        self.positions.extend(new);
+        for (tp, next) in new {
+            let topic: Arc<str> = Arc::from(tp.topic.as_str());
+            self.positions.push(Position { tp, topic, next });
+        }
         let mut tpl = TopicPartitionList::new();
-        for (tp, offset) in &self.positions {
-            tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(*offset))
+        for p in &self.positions {
+            tpl.add_partition_offset(&p.tp.topic, p.tp.partition, Offset::Offset(p.next))
                 .map_err(|e| SourceError::kafka("building the assignment", e))?;
         }
         self.consumer()
             .assign(&tpl)
             .map_err(|e| SourceError::kafka("assigning partitions", e))?;
-        let positions = self.positions.clone();
+        let positions = self.position_map();
         self.metrics.with_partitions(|parts| {
             for (tp, o) in positions {
                 parts.entry(tp).or_default().position = o;
             }
         });
         Ok(())
+    }
+
+    fn position_map(&self) -> BTreeMap<TopicPartition, i64> {
+        self.positions.iter().map(|p| (p.tp.clone(), p.next)).collect()
     }
 
     fn discover(&mut self) -> Result<()> {
@@ -317,7 +332,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
     fn poison(&mut self, record: KafkaRecord, reason: String) -> Result<()> {
         match &self.config.on_deserialization_error {
             PoisonPolicy::Fail => Err(SourceError::Poison {
-                topic: record.topic,
+                topic: record.topic.to_string(),
                 partition: record.partition,
                 offset: record.offset,
                 reason,
@@ -428,65 +443,71 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         Ok(())
     }
 
+    /// Appends up to `poll_batch` records. Waits (briefly, off the async worker) only when
+    /// nothing is buffered.
     fn poll_batch(&mut self, out: &mut Vec<T>) -> Result<()> {
         let limit = self.config.poll_batch;
+        let dead_letters = matches!(self.config.on_deserialization_error, PoisonPolicy::DeadLetter { .. });
         let mut waited = false;
         while out.len() < limit {
             let polled = {
                 let consumer = self.consumer.as_ref().expect("initialized");
-                let timeout = if waited || !out.is_empty() {
-                    Duration::ZERO
-                } else {
-                    IDLE_WAIT
-                };
-                waited = true;
-                match consumer.poll(timeout) {
+                let mut m = consumer.poll(Duration::ZERO);
+                if m.is_none() && out.is_empty() && !waited {
+                    waited = true;
+                    m = tokio::task::block_in_place(|| consumer.poll(IDLE_WAIT));
+                }
+                match m {
                     None => None,
                     Some(Err(error)) => {
                         warn!(%error, "Consumer error (retried by the client).");
                         None
                     }
-                    Some(Ok(m)) => Some(KafkaRecord {
-                        topic: m.topic().to_owned(),
-                        partition: m.partition(),
-                        offset: m.offset(),
-                        timestamp: m.timestamp().to_millis(),
-                        key: m.key().map(<[u8]>::to_vec),
-                        value: m.payload().map(<[u8]>::to_vec),
-                        headers: m
-                            .headers()
-                            .map(|h| {
-                                h.iter()
-                                    .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
-                                    .collect()
-                            })
-                            .unwrap_or_default(),
-                    }),
+                    Some(Ok(m)) => {
+                        // Owned partitions are few: a scan without allocating beats a map lookup.
+                        let Some(pos) = self
+                            .positions
+                            .iter_mut()
+                            .find(|p| p.tp.partition == m.partition() && &*p.topic == m.topic())
+                        else {
+                            debug!(
+                                topic = m.topic(),
+                                partition = m.partition(),
+                                "Record of an unassigned partition ignored."
+                            );
+                            continue;
+                        };
+                        pos.next = m.offset() + 1;
+                        Some(KafkaRecord {
+                            topic: pos.topic.clone(),
+                            partition: m.partition(),
+                            offset: m.offset(),
+                            timestamp: m.timestamp().to_millis(),
+                            key: m.key().map(<[u8]>::to_vec),
+                            value: m.payload().map(<[u8]>::to_vec),
+                            headers: m
+                                .headers()
+                                .map(|h| {
+                                    h.iter()
+                                        .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                                        .collect()
+                                })
+                                .unwrap_or_default(),
+                        })
+                    }
                 }
             };
             let Some(record) = polled else { break };
-            let tp = TopicPartition {
-                topic: record.topic.clone(),
-                partition: record.partition,
-            };
-            match self.positions.get_mut(&tp) {
-                Some(p) => *p = record.offset + 1,
-                None => {
-                    debug!(topic = %tp.topic, partition = tp.partition, "Record of an unassigned partition ignored.");
-                    continue;
-                }
-            }
             // Only the dead-letter policy needs the raw record after a failure: copy it only then.
-            let keep =
-                matches!(self.config.on_deserialization_error, PoisonPolicy::DeadLetter { .. }).then(|| record.clone());
-            let coordinates = (tp, record.offset);
+            let keep = dead_letters.then(|| record.clone());
+            let (topic, partition, offset) = (record.topic.clone(), record.partition, record.offset);
             match self.deserializer.deserialize(record) {
                 Ok(t) => out.push(t),
                 Err(e) => {
-                    let raw = keep.unwrap_or_else(|| KafkaRecord {
-                        topic: coordinates.0.topic,
-                        partition: coordinates.0.partition,
-                        offset: coordinates.1,
+                    let raw = keep.unwrap_or(KafkaRecord {
+                        topic,
+                        partition,
+                        offset,
                         timestamp: None,
                         key: None,
                         value: None,
@@ -518,7 +539,7 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
             (self.next_periodic_commit, self.config.offset_commit)
         {
             if now >= at {
-                self.commit_to_group(&self.positions.clone());
+                self.commit_to_group(&self.position_map());
                 self.next_periodic_commit = Some(now + interval);
             }
         }
@@ -526,7 +547,7 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
             tokio::time::sleep(IDLE_WAIT).await;
             return Ok(SourceStatus::Idle);
         }
-        tokio::task::block_in_place(|| self.poll_batch(out))?;
+        self.poll_batch(out)?;
         Ok(if out.is_empty() {
             SourceStatus::Idle
         } else {
@@ -539,11 +560,11 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
             STATE,
             self.positions
                 .iter()
-                .map(|(tp, o)| OffsetEntry::encode(tp, *o))
+                .map(|p| OffsetEntry::encode(&p.tp, p.next))
                 .collect(),
         );
-        self.pending.insert(ctx.checkpoint_id, self.positions.clone());
-        let positions = self.positions.clone();
+        let positions = self.position_map();
+        self.pending.insert(ctx.checkpoint_id, positions.clone());
         self.metrics.with_partitions(|parts| {
             for (tp, o) in positions {
                 parts.entry(tp).or_default().position = o;

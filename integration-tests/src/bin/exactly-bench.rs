@@ -20,7 +20,9 @@ use exactly_core::restart::RestartStrategy;
 use exactly_core::runtime::{JobBuilder, JobConfig, JobHandle, Sink};
 use exactly_kafka_sink::{DeliveryGuarantee, KafkaSink, KafkaSinkConfig, ProducerRecord};
 use exactly_kafka_source::{KafkaRecord, KafkaSource, KafkaSourceConfig, RawBytes};
-use exactly_mysql_sink::{Column, ColumnType, Format, Mapping, Mode, MysqlSink, MysqlSinkConfig, OnError, Origin, SinkRecord};
+use exactly_mysql_sink::{
+    Column, ColumnType, Format, Mapping, Mode, MysqlSink, MysqlSinkConfig, OnError, Origin, SinkRecord,
+};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -30,7 +32,10 @@ use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 const PARTITIONS: i32 = 3;
 
 fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 fn unique(p: &str) -> String {
@@ -39,7 +44,13 @@ fn unique(p: &str) -> String {
 
 async fn topic(bootstrap: &str, name: &str) -> Result<()> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
-    for r in admin.create_topics(&[NewTopic::new(name, PARTITIONS, TopicReplication::Fixed(1))], &AdminOptions::new()).await? {
+    for r in admin
+        .create_topics(
+            &[NewTopic::new(name, PARTITIONS, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        )
+        .await?
+    {
         r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
     }
     Ok(())
@@ -71,7 +82,11 @@ fn backlog(bootstrap: &str, topic: &str, n: u64, size: usize, csv: bool) -> Resu
     let p = producer(bootstrap)?;
     for i in 0..n {
         let key = format!("k{}", i % 1000);
-        let value = if csv { format!("{i},{key},{i}").into_bytes() } else { vec![b'x'; size] };
+        let value = if csv {
+            format!("{i},{key},{i}").into_bytes()
+        } else {
+            vec![b'x'; size]
+        };
         send(&p, topic, key.as_bytes(), &value);
     }
     p.flush(Duration::from_secs(120))?;
@@ -83,7 +98,14 @@ fn consumer(bootstrap: &str, topic: &str, committed: bool) -> Result<BaseConsume
         .set("bootstrap.servers", bootstrap)
         .set("group.id", unique("bench"))
         .set("enable.auto.commit", "false")
-        .set("isolation.level", if committed { "read_committed" } else { "read_uncommitted" })
+        .set(
+            "isolation.level",
+            if committed {
+                "read_committed"
+            } else {
+                "read_uncommitted"
+            },
+        )
         .set("fetch.wait.max.ms", "10")
         .create()?;
     let mut tpl = TopicPartitionList::new();
@@ -121,13 +143,26 @@ fn job_config(dir: &std::path::Path) -> JobConfig {
     config
 }
 
-fn k2k_job(bootstrap: &str, input: &str, output: &str, delivery: DeliveryGuarantee, dir: &std::path::Path) -> JobHandle {
+fn k2k_job(
+    bootstrap: &str,
+    input: &str,
+    output: &str,
+    delivery: DeliveryGuarantee,
+    dir: &std::path::Path,
+) -> JobHandle {
     let source = KafkaSourceConfig::new(bootstrap, vec![input.to_owned()], unique("g"));
     let sink = KafkaSinkConfig::new(bootstrap, output, delivery);
     let mut job = JobBuilder::new(job_config(dir));
-    job.source("in", PARTITIONS as u32, move |_| KafkaSource::new(source.clone(), RawBytes))
-        .map(|r: KafkaRecord| ProducerRecord { key: r.key, value: r.value, timestamp: r.timestamp, headers: r.headers })
-        .sink("out", move |_| KafkaSink::new(sink.clone()).expect("valid"));
+    job.source("in", PARTITIONS as u32, move |_| {
+        KafkaSource::new(source.clone(), RawBytes)
+    })
+    .map(|r: KafkaRecord| ProducerRecord {
+        key: r.key,
+        value: r.value,
+        timestamp: r.timestamp,
+        headers: r.headers,
+    })
+    .sink("out", move |_| KafkaSink::new(sink.clone()).expect("valid"));
     job.build().expect("valid job").start()
 }
 
@@ -167,7 +202,9 @@ fn plain_loop(bootstrap: &str, input: &str, output: &str, n: u64) -> Result<()> 
 
 fn quantile(v: &mut [i64], q: f64) -> i64 {
     v.sort_unstable();
-    v.get(((v.len().saturating_sub(1)) as f64 * q) as usize).copied().unwrap_or(0)
+    v.get(((v.len().saturating_sub(1)) as f64 * q) as usize)
+        .copied()
+        .unwrap_or(0)
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -228,12 +265,19 @@ async fn k2k_run(bootstrap: &str, mode: K2k, n: u64, size: usize, rate: u64, sec
         j.cancel();
         j.join().await?;
     }
-    Ok((throughput, quantile(&mut paced_lat, 0.5), quantile(&mut paced_lat, 0.99)))
+    Ok((
+        throughput,
+        quantile(&mut paced_lat, 0.5),
+        quantile(&mut paced_lat, 0.99),
+    ))
 }
 
 async fn bench_k2k(bootstrap: &str, n: u64) -> Result<()> {
     println!("Kafka-to-Kafka pass-through, {PARTITIONS} partitions, checkpoints every 1 s, {n} records backlog, then 5 s at 2000 records/s");
-    println!("{:<8} {:<14} {:>14} {:>8} {:>10} {:>10}", "record", "mode", "records/s", "ratio", "p50 ms", "p99 ms");
+    println!(
+        "{:<8} {:<14} {:>14} {:>8} {:>10} {:>10}",
+        "record", "mode", "records/s", "ratio", "p50 ms", "p99 ms"
+    );
     for size in [100usize, 1024] {
         let mut plain = 0.0;
         for mode in [K2k::Plain, K2k::AtLeastOnce, K2k::ExactlyOnce] {
@@ -246,7 +290,15 @@ async fn bench_k2k(bootstrap: &str, n: u64) -> Result<()> {
                 K2k::AtLeastOnce => "at-least-once",
                 K2k::ExactlyOnce => "exactly-once",
             };
-            println!("{:<8} {:<14} {:>14.0} {:>8.3} {:>10} {:>10}", format!("{size} B"), name, tp, tp / plain, p50, p99);
+            println!(
+                "{:<8} {:<14} {:>14.0} {:>8.3} {:>10} {:>10}",
+                format!("{size} B"),
+                name,
+                tp,
+                tp / plain,
+                p50,
+                p99
+            );
         }
     }
     Ok(())
@@ -266,7 +318,9 @@ async fn bench_source(bootstrap: &str, n: u64) -> Result<()> {
     let input = unique("bench-src");
     topic(bootstrap, &input).await?;
     backlog(bootstrap, &input, n, 100, false)?;
-    println!("Kafka source vs plain rdkafka consumer loop: {n} records of 100 B, {PARTITIONS} partitions, one reader each");
+    println!(
+        "Kafka source vs plain rdkafka consumer loop: {n} records of 100 B, {PARTITIONS} partitions, one reader each"
+    );
     let mut rates = Vec::new();
     for round in 0..2 {
         // plain
@@ -287,7 +341,8 @@ async fn bench_source(bootstrap: &str, n: u64) -> Result<()> {
         let source = KafkaSourceConfig::new(bootstrap, vec![input.clone()], unique("g"));
         let mut job = JobBuilder::new(job_config(dir.path()));
         let c2 = count.clone();
-        job.source("in", 1, move |_| KafkaSource::new(source.clone(), RawBytes)).sink("count", move |_| Count(c2.clone()));
+        job.source("in", 1, move |_| KafkaSource::new(source.clone(), RawBytes))
+            .sink("count", move |_| Count(c2.clone()));
         let start = Instant::now();
         let handle = job.build()?.start();
         while count.load(Ordering::Relaxed) < n {
@@ -296,7 +351,11 @@ async fn bench_source(bootstrap: &str, n: u64) -> Result<()> {
         let ours = n as f64 / start.elapsed().as_secs_f64();
         handle.cancel();
         handle.join().await?;
-        println!("round {}: plain loop {plain:>12.0} records/s   exactly source {ours:>12.0} records/s   ratio {:.3}", round + 1, ours / plain);
+        println!(
+            "round {}: plain loop {plain:>12.0} records/s   exactly source {ours:>12.0} records/s   ratio {:.3}",
+            round + 1,
+            ours / plain
+        );
         rates.push(ours / plain);
     }
     Ok(())
@@ -307,10 +366,22 @@ async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64) -> Result<()> {
     topic(bootstrap, &input).await?;
     backlog(bootstrap, &input, n, 0, true)?;
     println!("Kafka-to-MySQL: {n} rows (id, k, seq), batches of 500, checkpoints every 1 s");
-    let col = |name: &str, ty, key| Column { name: name.into(), ty, field: None, position: None, key, nullable: false, length: Some(32) };
+    let col = |name: &str, ty, key| Column {
+        name: name.into(),
+        ty,
+        field: None,
+        position: None,
+        key,
+        nullable: false,
+        length: Some(32),
+    };
     let mapping = Mapping {
         format: Format::Delimited { delimiter: ',' },
-        columns: vec![col("id", ColumnType::Bigint, true), col("k", ColumnType::Varchar, false), col("seq", ColumnType::Bigint, false)],
+        columns: vec![
+            col("id", ColumnType::Bigint, true),
+            col("k", ColumnType::Varchar, false),
+            col("seq", ColumnType::Bigint, false),
+        ],
     };
     // Baseline: read the same records, plain batched INSERTs, autocommit per batch.
     let table = unique("bench_plain").replace('-', "_");
@@ -362,13 +433,20 @@ async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64) -> Result<()> {
         job.source("in", 1, move |_| KafkaSource::new(source.clone(), RawBytes))
             .map(|r: KafkaRecord| SinkRecord {
                 payload: r.value.unwrap_or_default(),
-                origin: Some(Origin { topic: r.topic, partition: r.partition, offset: r.offset }),
+                origin: Some(Origin {
+                    topic: r.topic.to_string(),
+                    partition: r.partition,
+                    offset: r.offset,
+                }),
             })
             .sink("mysql", move |_| MysqlSink::new(config.clone()).expect("valid"));
         let start = Instant::now();
         let handle = job.build()?.start();
         loop {
-            let rows: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM `{table}`")).fetch_one(&mut conn).await.unwrap_or(0);
+            let rows: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM `{table}`"))
+                .fetch_one(&mut conn)
+                .await
+                .unwrap_or(0);
             if rows as u64 >= n {
                 break;
             }
@@ -377,7 +455,11 @@ async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64) -> Result<()> {
         let rate = n as f64 / start.elapsed().as_secs_f64();
         handle.cancel();
         handle.join().await?;
-        let name = if mode == Mode::Xa { "xa (two-phase)" } else { "upsert (idempotent)" };
+        let name = if mode == Mode::Xa {
+            "xa (two-phase)"
+        } else {
+            "upsert (idempotent)"
+        };
         println!("{name:<22} {rate:>12.0} rows/s   ratio {:.3}", rate / plain);
     }
     Ok(())
@@ -387,8 +469,13 @@ async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64) -> Result<()> {
 async fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let what = args.get(1).cloned().unwrap_or_default();
-    let records: Option<u64> = args.iter().position(|a| a == "--records").and_then(|i| args.get(i + 1)).and_then(|s| s.parse().ok());
-    let bootstrap = std::env::var("EXACTLY_KAFKA_BOOTSTRAP").context("EXACTLY_KAFKA_BOOTSTRAP (eval \"$(scripts/services env)\")")?;
+    let records: Option<u64> = args
+        .iter()
+        .position(|a| a == "--records")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok());
+    let bootstrap = std::env::var("EXACTLY_KAFKA_BOOTSTRAP")
+        .context("EXACTLY_KAFKA_BOOTSTRAP (eval \"$(scripts/services env)\")")?;
     match what.as_str() {
         "source" => bench_source(&bootstrap, records.unwrap_or(1_000_000)).await,
         "k2k" => bench_k2k(&bootstrap, records.unwrap_or(300_000)).await,

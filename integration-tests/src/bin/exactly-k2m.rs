@@ -83,7 +83,7 @@ async fn main() -> Result<()> {
     .map(|r: KafkaRecord| SinkRecord {
         payload: r.value.unwrap_or_default(),
         origin: Some(Origin {
-            topic: r.topic,
+            topic: r.topic.to_string(),
             partition: r.partition,
             offset: r.offset,
         }),
