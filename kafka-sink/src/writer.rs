@@ -156,6 +156,19 @@ impl TransactionalKafkaSink {
         })
     }
 
+    /// A producer for `id` with transactions initialised: fences older producers of the id
+    /// (zombies) and aborts what they left open.
+    fn init_producer(&self, id: &str) -> Result<(Producer_, Arc<Mutex<Deliveries>>)> {
+        let (producer, deliveries) = create_producer(
+            &self.config.bootstrap_servers,
+            &self.config.client,
+            Some((id, self.transaction_timeout)),
+        )?;
+        tokio::task::block_in_place(|| producer.init_transactions(TIMEOUT))
+            .map_err(|e| SinkError::kafka(format!("init_transactions for {id}"), e))?;
+        Ok((producer, deliveries))
+    }
+
     fn free_slots(&self) -> usize {
         self.slots.iter().filter(|s| s.state == SlotState::Free).count()
     }
@@ -166,13 +179,7 @@ impl TransactionalKafkaSink {
         let me = self.info.as_ref().map_or(0, |i| i.index);
         let id = transactional_id(&self.prefix, me, self.slots.len());
         warn!(transactional_id = %id, "All transactional producers wait for checkpoints; adding one to the pool.");
-        let (producer, deliveries) = create_producer(
-            &self.config.bootstrap_servers,
-            &self.config.client,
-            Some((&id, self.transaction_timeout)),
-        )?;
-        tokio::task::block_in_place(|| producer.init_transactions(TIMEOUT))
-            .map_err(|e| SinkError::kafka(format!("init_transactions for {id}"), e))?;
+        let (producer, deliveries) = self.init_producer(&id)?;
         self.slots.push(Slot {
             id,
             producer,
@@ -184,13 +191,7 @@ impl TransactionalKafkaSink {
 
     /// Aborts whatever is open under `id` by initialising a producer with it (fences and aborts).
     fn fence_and_abort(&self, id: &str) -> Result<()> {
-        let (p, _) = create_producer(
-            &self.config.bootstrap_servers,
-            &self.config.client,
-            Some((id, self.transaction_timeout)),
-        )?;
-        tokio::task::block_in_place(|| p.init_transactions(TIMEOUT))
-            .map_err(|e| SinkError::kafka(format!("init_transactions for {id}"), e))
+        self.init_producer(id).map(drop)
     }
 }
 
@@ -404,13 +405,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         let mut slots = Vec::with_capacity(self.pool_size);
         for slot in 0..self.pool_size {
             let id = transactional_id(&self.prefix, me, slot);
-            let (producer, deliveries) = create_producer(
-                &self.config.bootstrap_servers,
-                &self.config.client,
-                Some((&id, self.transaction_timeout)),
-            )?;
-            tokio::task::block_in_place(|| producer.init_transactions(TIMEOUT))
-                .map_err(|e| SinkError::kafka(format!("init_transactions for {id}"), e))?;
+            let (producer, deliveries) = self.init_producer(&id)?;
             slots.push(Slot {
                 id,
                 producer,
