@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use exactly_core::runtime::{InitContext, SnapshotContext, Source, SourceStatus, SubtaskInfo};
 use exactly_core::CheckpointId;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use futures::FutureExt;
+use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
@@ -90,7 +91,7 @@ pub struct KafkaSource<T, D> {
     deserializer: D,
     metrics: Arc<KafkaSourceMetrics>,
     info: Option<SubtaskInfo>,
-    consumer: Option<BaseConsumer<SourceContext>>,
+    consumer: Option<StreamConsumer<SourceContext>>,
     dead_letters: Option<ThreadedProducer<DefaultProducerContext>>,
     pattern: Option<regex::Regex>,
     /// Next offset to read, per partition this subtask owns (a short list: searched per record
@@ -129,17 +130,23 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         self.metrics.clone()
     }
 
-    fn consumer(&self) -> &BaseConsumer<SourceContext> {
+    fn consumer(&self) -> &StreamConsumer<SourceContext> {
         self.consumer.as_ref().expect("initialized")
     }
 
-    fn create_consumer(&self) -> Result<BaseConsumer<SourceContext>> {
+    fn create_consumer(&self) -> Result<StreamConsumer<SourceContext>> {
         let mut c = ClientConfig::new();
         for (k, v) in &self.config.client {
             c.set(k, v);
         }
         if !self.config.client.contains_key("statistics.interval.ms") {
             c.set("statistics.interval.ms", "5000");
+        }
+        if !self.config.client.contains_key("fetch.queue.backoff.ms") {
+            // librdkafka's default (1 s) stalls a partition for a second whenever its prefetch
+            // queue is over the threshold, which a batch-consuming reader hits all the time:
+            // measured, it halved throughput.
+            c.set("fetch.queue.backoff.ms", "10");
         }
         c.set("bootstrap.servers", &self.config.bootstrap_servers)
             .set("group.id", &self.config.group_id)
@@ -443,20 +450,24 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         Ok(())
     }
 
-    /// Appends up to `poll_batch` records. Waits (briefly, off the async worker) only when
-    /// nothing is buffered.
-    fn poll_batch(&mut self, out: &mut Vec<T>) -> Result<()> {
+    /// Appends up to `poll_batch` records: waits (asynchronously, briefly) for the first, then
+    /// takes what the client has already fetched without waiting.
+    async fn poll_batch(&mut self, out: &mut Vec<T>) -> Result<()> {
         let limit = self.config.poll_batch;
         let dead_letters = matches!(self.config.on_deserialization_error, PoisonPolicy::DeadLetter { .. });
-        let mut waited = false;
+        let mut first = true;
         while out.len() < limit {
             let polled = {
                 let consumer = self.consumer.as_ref().expect("initialized");
-                let mut m = consumer.poll(Duration::ZERO);
-                if m.is_none() && out.is_empty() && !waited {
-                    waited = true;
-                    m = tokio::task::block_in_place(|| consumer.poll(IDLE_WAIT));
-                }
+                let m = if first {
+                    first = false;
+                    match tokio::time::timeout(IDLE_WAIT, consumer.recv()).await {
+                        Ok(m) => Some(m),
+                        Err(_) => None,
+                    }
+                } else {
+                    consumer.recv().now_or_never()
+                };
                 match m {
                     None => None,
                     Some(Err(error)) => {
@@ -547,7 +558,7 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
             tokio::time::sleep(IDLE_WAIT).await;
             return Ok(SourceStatus::Idle);
         }
-        self.poll_batch(out)?;
+        self.poll_batch(out).await?;
         Ok(if out.is_empty() {
             SourceStatus::Idle
         } else {
