@@ -461,10 +461,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                 let consumer = self.consumer.as_ref().expect("initialized");
                 let m = if first {
                     first = false;
-                    match tokio::time::timeout(IDLE_WAIT, consumer.recv()).await {
-                        Ok(m) => Some(m),
-                        Err(_) => None,
-                    }
+                    tokio::time::timeout(IDLE_WAIT, consumer.recv()).await.ok()
                 } else {
                     consumer.recv().now_or_never()
                 };
