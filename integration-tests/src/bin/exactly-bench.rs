@@ -163,16 +163,19 @@ fn k2k_job(
     let source = KafkaSourceConfig::new(bootstrap, vec![input.to_owned()], unique("g"));
     let sink = KafkaSinkConfig::new(bootstrap, output, delivery);
     let mut job = JobBuilder::new(job_config(dir));
-    job.source("in", PARTITIONS as u32, move |_| {
-        KafkaSource::new(source.clone(), RawBytes)
-    })
-    .map(|r: KafkaRecord| ProducerRecord {
-        key: r.key,
-        value: r.value,
-        timestamp: r.timestamp,
-        headers: r.headers,
-    })
-    .sink("out", move |_| KafkaSink::new(sink.clone()).expect("valid"));
+    // One subtask by default: on 2 cores, more consumers and producers mostly add threads.
+    let parallelism: u32 = std::env::var("BENCH_PARALLELISM")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(1);
+    job.source("in", parallelism, move |_| KafkaSource::new(source.clone(), RawBytes))
+        .map(|r: KafkaRecord| ProducerRecord {
+            key: r.key,
+            value: r.value,
+            timestamp: r.timestamp,
+            headers: r.headers,
+        })
+        .sink("out", move |_| KafkaSink::new(sink.clone()).expect("valid"));
     job.build().expect("valid job").start()
 }
 
@@ -283,7 +286,7 @@ async fn k2k_run(bootstrap: &str, mode: K2k, n: u64, size: usize, rate: u64, sec
 }
 
 async fn bench_k2k(bootstrap: &str, n: u64, sizes: &[usize]) -> Result<()> {
-    println!("Kafka-to-Kafka pass-through, {PARTITIONS} partitions, checkpoints every 1 s, {n} records backlog, then 5 s at 2000 records/s");
+    println!("Kafka-to-Kafka pass-through, {PARTITIONS} partitions, one subtask (BENCH_PARALLELISM), checkpoints every 1 s, {n} records backlog, then 5 s at 2000 records/s");
     println!(
         "{:<8} {:<14} {:>14} {:>8} {:>10} {:>10}",
         "record", "mode", "records/s", "ratio", "p50 ms", "p99 ms"
