@@ -9,8 +9,8 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use super::api::{
-    CheckpointListener, Collector, InitContext, KeyedProcessFunction, ProcessFunction, Sink, SnapshotContext,
-    SubtaskInfo,
+    CheckpointListener, CheckpointedFunction, Collector, InitContext, KeyedProcessFunction, ProcessFunction, Sink,
+    SnapshotContext, SubtaskInfo,
 };
 use super::graph::Partitioner;
 use crate::coordinator::{OperatorSubtaskState, TaskSnapshot};
@@ -132,6 +132,25 @@ fn push_state(info: &SubtaskInfo, snapshot: &mut TaskSnapshot, ctx: SnapshotCont
     snapshot.operators.len() - 1
 }
 
+/// Runs `initialize_state` of a chained function with its restored state.
+fn init_function(info: &SubtaskInfo, restored: Option<&RestoredState>, f: &mut dyn CheckpointedFunction) -> Result<()> {
+    f.initialize_state(&InitContext { info, restored })
+        .map_err(|e| user_error(&info.uid, e))
+}
+
+/// Runs `snapshot_state` of a chained function and adds its state to the task's snapshot;
+/// returns the entry's index.
+fn snapshot_function(
+    info: &SubtaskInfo,
+    b: CheckpointBarrier,
+    f: &mut dyn CheckpointedFunction,
+    snapshot: &mut TaskSnapshot,
+) -> Result<usize> {
+    let mut sctx = SnapshotContext::new(b.id, b.kind, b.timestamp_ms);
+    f.snapshot_state(&mut sctx).map_err(|e| user_error(&info.uid, e))?;
+    Ok(push_state(info, snapshot, sctx))
+}
+
 fn notify_listener(uid: &str, l: &mut dyn CheckpointListener, n: Notification) -> Result<()> {
     match n {
         Notification::Complete(id) => l.notify_checkpoint_complete(id),
@@ -155,13 +174,7 @@ impl<I: Send, O: Send, P: ProcessFunction<I, O>> Output<I> for ProcessNode<I, O,
     }
     fn open(&mut self) -> BoxFut<'_, Result<()>> {
         Box::pin(async move {
-            let ctx = InitContext {
-                info: &self.info,
-                restored: self.restored.as_ref(),
-            };
-            self.f
-                .initialize_state(&ctx)
-                .map_err(|e| user_error(&self.info.uid, e))?;
+            init_function(&self.info, self.restored.as_ref(), &mut self.f)?;
             self.restored = None;
             self.next.open().await
         })
@@ -197,11 +210,7 @@ impl<I: Send, O: Send, P: ProcessFunction<I, O>> Output<I> for ProcessNode<I, O,
                     },
                 )?;
             }
-            let mut sctx = SnapshotContext::new(b.id, b.kind, b.timestamp_ms);
-            self.f
-                .snapshot_state(&mut sctx)
-                .map_err(|e| user_error(&self.info.uid, e))?;
-            push_state(&self.info, ctx.snapshot, sctx);
+            snapshot_function(&self.info, b, &mut self.f, ctx.snapshot)?;
             self.next.barrier(ctx).await
         })
     }
@@ -245,13 +254,7 @@ impl<I: Send, O: Send, P: KeyedProcessFunction<I, O>> Output<I> for KeyedNode<I,
     }
     fn open(&mut self) -> BoxFut<'_, Result<()>> {
         Box::pin(async move {
-            let ctx = InitContext {
-                info: &self.info,
-                restored: self.restored.as_ref(),
-            };
-            self.f
-                .initialize_state(&ctx)
-                .map_err(|e| user_error(&self.info.uid, e))?;
+            init_function(&self.info, self.restored.as_ref(), &mut self.f)?;
             let backend = (self.make_backend)(&self.info, self.restored.as_ref())?;
             self.backend = Some(backend);
             self.restored = None;
@@ -283,11 +286,7 @@ impl<I: Send, O: Send, P: KeyedProcessFunction<I, O>> Output<I> for KeyedNode<I,
     fn barrier<'a>(&'a mut self, ctx: BarrierCtx<'a>) -> BoxFut<'a, Result<()>> {
         Box::pin(async move {
             let b = ctx.barrier;
-            let mut sctx = SnapshotContext::new(b.id, b.kind, b.timestamp_ms);
-            self.f
-                .snapshot_state(&mut sctx)
-                .map_err(|e| user_error(&self.info.uid, e))?;
-            let at = push_state(&self.info, ctx.snapshot, sctx);
+            let at = snapshot_function(&self.info, b, &mut self.f, ctx.snapshot)?;
             if let Some(storage) = ctx.storage {
                 let writer = storage.writer(b.id)?;
                 let name = format!("{}-{}", self.info.uid, self.info.index);
