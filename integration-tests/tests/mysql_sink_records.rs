@@ -12,14 +12,13 @@ use exactly_mysql_sink::{
 };
 
 fn config(env: &TestEnv, mode: Mode, on_error: OnError) -> MysqlSinkConfig {
-    let col = |name: &str, ty, key| Column {
-        name: name.into(),
-        ty,
-        field: None,
-        position: None,
-        key,
-        nullable: false,
-        length: Some(32),
+    let col = |name: &str, ty, key: bool| {
+        let c = Column::new(name, ty).length(32);
+        if key {
+            c.key()
+        } else {
+            c
+        }
     };
     MysqlSinkConfig {
         url: env.mysql_url.clone(),

@@ -69,6 +69,34 @@ pub struct Column {
     pub length: Option<u16>,
 }
 
+impl Column {
+    /// A non-null column named `name` of type `ty`, read from the field of the same name (JSON)
+    /// or the column's position (delimited).
+    pub fn new(name: impl Into<String>, ty: ColumnType) -> Self {
+        Column {
+            name: name.into(),
+            ty,
+            field: None,
+            position: None,
+            key: false,
+            nullable: false,
+            length: None,
+        }
+    }
+
+    /// Makes it part of the primary key.
+    pub fn key(mut self) -> Self {
+        self.key = true;
+        self
+    }
+
+    /// Sets the VARCHAR length.
+    pub fn length(mut self, length: u16) -> Self {
+        self.length = Some(length);
+        self
+    }
+}
+
 /// Records to rows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -277,14 +305,13 @@ mod tests {
     use super::*;
 
     fn user(format: Format) -> Mapping {
-        let col = |name: &str, ty, key| Column {
-            name: name.into(),
-            ty,
-            field: None,
-            position: None,
-            key,
-            nullable: false,
-            length: Some(16),
+        let col = |name: &str, ty, key: bool| {
+            let c = Column::new(name, ty).length(16);
+            if key {
+                c.key()
+            } else {
+                c
+            }
         };
         Mapping {
             format,

@@ -397,14 +397,13 @@ async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64) -> Result<()> {
     topic(bootstrap, &input).await?;
     backlog(bootstrap, &input, n, 0, true)?;
     println!("Kafka-to-MySQL: {n} rows (id, k, seq), batches of 500, checkpoints every 1 s");
-    let col = |name: &str, ty, key| Column {
-        name: name.into(),
-        ty,
-        field: None,
-        position: None,
-        key,
-        nullable: false,
-        length: Some(32),
+    let col = |name: &str, ty, key: bool| {
+        let c = Column::new(name, ty).length(32);
+        if key {
+            c.key()
+        } else {
+            c
+        }
     };
     let mapping = Mapping {
         format: Format::Delimited { delimiter: ',' },

@@ -23,14 +23,11 @@ fn arg(name: &str) -> Result<String> {
 }
 
 fn column(name: &str, ty: ColumnType, key: bool) -> Column {
-    Column {
-        name: name.into(),
-        ty,
-        field: None,
-        position: None,
-        key,
-        nullable: false,
-        length: Some(64),
+    let c = Column::new(name, ty).length(64);
+    if key {
+        c.key()
+    } else {
+        c
     }
 }
 
