@@ -145,7 +145,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         if !self.config.client.contains_key("fetch.queue.backoff.ms") {
             // librdkafka's default (1 s) stalls a partition for a second whenever its prefetch
             // queue is over the threshold, which a batch-consuming reader hits all the time:
-            // measured, it halved throughput.
+            // measured: 185 k instead of 1.3 M records/s.
             c.set("fetch.queue.backoff.ms", "10");
         }
         c.set("bootstrap.servers", &self.config.bootstrap_servers)
