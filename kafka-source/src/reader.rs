@@ -473,10 +473,10 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                     }
                     Some(Ok(m)) => {
                         // Owned partitions are few: a scan without allocating beats a map lookup.
-                        let Some(pos) = self
+                        let Some(at) = self
                             .positions
-                            .iter_mut()
-                            .find(|p| p.tp.partition == m.partition() && &*p.topic == m.topic())
+                            .iter()
+                            .position(|p| p.tp.partition == m.partition() && &*p.topic == m.topic())
                         else {
                             debug!(
                                 topic = m.topic(),
@@ -485,35 +485,39 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                             );
                             continue;
                         };
+                        let pos = &mut self.positions[at];
                         pos.next = m.offset() + 1;
-                        Some(KafkaRecord {
-                            topic: pos.topic.clone(),
-                            partition: m.partition(),
-                            offset: m.offset(),
-                            timestamp: m.timestamp().to_millis(),
-                            key: m.key().map(<[u8]>::to_vec),
-                            value: m.payload().map(<[u8]>::to_vec),
-                            headers: m
-                                .headers()
-                                .map(|h| {
-                                    h.iter()
-                                        .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
-                                        .collect()
-                                })
-                                .unwrap_or_default(),
-                        })
+                        Some((
+                            at,
+                            KafkaRecord {
+                                topic: pos.topic.clone(),
+                                partition: m.partition(),
+                                offset: m.offset(),
+                                timestamp: m.timestamp().to_millis(),
+                                key: m.key().map(<[u8]>::to_vec),
+                                value: m.payload().map(<[u8]>::to_vec),
+                                headers: m
+                                    .headers()
+                                    .map(|h| {
+                                        h.iter()
+                                            .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                                            .collect()
+                                    })
+                                    .unwrap_or_default(),
+                            },
+                        ))
                     }
                 }
             };
-            let Some(record) = polled else { break };
+            let Some((at, record)) = polled else { break };
             // Only the dead-letter policy needs the raw record after a failure: copy it only then.
             let keep = dead_letters.then(|| record.clone());
-            let (topic, partition, offset) = (record.topic.clone(), record.partition, record.offset);
+            let (partition, offset) = (record.partition, record.offset);
             match self.deserializer.deserialize(record) {
                 Ok(t) => out.push(t),
                 Err(e) => {
-                    let raw = keep.unwrap_or(KafkaRecord {
-                        topic,
+                    let raw = keep.unwrap_or_else(|| KafkaRecord {
+                        topic: self.positions[at].topic.clone(),
                         partition,
                         offset,
                         timestamp: None,
