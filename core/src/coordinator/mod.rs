@@ -70,13 +70,18 @@ impl PendingCheckpoint {
                 max_parallelism: s.max_parallelism,
                 subtasks: Vec::new(),
             });
-            if op.subtasks.len() as u32 != s.subtask || op.parallelism != s.parallelism {
+            if op.subtasks.len() as u32 > s.subtask || op.parallelism != s.parallelism {
                 return Err(CoreError::InvalidJob(format!(
                     "operator uid {:?} is used by more than one operator, or a subtask acknowledged twice",
                     s.uid
                 )));
             }
+            // A process running a range of subtasks (scale-out) stores empty state for the others.
+            op.subtasks.resize_with(s.subtask as usize, SubtaskSnapshot::default);
             op.subtasks.push(s.state);
+        }
+        for op in operators.values_mut() {
+            op.subtasks.resize_with(op.parallelism as usize, SubtaskSnapshot::default);
         }
         Ok(CheckpointMetadata {
             version: METADATA_VERSION,

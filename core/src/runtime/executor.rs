@@ -320,6 +320,9 @@ impl Job {
         let mut set = JoinSet::new();
         for v in &self.vertices {
             for index in 0..v.parallelism {
+                if self.config.subtasks.is_some_and(|r| !r.contains(index)) {
+                    continue;
+                }
                 let (ctl_tx, ctl_rx) = mpsc::unbounded_channel();
                 let mut ctx = TaskContext {
                     task_id: controls.len(),

@@ -94,6 +94,8 @@ struct Graph {
     /// Every stage's input channels, created anew for each run.
     inputs: Vec<Arc<dyn PrepareInputs>>,
     uids: BTreeSet<String>,
+    /// Whether some edge is not forward (key_by, rebalance, union of unequal parallelism).
+    shuffles: bool,
     error: Option<CoreError>,
 }
 
@@ -126,6 +128,7 @@ impl JobBuilder {
                 vertices: Vec::new(),
                 inputs: Vec::new(),
                 uids: BTreeSet::new(),
+                shuffles: false,
                 error: None,
             })),
         }
@@ -167,6 +170,24 @@ impl JobBuilder {
         }
         if graph.vertices.is_empty() {
             return Err(CoreError::InvalidJob("the job has no sink".into()));
+        }
+        if let Some(range) = graph.config.subtasks {
+            if graph.shuffles {
+                return Err(CoreError::InvalidJob(format!(
+                    "subtasks {range}: a job split over processes must have forward edges only (no key_by, rebalance or union of different parallelism)"
+                )));
+            }
+            let p = graph.vertices[0].parallelism;
+            if graph.vertices.iter().any(|v| v.parallelism != p) {
+                return Err(CoreError::InvalidJob(format!(
+                    "subtasks {range}: a job split over processes must have one parallelism for every stage"
+                )));
+            }
+            if range.last >= p {
+                return Err(CoreError::InvalidJob(format!(
+                    "subtasks {range}: the last index must be below the parallelism ({p})"
+                )));
+            }
         }
         Job::new(graph.config, graph.vertices, graph.inputs, graph.uids)
     }
@@ -384,6 +405,9 @@ fn connect<T: Send + 'static>(
             Partitioner::Forward if up.parallelism != parallelism => Partitioner::Rebalance,
             p => p,
         };
+        if !matches!(part, Partitioner::Forward) {
+            graph.borrow_mut().shuffles = true;
+        }
         let base = next_input;
         next_input += if matches!(part, Partitioner::Forward) {
             1

@@ -80,6 +80,34 @@ pub struct JobConfig {
     /// How long a graceful stop waits for tasks.
     #[serde(default = "default_shutdown_timeout", with = "humantime_serde")]
     pub shutdown_timeout: Duration,
+    /// Run only these subtasks (scale-out over processes: each process runs a range of the same
+    /// job and keeps its own checkpoints). Every stage must have the same parallelism and only
+    /// forward edges, so no record crosses to a subtask of another process.
+    #[serde(default)]
+    pub subtasks: Option<SubtaskRange>,
+}
+
+/// Subtasks `first..=last` of every stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubtaskRange {
+    /// First subtask index.
+    pub first: u32,
+    /// Last subtask index (inclusive).
+    pub last: u32,
+}
+
+impl SubtaskRange {
+    /// Whether subtask `index` runs here.
+    pub fn contains(&self, index: u32) -> bool {
+        (self.first..=self.last).contains(&index)
+    }
+}
+
+impl std::fmt::Display for SubtaskRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}..{}", self.first, self.last)
+    }
 }
 
 fn default_max_parallelism() -> u32 {
@@ -103,6 +131,7 @@ impl JobConfig {
             restore_from: None,
             allow_non_restored_state: false,
             shutdown_timeout: default_shutdown_timeout(),
+            subtasks: None,
         }
     }
 
@@ -117,6 +146,13 @@ impl JobConfig {
                 "max_parallelism ({}) must be between 1 and 65535",
                 self.max_parallelism
             )));
+        }
+        if let Some(r) = self.subtasks {
+            if r.first > r.last {
+                return Err(CoreError::Config(format!(
+                    "subtasks {r}: the first index must not exceed the last"
+                )));
+            }
         }
         if self.channel_capacity == 0 {
             return Err(CoreError::Config("channel_capacity must be at least 1".into()));
