@@ -1,5 +1,420 @@
-//! The `exactly` command.
+//! `exactly`: run exactly-once Kafka jobs from TOML files, take savepoints, inspect checkpoints,
+//! clean up hanging transactions, benchmark.
 
-fn main() {
-    println!("exactly {}", env!("CARGO_PKG_VERSION"));
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use exactly_cli::bench::{self, BenchOptions, Which};
+use exactly_cli::jobfile::Job;
+use exactly_cli::logging::{self, LogFormat};
+use exactly_cli::run::{self, RunOptions};
+use exactly_cli::{admin, checkpoints, txn};
+use exactly_core::runtime::SubtaskRange;
+
+#[derive(Parser)]
+#[command(
+    name = "exactly",
+    version,
+    about = "Exactly-once Kafka-to-Kafka and Kafka-to-MySQL jobs"
+)]
+struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the job a TOML file describes (SIGTERM/Ctrl-C: final checkpoint and commits; twice: abort).
+    Run {
+        /// The job file.
+        job: PathBuf,
+        /// Start from this savepoint or checkpoint directory.
+        #[arg(long)]
+        from: Option<PathBuf>,
+        /// Run only subtasks FIRST..LAST (inclusive) of the job, e.g. 0..1 (scale-out over processes).
+        #[arg(long, value_parser = run::parse_subtasks)]
+        subtasks: Option<SubtaskRange>,
+        /// Parallelism (overrides job.parallelism; with --subtasks, the whole job's).
+        #[arg(long)]
+        parallelism: Option<u32>,
+        /// Admin endpoint address (overrides job.admin), e.g. 127.0.0.1:9249.
+        #[arg(long)]
+        admin: Option<String>,
+        /// No live progress line, even on a terminal.
+        #[arg(long)]
+        no_progress: bool,
+    },
+    /// Check a job file without running it.
+    Check {
+        /// The job file.
+        job: PathBuf,
+    },
+    /// Take a savepoint of a running job (through its admin endpoint); prints its directory.
+    Savepoint {
+        /// The job's admin address.
+        #[arg(long)]
+        admin: String,
+        /// Where to write it (default: <checkpoints.dir>/savepoints).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Stop a running job gracefully: final checkpoint (or savepoint) and commits.
+    Stop {
+        /// The job's admin address.
+        #[arg(long)]
+        admin: String,
+        /// Stop with a savepoint written here.
+        #[arg(long)]
+        savepoint: Option<PathBuf>,
+    },
+    /// Print the JSON status of a running job.
+    Status {
+        /// The job's admin address.
+        #[arg(long)]
+        admin: String,
+    },
+    /// Stored checkpoints and savepoints.
+    Checkpoints {
+        #[command(subcommand)]
+        command: CheckpointsCommand,
+    },
+    /// Open Kafka transactions of a transactional-id prefix.
+    Txn {
+        #[command(subcommand)]
+        command: TxnCommand,
+    },
+    /// Write sample orders (JSON, keyed by id) to a topic, for trying jobs out.
+    Datagen {
+        /// Topic (created if missing).
+        #[arg(long, default_value = "orders")]
+        topic: String,
+        /// Partitions of a created topic.
+        #[arg(long, default_value_t = 3)]
+        partitions: i32,
+        /// Number of orders.
+        #[arg(long, default_value_t = 10_000)]
+        count: u64,
+        /// First order id.
+        #[arg(long, default_value_t = 0)]
+        first: u64,
+        /// Orders per second at most (default: as fast as possible).
+        #[arg(long)]
+        rate: Option<u64>,
+        /// Also create these topics (e.g. the job's output and dead-letter topics), comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        create: Vec<String>,
+        /// Kafka bootstrap servers.
+        #[arg(long, env = "EXACTLY_KAFKA_BOOTSTRAP")]
+        bootstrap: String,
+    },
+    /// Benchmarks, each against its baseline in the same run.
+    Bench {
+        /// Which benchmark.
+        #[arg(value_enum)]
+        which: Which,
+        /// Records per run (default depends on the benchmark).
+        #[arg(long)]
+        records: Option<u64>,
+        /// Record sizes in bytes (k2k).
+        #[arg(long, value_delimiter = ',', default_value = "100,1024")]
+        sizes: Vec<usize>,
+        /// Rounds (core).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Kafka bootstrap servers.
+        #[arg(long, env = "EXACTLY_KAFKA_BOOTSTRAP")]
+        bootstrap: Option<String>,
+        /// MySQL URL.
+        #[arg(long, env = "EXACTLY_MYSQL_URL")]
+        mysql: Option<String>,
+        /// Also write the figures as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum CheckpointsCommand {
+    /// List checkpoints and savepoints under DIR: ids, times, sizes.
+    List {
+        /// A checkpoint directory (or any directory above snapshots).
+        dir: PathBuf,
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one snapshot (or the latest checkpoint under a directory): operators, source offsets,
+    /// transactions it still has to commit.
+    Inspect {
+        /// A chk-N or savepoint directory, or a checkpoint directory.
+        path: PathBuf,
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum TxnCommand {
+    /// List transactions of the prefix with state, age and partitions.
+    List {
+        /// Transactional-id prefix (the sink's transactional_id_prefix).
+        #[arg(long)]
+        prefix: String,
+        /// Kafka bootstrap servers.
+        #[arg(long, env = "EXACTLY_KAFKA_BOOTSTRAP")]
+        bootstrap: String,
+        /// Mark the transactions checkpoints under DIR still have to commit.
+        #[arg(long)]
+        checkpoints: Option<PathBuf>,
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Abort open transactions of the prefix (fencing their producers), sparing those a stored
+    /// checkpoint or savepoint still has to commit.
+    Abort {
+        /// Transactional-id prefix.
+        #[arg(long)]
+        prefix: String,
+        /// Kafka bootstrap servers.
+        #[arg(long, env = "EXACTLY_KAFKA_BOOTSTRAP")]
+        bootstrap: String,
+        /// The job's checkpoint directory (savepoints under it count too).
+        #[arg(long)]
+        checkpoints: Option<PathBuf>,
+        /// Abort even transactions a checkpoint needs (their records are lost), or abort without
+        /// --checkpoints.
+        #[arg(long)]
+        force: bool,
+        /// Only say what would be aborted.
+        #[arg(long)]
+        dry_run: bool,
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Run {
+            job,
+            from,
+            subtasks,
+            parallelism,
+            admin,
+            no_progress,
+        } => {
+            let job = match Job::load(&job) {
+                Ok(j) => j,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return Ok(ExitCode::from(2));
+                }
+            };
+            let opts = RunOptions {
+                from,
+                subtasks,
+                parallelism,
+                admin,
+                progress: !no_progress && logging::stderr_is_terminal() && cli.log_format == LogFormat::Text,
+            };
+            let outcome = run::run(job, opts).await?;
+            println!(
+                "job ended: {} checkpoints, latest {}, {} restarts{}",
+                outcome.checkpoints,
+                outcome.latest_checkpoint.map_or("none".into(), |c| c.to_string()),
+                outcome.restarts,
+                if outcome.cancelled { ", cancelled" } else { "" }
+            );
+        }
+        Command::Check { job } => match Job::load(&job) {
+            Ok(j) => println!(
+                "{}: ok ({} -> {}, parallelism {})",
+                job.display(),
+                j.file.source.topics.join(",") + j.file.source.topic_pattern.as_deref().unwrap_or(""),
+                match &j.sink {
+                    exactly_cli::jobfile::SinkKind::Kafka(k) => format!("kafka topic {}", k.topic),
+                    exactly_cli::jobfile::SinkKind::Mysql(m) => format!("mysql table {}", m.table),
+                },
+                j.file.job.parallelism
+            ),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return Ok(ExitCode::from(2));
+            }
+        },
+        Command::Savepoint { admin: a, dir } => {
+            let path = match dir {
+                Some(d) => format!("/savepoint?dir={}", encode(&d.to_string_lossy())),
+                None => "/savepoint".into(),
+            };
+            let v = tokio::task::spawn_blocking(move || admin::call(&a, &path)).await??;
+            println!("{}", v["path"].as_str().unwrap_or_default());
+        }
+        Command::Stop { admin: a, savepoint } => {
+            let path = match savepoint {
+                Some(d) => format!("/stop?savepoint={}", encode(&d.to_string_lossy())),
+                None => "/stop".into(),
+            };
+            let v = tokio::task::spawn_blocking(move || admin::call(&a, &path)).await??;
+            println!("{}", v["path"].as_str().unwrap_or_default());
+        }
+        Command::Status { admin: a } => {
+            let v = tokio::task::spawn_blocking(move || admin::get(&a, "/status")).await??;
+            print_json(&v)?;
+        }
+        Command::Checkpoints { command } => match command {
+            CheckpointsCommand::List { dir, json } => {
+                let (all, bad) = checkpoints::list(&dir)?;
+                if json {
+                    print_json(&all)?;
+                } else {
+                    checkpoints::print_list(&all, &bad);
+                }
+                if all.is_empty() && bad.is_empty() {
+                    eprintln!("no checkpoint or savepoint under {}", dir.display());
+                }
+            }
+            CheckpointsCommand::Inspect { path, json } => {
+                let i = checkpoints::inspect(&path)?;
+                if json {
+                    print_json(&i)?;
+                } else {
+                    checkpoints::print_inspected(&i);
+                }
+            }
+        },
+        Command::Txn { command } => match command {
+            TxnCommand::List {
+                prefix,
+                bootstrap,
+                checkpoints,
+                json,
+            } => {
+                let l = txn::list(&bootstrap, &prefix, checkpoints.as_deref()).await?;
+                if json {
+                    print_json(&l)?;
+                } else {
+                    txn::print(&l);
+                }
+            }
+            TxnCommand::Abort {
+                prefix,
+                bootstrap,
+                checkpoints,
+                force,
+                dry_run,
+                json,
+            } => {
+                let results = txn::abort(&bootstrap, &prefix, checkpoints.as_deref(), force, dry_run).await?;
+                if json {
+                    print_json(&results)?;
+                } else if results.is_empty() {
+                    println!("no open transaction with prefix {prefix:?}");
+                } else {
+                    for r in &results {
+                        println!("{:<40} {}", r.transactional_id, r.outcome);
+                    }
+                }
+                if results.iter().any(|r| r.outcome.starts_with("failed")) {
+                    return Ok(ExitCode::FAILURE);
+                }
+            }
+        },
+        Command::Datagen {
+            topic,
+            partitions,
+            count,
+            first,
+            rate,
+            create,
+            bootstrap,
+        } => {
+            for t in &create {
+                exactly_cli::datagen::ensure_topic(&bootstrap, t, partitions).await?;
+            }
+            exactly_cli::datagen::orders(&bootstrap, &topic, partitions, first, count, rate).await?;
+            println!("{count} orders ({first}..{}) written to {topic}", first + count);
+        }
+        Command::Bench {
+            which,
+            records,
+            sizes,
+            rounds,
+            bootstrap,
+            mysql,
+            json,
+        } => {
+            let report = bench::run(
+                which,
+                &BenchOptions {
+                    records,
+                    sizes,
+                    rounds,
+                    bootstrap,
+                    mysql,
+                },
+            )
+            .await?;
+            if let Some(p) = json {
+                report.write_json(&p)?;
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The error and its causes, leaving out causes whose text the message already contains.
+fn chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+    }
+    out
+}
+
+/// Percent-encodes a query value.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    logging::init(cli.log_format);
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(main_inner(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {}", chain(&e));
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use rdkafka::consumer::DefaultConsumerContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::ClientConfig;
 
 use crate::error::{Result, SinkError};
@@ -26,6 +27,8 @@ pub struct TransactionInfo {
     pub timeout_ms: i32,
     /// Partitions the current transaction touches.
     pub partitions: usize,
+    /// The partitions the current transaction touches, as "topic-partition".
+    pub topic_partitions: Vec<String>,
 }
 
 /// Describes one transactional id.
@@ -41,7 +44,22 @@ pub async fn describe_transaction(bootstrap: &str, transactional_id: &str) -> Re
         start_time_ms: d.start_time_ms,
         timeout_ms: d.timeout_ms,
         partitions: d.partitions,
+        topic_partitions: d.topic_partitions,
     })
+}
+
+/// Aborts whatever transaction `transactional_id` has open, and fences its current producer: a
+/// producer initialised with the id bumps the epoch, which makes the coordinator abort the open
+/// transaction. The caller decides whether the transaction may be aborted (a checkpoint may still
+/// have to commit it).
+pub async fn abort_transaction(bootstrap: &str, transactional_id: &str, timeout: Duration) -> Result<()> {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("transactional.id", transactional_id)
+        .create()
+        .map_err(|e| SinkError::kafka("creating a producer", e))?;
+    tokio::task::block_in_place(|| producer.init_transactions(timeout))
+        .map_err(|e| SinkError::kafka(format!("init_transactions for {transactional_id}"), e))
 }
 
 /// Every transactional id starting with `prefix` that the brokers know, described.

@@ -57,6 +57,8 @@ pub(crate) struct TxnDescription {
     pub(crate) timeout_ms: i32,
     pub(crate) start_time_ms: i64,
     pub(crate) partitions: usize,
+    /// "topic-partition" of every partition the transaction touches.
+    pub(crate) topic_partitions: Vec<String>,
 }
 
 /// A transaction listed by a broker.
@@ -175,6 +177,11 @@ impl Wire {
             timeout_ms: s.transaction_timeout_ms,
             start_time_ms: s.transaction_start_time_ms,
             partitions: s.topics.iter().map(|t| t.partitions.len()).sum(),
+            topic_partitions: s
+                .topics
+                .iter()
+                .flat_map(|t| t.partitions.iter().map(move |p| format!("{}-{p}", t.topic.as_str())))
+                .collect(),
         })
     }
 

@@ -520,6 +520,14 @@ impl KafkaSink {
             _ => KafkaSink::Plain(Box::new(KafkaWriter::new(config, partitioner)?)),
         })
     }
+
+    /// Transaction counters (exactly-once only).
+    pub fn two_phase_metrics(&self) -> Option<std::sync::Arc<exactly_twophase::TwoPhaseMetrics>> {
+        match self {
+            KafkaSink::Plain(_) => None,
+            KafkaSink::Transactional(s) => Some(s.metrics()),
+        }
+    }
 }
 
 impl Sink<ProducerRecord> for KafkaSink {

@@ -10,7 +10,6 @@ use exactly_core::runtime::{InitContext, SnapshotContext, Source, SourceStatus, 
 use exactly_core::CheckpointId;
 use futures::FutureExt;
 use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext, StreamConsumer};
-use rdkafka::error::KafkaResult;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::statistics::Statistics;
@@ -59,28 +58,8 @@ impl ClientContext for SourceContext {
 }
 
 impl ConsumerContext for SourceContext {
-    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
-        match result {
-            Ok(()) => {
-                self.metrics.commits_succeeded.fetch_add(1, Ordering::Relaxed);
-                self.metrics.with_partitions(|parts| {
-                    for e in offsets.elements() {
-                        let tp = TopicPartition {
-                            topic: e.topic().to_owned(),
-                            partition: e.partition(),
-                        };
-                        if let (Some(m), Offset::Offset(o)) = (parts.get_mut(&tp), e.offset()) {
-                            m.committed = Some(o);
-                        }
-                    }
-                });
-            }
-            Err(error) => {
-                self.metrics.commits_failed.fetch_add(1, Ordering::Relaxed);
-                warn!(%error, "Committing offsets to the consumer group failed (monitoring only; the checkpoint holds the offsets).");
-            }
-        }
-    }
+    // Commits are synchronous (`commit_to_group`), which counts them and records the committed
+    // offsets; nothing to do here.
 }
 
 /// A Kafka source subtask: reads the partitions the assignment rule gives it, from the offsets
@@ -330,9 +309,24 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                 return;
             }
         }
-        if let Err(error) = self.consumer().commit(&tpl, CommitMode::Async) {
-            self.metrics.commits_failed.fetch_add(1, Ordering::Relaxed);
-            warn!(%error, "Committing offsets to the consumer group failed (monitoring only).");
+        // Synchronous: one round trip per completed checkpoint, and an answer that says whether
+        // the group holds the offsets (the source's metrics report it). The asynchronous
+        // commit's callback is not served by the stream consumer's record polling.
+        match tokio::task::block_in_place(|| self.consumer().commit(&tpl, CommitMode::Sync)) {
+            Ok(()) => {
+                self.metrics.commits_succeeded.fetch_add(1, Ordering::Relaxed);
+                self.metrics.with_partitions(|parts| {
+                    for (tp, o) in offsets {
+                        if let Some(m) = parts.get_mut(tp) {
+                            m.committed = Some(*o);
+                        }
+                    }
+                });
+            }
+            Err(error) => {
+                self.metrics.commits_failed.fetch_add(1, Ordering::Relaxed);
+                warn!(%error, "Committing offsets to the consumer group failed (monitoring only; the checkpoint holds the offsets).");
+            }
         }
     }
 

@@ -70,6 +70,14 @@ impl MysqlSink {
             Mode::Upsert => MysqlSink::Upsert(Box::new(UpsertMysqlSink::new(config)?)),
         })
     }
+
+    /// Transaction counters (mode `xa` only).
+    pub fn two_phase_metrics(&self) -> Option<std::sync::Arc<exactly_twophase::TwoPhaseMetrics>> {
+        match self {
+            MysqlSink::Xa(s) => Some(s.metrics()),
+            MysqlSink::Upsert(_) => None,
+        }
+    }
 }
 
 impl Sink<SinkRecord> for MysqlSink {

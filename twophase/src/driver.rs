@@ -1,6 +1,8 @@
 //! The one generic driver: binds any [`TwoPhaseCommitSink`] to checkpoints as a core `Sink`.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use exactly_core::runtime::{InitContext, Sink, SnapshotContext, SubtaskInfo};
@@ -33,6 +35,39 @@ impl Default for CommitRetry {
     }
 }
 
+/// What a two-phase sink subtask counts, readable while it runs.
+#[derive(Debug, Default)]
+pub struct TwoPhaseMetrics {
+    pending: AtomicU64,
+    committed: AtomicU64,
+    commit_retries: AtomicU64,
+    commit_failures: AtomicU64,
+    oldest_pending_ms: AtomicU64,
+}
+
+impl TwoPhaseMetrics {
+    /// Pre-committed transactions waiting for their checkpoint to complete.
+    pub fn pending(&self) -> u64 {
+        self.pending.load(Ordering::Relaxed)
+    }
+    /// Transactions committed.
+    pub fn committed(&self) -> u64 {
+        self.committed.load(Ordering::Relaxed)
+    }
+    /// Commit attempts retried after a retriable error.
+    pub fn commit_retries(&self) -> u64 {
+        self.commit_retries.load(Ordering::Relaxed)
+    }
+    /// Commits that failed for good (the job restarts and recovers them, or they were lost).
+    pub fn commit_failures(&self) -> u64 {
+        self.commit_failures.load(Ordering::Relaxed)
+    }
+    /// Age of the oldest pending transaction (ms) when last looked at.
+    pub fn oldest_pending_ms(&self) -> u64 {
+        self.oldest_pending_ms.load(Ordering::Relaxed)
+    }
+}
+
 struct Pending<C> {
     committable: C,
     prepared_at: Instant,
@@ -53,6 +88,7 @@ pub struct TwoPhaseSink<T, S: TwoPhaseCommitSink<T>> {
     current_id: CheckpointId,
     pending: BTreeMap<CheckpointId, Vec<Pending<S::Committable>>>,
     retry: CommitRetry,
+    metrics: Arc<TwoPhaseMetrics>,
 }
 
 impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
@@ -70,7 +106,26 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
             current_id: 1,
             pending: BTreeMap::new(),
             retry,
+            metrics: Arc::default(),
         }
+    }
+
+    /// Live counters of this subtask.
+    pub fn metrics(&self) -> Arc<TwoPhaseMetrics> {
+        self.metrics.clone()
+    }
+
+    fn update_pending_metrics(&self) {
+        let n: usize = self.pending.values().map(Vec::len).sum();
+        self.metrics.pending.store(n as u64, Ordering::Relaxed);
+        let oldest = self
+            .pending
+            .values()
+            .flatten()
+            .map(|p| p.prepared_at.elapsed().as_millis() as u64)
+            .max()
+            .unwrap_or(0);
+        self.metrics.oldest_pending_ms.store(oldest, Ordering::Relaxed);
     }
 
     /// The wrapped sink.
@@ -83,14 +138,19 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
         let mut attempt = 1;
         loop {
             match self.sink.commit(c).await {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    self.metrics.committed.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
                 Err(CommitError::Retriable(e)) if attempt < self.retry.attempts => {
+                    self.metrics.commit_retries.fetch_add(1, Ordering::Relaxed);
                     warn!(checkpoint_id = id, attempt, error = %e, "Commit failed; retrying.");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(self.retry.max_backoff);
                     attempt += 1;
                 }
                 Err(e @ CommitError::Lost { .. }) => {
+                    self.metrics.commit_failures.fetch_add(1, Ordering::Relaxed);
                     error!(checkpoint_id = id, committable = ?c, error = %e, "Pre-committed transaction lost.");
                     return Err(TwoPhaseError::Commit {
                         checkpoint_id: id,
@@ -98,10 +158,11 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
                     });
                 }
                 Err(e) => {
+                    self.metrics.commit_failures.fetch_add(1, Ordering::Relaxed);
                     return Err(TwoPhaseError::Commit {
                         checkpoint_id: id,
                         source: e,
-                    })
+                    });
                 }
             }
         }
@@ -139,6 +200,7 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
     }
 
     fn warn_near_timeout(&mut self) {
+        self.update_pending_metrics();
         let Some(timeout) = self.sink.transaction_timeout() else {
             return;
         };

@@ -81,7 +81,8 @@ impl PendingCheckpoint {
             op.subtasks.push(s.state);
         }
         for op in operators.values_mut() {
-            op.subtasks.resize_with(op.parallelism as usize, SubtaskSnapshot::default);
+            op.subtasks
+                .resize_with(op.parallelism as usize, SubtaskSnapshot::default);
         }
         Ok(CheckpointMetadata {
             version: METADATA_VERSION,

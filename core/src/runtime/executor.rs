@@ -56,12 +56,19 @@ enum Command {
 
 /// Controls a started job.
 pub struct JobHandle {
-    commands: mpsc::UnboundedSender<Command>,
+    control: JobControl,
     join: tokio::task::JoinHandle<Result<JobOutcome>>,
+}
+
+/// A cloneable remote control of a running job (savepoints, stop, cancel, metrics), e.g. for an
+/// admin endpoint or a signal handler.
+#[derive(Clone)]
+pub struct JobControl {
+    commands: mpsc::UnboundedSender<Command>,
     metrics: Arc<JobMetrics>,
 }
 
-impl JobHandle {
+impl JobControl {
     async fn request(&self, dir: Option<PathBuf>, stop: bool) -> Result<PathBuf> {
         let (reply, rx) = oneshot::channel();
         self.commands
@@ -96,6 +103,20 @@ impl JobHandle {
     /// Live metrics.
     pub fn metrics(&self) -> Arc<JobMetrics> {
         self.metrics.clone()
+    }
+}
+
+impl std::ops::Deref for JobHandle {
+    type Target = JobControl;
+    fn deref(&self) -> &JobControl {
+        &self.control
+    }
+}
+
+impl JobHandle {
+    /// A cloneable control of the job.
+    pub fn control(&self) -> JobControl {
+        self.control.clone()
     }
 
     /// Waits for the job to end.
@@ -146,9 +167,8 @@ impl Job {
         let metrics = self.metrics.clone();
         let join = tokio::spawn(self.run_with(rx));
         JobHandle {
-            commands: tx,
+            control: JobControl { commands: tx, metrics },
             join,
-            metrics,
         }
     }
 
@@ -634,6 +654,7 @@ impl Run<'_> {
             }
         }
         if let Some(w) = self.waiters.remove(&barrier.id) {
+            let is_savepoint = w.dir.is_some();
             let result = match w.dir {
                 Some(dir) => {
                     let s = storage.clone();
@@ -652,7 +673,12 @@ impl Run<'_> {
                 None => Ok(storage.checkpoint_dir(barrier.id)),
             };
             if let Ok(path) = &result {
-                info!(checkpoint_id = barrier.id, path = %path.display(), "Savepoint written.");
+                let what = if is_savepoint {
+                    "Savepoint written."
+                } else {
+                    "Requested checkpoint complete."
+                };
+                info!(checkpoint_id = barrier.id, path = %path.display(), "{what}");
             }
             let _ = w.reply.send(result);
         }

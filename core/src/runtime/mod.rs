@@ -22,7 +22,7 @@ pub use api::{
     CheckpointListener, CheckpointedFunction, Collector, InitContext, KeyedProcessFunction, ProcessFunction, Sink,
     SnapshotContext, Source, SourceStatus, SubtaskInfo,
 };
-pub use executor::{Job, JobHandle, JobOutcome};
+pub use executor::{Job, JobControl, JobHandle, JobOutcome};
 pub use graph::{JobBuilder, KeyedStream, Stream};
 pub use metrics::{CheckpointStats, JobMetrics};
 

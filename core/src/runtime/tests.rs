@@ -416,7 +416,10 @@ async fn subtask_ranges_split_a_forward_job_over_processes() {
         h.join().await.unwrap();
     }
     let partial: usize = committed.lock().unwrap().values().map(Vec::len).sum();
-    assert!(partial > 0 && (partial as u64) < total, "stopped mid-stream ({partial} of {total})");
+    assert!(
+        partial > 0 && (partial as u64) < total,
+        "stopped mid-stream ({partial} of {total})"
+    );
     for r in ranges {
         let job = forward_job(cfg(r), total, committed.clone(), Duration::ZERO).unwrap();
         let outcome = job.run().await.unwrap();
@@ -436,7 +439,10 @@ async fn subtask_ranges_split_a_forward_job_over_processes() {
     let err = word_count_build(c.clone()).err().unwrap().to_string();
     assert!(err.contains("forward edges only"), "{err}");
     c.subtasks = Some(SubtaskRange { first: 1, last: 3 });
-    let err = forward_job(c, 1, Arc::default(), Duration::ZERO).err().unwrap().to_string();
+    let err = forward_job(c, 1, Arc::default(), Duration::ZERO)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("below the parallelism (3)"), "{err}");
 }
 

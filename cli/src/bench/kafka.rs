@@ -1,8 +1,8 @@
 //! Benchmarks against the real services, each measured side by side with its baseline in the
 //! same run (machines are noisy: ratios hold, absolute numbers do not).
 //!
-//! `exactly-bench source|k2k|mysql [--records N] [--sizes 100,1024]` (services from `EXACTLY_KAFKA_BOOTSTRAP` and
-//! `EXACTLY_MYSQL_URL`, as printed by `scripts/services env`).
+//! `exactly bench source|k2k|mysql [--records N] [--sizes 100,1024]` (services from `EXACTLY_KAFKA_BOOTSTRAP` and
+//! `EXACTLY_MYSQL_URL`, as printed by `scripts/services env`, or `--bootstrap`/`--mysql`).
 //!
 //! - source: this Kafka source (in a job, checkpoints every 1 s) vs a plain rdkafka consumer loop.
 //! - k2k: Kafka-to-Kafka pass-through with exactly-once, at-least-once, and a plain rdkafka
@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
+
+use super::Report;
 use exactly_core::coordinator::CheckpointConfig;
 use exactly_core::restart::RestartStrategy;
 use exactly_core::runtime::{JobBuilder, JobConfig, JobHandle, Sink};
@@ -285,7 +287,7 @@ async fn k2k_run(bootstrap: &str, mode: K2k, n: u64, size: usize, rate: u64, sec
     ))
 }
 
-async fn bench_k2k(bootstrap: &str, n: u64, sizes: &[usize]) -> Result<()> {
+pub(crate) async fn bench_k2k(bootstrap: &str, n: u64, sizes: &[usize], report: &mut Report) -> Result<()> {
     println!("Kafka-to-Kafka pass-through, {PARTITIONS} partitions, one subtask (BENCH_PARALLELISM), checkpoints every 1 s, {n} records backlog, then 5 s at 2000 records/s");
     println!(
         "{:<8} {:<14} {:>14} {:>8} {:>10} {:>10}",
@@ -312,6 +314,16 @@ async fn bench_k2k(bootstrap: &str, n: u64, sizes: &[usize]) -> Result<()> {
                 p50,
                 p99
             );
+            report.row(
+                "k2k",
+                &format!("{size} B {name}"),
+                &[
+                    ("records_per_s", tp),
+                    ("ratio_to_plain", tp / plain),
+                    ("p50_ms", p50 as f64),
+                    ("p99_ms", p99 as f64),
+                ],
+            );
         }
     }
     Ok(())
@@ -327,7 +339,7 @@ impl<T: Send + 'static> Sink<T> for Count {
     }
 }
 
-async fn bench_source(bootstrap: &str, n: u64) -> Result<()> {
+pub(crate) async fn bench_source(bootstrap: &str, n: u64, report: &mut Report) -> Result<()> {
     let input = unique("bench-src");
     topic(bootstrap, &input).await?;
     backlog(bootstrap, &input, n, 100, false)?;
@@ -388,11 +400,23 @@ async fn bench_source(bootstrap: &str, n: u64) -> Result<()> {
             ours_total / plain_total
         );
         rates.push(ours / plain);
+        report.row(
+            "source",
+            &format!("round {}", round + 1),
+            &[
+                ("plain_records_per_s", plain),
+                ("exactly_records_per_s", ours),
+                ("ratio", ours / plain),
+                ("plain_with_startup_records_per_s", plain_total),
+                ("exactly_with_startup_records_per_s", ours_total),
+                ("ratio_with_startup", ours_total / plain_total),
+            ],
+        );
     }
     Ok(())
 }
 
-async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64) -> Result<()> {
+pub(crate) async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64, report: &mut Report) -> Result<()> {
     let input = unique("bench-sql");
     topic(bootstrap, &input).await?;
     backlog(bootstrap, &input, n, 0, true)?;
@@ -443,6 +467,7 @@ async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64) -> Result<()> {
     }
     let plain = n as f64 / start.elapsed().as_secs_f64();
     println!("{:<22} {:>12.0} rows/s   ratio 1.000", "plain INSERT loop", plain);
+    report.row("mysql", "plain INSERT loop", &[("rows_per_s", plain), ("ratio", 1.0)]);
     for mode in [Mode::Xa, Mode::Upsert] {
         let table = unique("bench_rows").replace('-', "_");
         let job_id = unique("bench");
@@ -497,38 +522,7 @@ async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64) -> Result<()> {
             "upsert (idempotent)"
         };
         println!("{name:<22} {rate:>12.0} rows/s   ratio {:.3}", rate / plain);
+        report.row("mysql", name, &[("rows_per_s", rate), ("ratio", rate / plain)]);
     }
     Ok(())
-}
-
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let what = args.get(1).cloned().unwrap_or_default();
-    let records: Option<u64> = args
-        .iter()
-        .position(|a| a == "--records")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|s| s.parse().ok());
-    let bootstrap = std::env::var("EXACTLY_KAFKA_BOOTSTRAP")
-        .context("EXACTLY_KAFKA_BOOTSTRAP (eval \"$(scripts/services env)\")")?;
-    match what.as_str() {
-        "source" => bench_source(&bootstrap, records.unwrap_or(1_000_000)).await,
-        "k2k" => {
-            // Throughput counts until a read_committed reader has seen every record, so the last
-            // checkpoint's commit (up to one interval) is part of it: use enough records.
-            let sizes: Vec<usize> = args
-                .iter()
-                .position(|a| a == "--sizes")
-                .and_then(|i| args.get(i + 1))
-                .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
-                .unwrap_or_else(|| vec![100, 1024]);
-            bench_k2k(&bootstrap, records.unwrap_or(1_000_000), &sizes).await
-        }
-        "mysql" => {
-            let mysql = std::env::var("EXACTLY_MYSQL_URL").context("EXACTLY_MYSQL_URL")?;
-            bench_mysql(&bootstrap, &mysql, records.unwrap_or(100_000)).await
-        }
-        _ => bail!("usage: exactly-bench source|k2k|mysql [--records N]"),
-    }
 }

@@ -3,9 +3,11 @@
 //! checkpointing off, alternating, in one process. Prints records/s of both, the ratio, and the
 //! p50/p99 checkpoint duration.
 //!
-//! `cargo run --release -p exactly-core --example checkpoint_overhead -- [records] [rounds]`
+//! `exactly bench core [--records N] [--rounds R]`
 
 use std::time::{Duration, Instant};
+
+use super::Report;
 
 use exactly_core::coordinator::CheckpointConfig;
 use exactly_core::runtime::{
@@ -102,12 +104,10 @@ fn quantile(d: &mut [Duration], q: f64) -> Duration {
         .unwrap_or_default()
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let records: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(5_000_000);
-    let rounds: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(3);
-    let dir = tempfile::tempdir().expect("temp dir");
+/// Runs the comparison `rounds` times with `records` records each.
+pub(crate) async fn overhead(records: u64, rounds: usize, report: &mut Report) -> anyhow::Result<()> {
+    let rounds = rounds.max(1);
+    let dir = tempfile::tempdir()?;
     let mut with = Vec::new();
     let mut without = Vec::new();
     let mut durations = Vec::new();
@@ -136,4 +136,17 @@ async fn main() {
     println!("checkpoints completed:      {:>12}", durations.len());
     println!("checkpoint duration p50:    {:>12.2?}", quantile(&mut durations, 0.5));
     println!("checkpoint duration p99:    {:>12.2?}", quantile(&mut durations, 0.99));
+    report.row(
+        "core",
+        "checkpoints every 100 ms vs off",
+        &[
+            ("off_records_per_s", off),
+            ("on_records_per_s", on),
+            ("ratio", on / off),
+            ("checkpoints", durations.len() as f64),
+            ("p50_ms", quantile(&mut durations, 0.5).as_secs_f64() * 1000.0),
+            ("p99_ms", quantile(&mut durations, 0.99).as_secs_f64() * 1000.0),
+        ],
+    );
+    Ok(())
 }

@@ -1,0 +1,110 @@
+//! `exactly bench`: every benchmark, each measured side by side with its baseline in the same run
+//! (machines are noisy: ratios hold, absolute numbers do not). Prints tables; `--json FILE`
+//! writes the figures too.
+
+mod core;
+mod kafka;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+/// One measured case.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// Which benchmark.
+    pub bench: String,
+    /// Which case of it.
+    pub case: String,
+    /// Named figures.
+    pub figures: BTreeMap<String, f64>,
+}
+
+/// Everything one `exactly bench` run measured.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    /// Rows in the order measured.
+    pub rows: Vec<Row>,
+}
+
+impl Report {
+    pub(crate) fn row(&mut self, bench: &str, case: &str, figures: &[(&str, f64)]) {
+        self.rows.push(Row {
+            bench: bench.into(),
+            case: case.into(),
+            figures: figures.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect(),
+        });
+    }
+
+    /// Writes the report as JSON.
+    pub fn write_json(&self, path: &Path) -> Result<()> {
+        let json = serde_json::to_vec_pretty(self)?;
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))
+    }
+}
+
+/// Which benchmark to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Which {
+    /// Checkpointing overhead of the engine (no services needed).
+    Core,
+    /// The Kafka source vs a plain rdkafka consumer loop.
+    Source,
+    /// Kafka-to-Kafka exactly-once vs at-least-once vs a plain consume-produce loop.
+    K2k,
+    /// Kafka-to-MySQL XA and upsert vs a plain batched INSERT loop.
+    Mysql,
+    /// All of the above.
+    All,
+}
+
+/// Settings of a run.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Records (default per benchmark).
+    pub records: Option<u64>,
+    /// Record sizes of the k2k benchmark.
+    pub sizes: Vec<usize>,
+    /// Rounds of the core benchmark.
+    pub rounds: usize,
+    /// Kafka bootstrap servers.
+    pub bootstrap: Option<String>,
+    /// MySQL URL.
+    pub mysql: Option<String>,
+}
+
+fn need<'a>(v: &'a Option<String>, what: &str, flag: &str, env: &str) -> Result<&'a str> {
+    match v {
+        Some(s) => Ok(s),
+        None => bail!(
+            "the {what} benchmark needs {flag} (or {env}; `eval \"$(scripts/services env)\"` after `scripts/services up`)"
+        ),
+    }
+}
+
+/// Runs `which`, printing as it goes.
+pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
+    let mut report = Report::default();
+    let all = which == Which::All;
+    if all || which == Which::Core {
+        core::overhead(o.records.unwrap_or(5_000_000), o.rounds, &mut report).await?;
+    }
+    if all || which == Which::Source {
+        let b = need(&o.bootstrap, "source", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
+        kafka::bench_source(b, o.records.unwrap_or(1_000_000), &mut report).await?;
+    }
+    if all || which == Which::K2k {
+        let b = need(&o.bootstrap, "k2k", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
+        // Throughput counts until a read_committed reader has seen every record, so the last
+        // checkpoint's commit (up to one interval) is part of it: use enough records.
+        kafka::bench_k2k(b, o.records.unwrap_or(1_000_000), &o.sizes, &mut report).await?;
+    }
+    if all || which == Which::Mysql {
+        let b = need(&o.bootstrap, "mysql", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
+        let m = need(&o.mysql, "mysql", "--mysql", "EXACTLY_MYSQL_URL")?;
+        kafka::bench_mysql(b, m, o.records.unwrap_or(100_000), &mut report).await?;
+    }
+    Ok(report)
+}

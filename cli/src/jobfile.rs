@@ -1,0 +1,590 @@
+//! Job files: a TOML description of a Kafka-to-Kafka or Kafka-to-MySQL job, and the checks that
+//! turn mistakes into messages naming the file, the line and the field.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use exactly_core::coordinator::CheckpointConfig;
+use exactly_core::restart::RestartStrategy;
+use exactly_core::runtime::StateBackendConfig;
+use exactly_kafka_sink::{DeliveryGuarantee, KafkaSinkConfig};
+use exactly_kafka_source::KafkaSourceConfig;
+use exactly_mysql_sink::{Mode, MysqlSinkConfig};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// A whole job file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobFile {
+    /// `[job]`: name, parallelism, admin address.
+    pub job: JobSection,
+    /// `[checkpoints]`: required for exactly-once sinks.
+    #[serde(default)]
+    pub checkpoints: Option<CheckpointConfig>,
+    /// `[restart]`: the restart strategy (default: exponential delay).
+    #[serde(default)]
+    pub restart: Option<RestartStrategy>,
+    /// `[state_backend]`: memory (default) or rocks_db.
+    #[serde(default)]
+    pub state_backend: Option<StateBackendConfig>,
+    /// `[source]`: the Kafka source.
+    pub source: KafkaSourceConfig,
+    /// `[[transform]]`: record transforms, applied in order to JSON values.
+    #[serde(default, rename = "transform")]
+    pub transforms: Vec<Transform>,
+    /// `[sink.kafka]` or `[sink.mysql]`.
+    pub sink: SinkSection,
+}
+
+fn default_parallelism() -> u32 {
+    1
+}
+
+/// `[job]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSection {
+    /// The job's name (in logs, metrics and checkpoint metadata).
+    pub name: String,
+    /// Subtasks of every stage.
+    #[serde(default = "default_parallelism")]
+    pub parallelism: u32,
+    /// Number of key groups (fixed for the life of the job's state).
+    #[serde(default)]
+    pub max_parallelism: Option<u32>,
+    /// Address of the admin HTTP endpoint (metrics, status, savepoints), e.g. "127.0.0.1:9249".
+    #[serde(default)]
+    pub admin: Option<String>,
+    /// How long a graceful stop waits for tasks.
+    #[serde(default, with = "humantime_serde")]
+    pub shutdown_timeout: Option<Duration>,
+}
+
+/// `[sink.kafka]` or `[sink.mysql]` (exactly one).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkSection {
+    /// A Kafka topic.
+    #[serde(default)]
+    pub kafka: Option<KafkaSinkConfig>,
+    /// A MySQL/MariaDB table.
+    #[serde(default)]
+    pub mysql: Option<MysqlSinkConfig>,
+}
+
+/// The sink a job writes to.
+#[derive(Debug, Clone)]
+pub enum SinkKind {
+    /// Kafka.
+    Kafka(KafkaSinkConfig),
+    /// MySQL/MariaDB.
+    Mysql(MysqlSinkConfig),
+}
+
+/// A record transform (`[[transform]]` with `type = ...`), applied to the record's JSON value.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Transform {
+    /// Keeps records whose `field` satisfies exactly one condition: `equals`, `not_equals`,
+    /// `one_of` or `exists`.
+    Filter {
+        /// A field name; nested fields with dots ("customer.country").
+        field: String,
+        /// Keep when the field equals this value.
+        #[serde(default)]
+        equals: Option<Value>,
+        /// Keep when the field is absent or differs from this value.
+        #[serde(default)]
+        not_equals: Option<Value>,
+        /// Keep when the field equals one of these values.
+        #[serde(default)]
+        one_of: Option<Vec<Value>>,
+        /// Keep when the field is present (true) or absent (false).
+        #[serde(default)]
+        exists: Option<bool>,
+    },
+    /// Keeps only these top-level fields (in this order).
+    Project {
+        /// Field names.
+        fields: Vec<String>,
+    },
+    /// Renames a top-level field.
+    Rename {
+        /// Current name.
+        from: String,
+        /// New name.
+        to: String,
+    },
+    /// Sets the record key to the field's value (strings as they are, anything else as JSON).
+    Key {
+        /// A field name; nested fields with dots.
+        field: String,
+    },
+}
+
+/// A problem in a job file: where it is and what is expected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobFileError {
+    /// The file.
+    pub file: PathBuf,
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// The field ("sink.kafka.topic").
+    pub field: Option<String>,
+    /// What is wrong and what is expected.
+    pub message: String,
+}
+
+impl fmt::Display for JobFileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(l) = self.line {
+            write!(f, ":{l}")?;
+        }
+        write!(f, ": ")?;
+        if let Some(field) = &self.field {
+            write!(f, "{field}: ")?;
+        }
+        write!(f, "{}", self.message)
+    }
+}
+
+impl std::error::Error for JobFileError {}
+
+/// A checked job file.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// Where it came from.
+    pub path: PathBuf,
+    /// Its content.
+    pub file: JobFile,
+    /// The sink.
+    pub sink: SinkKind,
+}
+
+/// One step of a field path: a table key or an index into an array of tables.
+#[derive(Debug, Clone, Copy)]
+enum Seg<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+/// Finds the line of `path` in `src` (the deepest part of the path that exists).
+fn line_of(src: &str, path: &[Seg<'_>]) -> Option<usize> {
+    let doc = toml_edit::ImDocument::parse(src).ok()?;
+    let mut table: &dyn toml_edit::TableLike = doc.as_table();
+    let mut item: Option<&toml_edit::Item> = None;
+    let mut span = None;
+    for seg in path {
+        match seg {
+            Seg::Key(k) => {
+                if let Some(it) = item {
+                    match it.as_table_like() {
+                        Some(t) => table = t,
+                        None => break,
+                    }
+                }
+                let Some((key, value)) = table.get_key_value(k) else {
+                    break;
+                };
+                span = key.span().or_else(|| value.span()).or(span);
+                item = Some(value);
+            }
+            Seg::Index(i) => {
+                let Some(t) = item.and_then(|it| it.as_array_of_tables()).and_then(|a| a.get(*i)) else {
+                    break;
+                };
+                span = t.span().or(span);
+                table = t;
+                item = None;
+            }
+        }
+    }
+    let offset = span?.start;
+    Some(src[..offset.min(src.len())].matches('\n').count() + 1)
+}
+
+fn segs(path: &str) -> Vec<Seg<'_>> {
+    let mut out = Vec::new();
+    for part in path.split('.') {
+        if let Some((name, rest)) = part.split_once('[') {
+            out.push(Seg::Key(name));
+            if let Ok(i) = rest.trim_end_matches(']').parse() {
+                out.push(Seg::Index(i));
+            }
+        } else {
+            out.push(Seg::Key(part));
+        }
+    }
+    out
+}
+
+impl Job {
+    /// Reads and checks `path`.
+    pub fn load(path: &Path) -> Result<Job, JobFileError> {
+        let src = std::fs::read_to_string(path).map_err(|e| JobFileError {
+            file: path.to_owned(),
+            line: None,
+            field: None,
+            message: format!("cannot read the job file: {e}"),
+        })?;
+        Job::parse(path, &src)
+    }
+
+    /// Parses and checks `src` (read from `path`).
+    pub fn parse(path: &Path, src: &str) -> Result<Job, JobFileError> {
+        let file: JobFile = toml::from_str(src).map_err(|e| {
+            let line = e
+                .span()
+                .map(|s| src[..s.start.min(src.len())].matches('\n').count() + 1);
+            JobFileError {
+                file: path.to_owned(),
+                line,
+                field: None,
+                message: e.message().trim().to_owned(),
+            }
+        })?;
+        let err = |field: &str, message: String| JobFileError {
+            file: path.to_owned(),
+            line: line_of(src, &segs(field)),
+            field: Some(field.to_owned()),
+            message,
+        };
+        let sink = match (&file.sink.kafka, &file.sink.mysql) {
+            (Some(k), None) => SinkKind::Kafka(k.clone()),
+            (None, Some(m)) => SinkKind::Mysql(m.clone()),
+            (None, None) => {
+                return Err(err(
+                    "sink",
+                    "no sink: add a [sink.kafka] or a [sink.mysql] table".into(),
+                ))
+            }
+            (Some(_), Some(_)) => {
+                return Err(err(
+                    "sink",
+                    "one sink per job: keep either [sink.kafka] or [sink.mysql]".into(),
+                ))
+            }
+        };
+        let j = &file.job;
+        if j.name.trim().is_empty() {
+            return Err(err("job.name", "must not be empty".into()));
+        }
+        if j.parallelism == 0 {
+            return Err(err("job.parallelism", "must be at least 1".into()));
+        }
+        if let Some(a) = &j.admin {
+            if a.parse::<std::net::SocketAddr>().is_err() {
+                return Err(err(
+                    "job.admin",
+                    format!("{a:?} is not an address: expected \"host-ip:port\", e.g. \"127.0.0.1:9249\""),
+                ));
+            }
+        }
+        if let Some(c) = &file.checkpoints {
+            if let Err(e) = c.validate() {
+                return Err(err("checkpoints", e.to_string()));
+            }
+        }
+        if let Some(r) = &file.restart {
+            if let Err(e) = r.validate() {
+                return Err(err("restart", e.to_string()));
+            }
+        }
+        if let Err(e) = file.source.validate() {
+            return Err(err("source", e.to_string()));
+        }
+        for (i, t) in file.transforms.iter().enumerate() {
+            if let Err(m) = t.check() {
+                return Err(err(&format!("transform[{i}]"), m));
+            }
+        }
+        match &sink {
+            SinkKind::Kafka(k) => {
+                if let Err(e) = k.validate() {
+                    return Err(err("sink.kafka", e.to_string()));
+                }
+                if let DeliveryGuarantee::ExactlyOnce { .. } | DeliveryGuarantee::AtLeastOnce = k.delivery {
+                    let Some(c) = &file.checkpoints else {
+                        return Err(err(
+                            "sink.kafka.delivery",
+                            "exactly_once and at_least_once need checkpoints: add a [checkpoints] table with `dir` (and `interval`)".into(),
+                        ));
+                    };
+                    if let Err(e) = k.validate_against_checkpoints(c.interval, c.timeout) {
+                        return Err(err("sink.kafka.delivery.transaction_timeout", e.to_string()));
+                    }
+                }
+            }
+            SinkKind::Mysql(m) => {
+                if let Err(e) = m.validate() {
+                    return Err(err("sink.mysql", e.to_string()));
+                }
+                if m.mode == Mode::Xa && file.checkpoints.is_none() {
+                    return Err(err(
+                        "sink.mysql.mode",
+                        "mode \"xa\" commits on checkpoints: add a [checkpoints] table with `dir` (and `interval`)"
+                            .into(),
+                    ));
+                }
+            }
+        }
+        Ok(Job {
+            path: path.to_owned(),
+            file,
+            sink,
+        })
+    }
+
+    /// Whether records are parsed as JSON (some transform needs it).
+    pub fn needs_json(&self) -> bool {
+        !self.file.transforms.is_empty()
+    }
+}
+
+fn field<'v>(value: &'v Value, path: &str) -> Option<&'v Value> {
+    path.split('.').try_fold(value, |v, k| v.get(k))
+}
+
+impl Transform {
+    fn check(&self) -> Result<(), String> {
+        match self {
+            Transform::Filter {
+                field,
+                equals,
+                not_equals,
+                one_of,
+                exists,
+            } => {
+                if field.is_empty() {
+                    return Err("field must not be empty".into());
+                }
+                let n = [
+                    equals.is_some(),
+                    not_equals.is_some(),
+                    one_of.is_some(),
+                    exists.is_some(),
+                ]
+                .iter()
+                .filter(|b| **b)
+                .count();
+                if n != 1 {
+                    return Err(format!(
+                        "a filter takes exactly one of `equals`, `not_equals`, `one_of`, `exists` (found {n})"
+                    ));
+                }
+                Ok(())
+            }
+            Transform::Project { fields } => {
+                if fields.is_empty() {
+                    return Err("project needs at least one field in `fields`".into());
+                }
+                Ok(())
+            }
+            Transform::Rename { from, to } => {
+                if from.is_empty() || to.is_empty() {
+                    return Err("rename needs non-empty `from` and `to`".into());
+                }
+                Ok(())
+            }
+            Transform::Key { field } => {
+                if field.is_empty() {
+                    return Err("field must not be empty".into());
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Applies the transform. Returns false when a filter drops the record; `key` receives a
+    /// new key from a key transform.
+    pub fn apply(&self, value: &mut Value, key: &mut Option<Vec<u8>>) -> bool {
+        match self {
+            Transform::Filter {
+                field: f,
+                equals,
+                not_equals,
+                one_of,
+                exists,
+            } => {
+                let v = field(value, f);
+                if let Some(e) = equals {
+                    return v == Some(e);
+                }
+                if let Some(e) = not_equals {
+                    return v != Some(e);
+                }
+                if let Some(list) = one_of {
+                    return v.is_some_and(|v| list.contains(v));
+                }
+                if let Some(e) = exists {
+                    return v.is_some() == *e;
+                }
+                true
+            }
+            Transform::Project { fields } => {
+                if let Value::Object(map) = value {
+                    let mut out = serde_json::Map::new();
+                    for f in fields {
+                        if let Some(v) = map.remove(f) {
+                            out.insert(f.clone(), v);
+                        }
+                    }
+                    *map = out;
+                }
+                true
+            }
+            Transform::Rename { from, to } => {
+                if let Value::Object(map) = value {
+                    if let Some(v) = map.remove(from) {
+                        map.insert(to.clone(), v);
+                    }
+                }
+                true
+            }
+            Transform::Key { field: f } => {
+                *key = field(value, f).map(|v| match v {
+                    Value::String(s) => s.clone().into_bytes(),
+                    other => other.to_string().into_bytes(),
+                });
+                true
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(src: &str) -> Result<Job, JobFileError> {
+        Job::parse(Path::new("job.toml"), src)
+    }
+
+    const GOOD: &str = r#"
+[job]
+name = "orders"
+parallelism = 2
+
+[checkpoints]
+dir = "/tmp/x"
+interval = "1s"
+timeout = "30s"
+
+[source]
+bootstrap_servers = "127.0.0.1:19092"
+topics = ["orders"]
+group_id = "g"
+
+[[transform]]
+type = "filter"
+field = "status"
+equals = "paid"
+
+[[transform]]
+type = "key"
+field = "customer.id"
+
+[sink.kafka]
+bootstrap_servers = "127.0.0.1:19092"
+topic = "out"
+delivery = { type = "exactly_once", transactional_id_prefix = "orders" }
+"#;
+
+    #[test]
+    fn a_good_file_parses() {
+        let job = parse(GOOD).unwrap();
+        assert_eq!(job.file.job.parallelism, 2);
+        assert_eq!(job.file.transforms.len(), 2);
+        assert!(matches!(job.sink, SinkKind::Kafka(_)));
+    }
+
+    #[test]
+    fn an_unknown_field_names_its_line() {
+        let src = GOOD.replace("group_id = \"g\"", "group_id = \"g\"\ngroupid = \"h\"");
+        let e = parse(&src).unwrap_err();
+        assert_eq!(e.line, Some(15), "{e}");
+        assert!(e.message.contains("unknown field `groupid`"), "{e}");
+    }
+
+    #[test]
+    fn a_wrong_type_names_its_line() {
+        let e = parse(&GOOD.replace("parallelism = 2", "parallelism = \"two\"")).unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(e.message.contains("expected u32"), "{e}");
+    }
+
+    #[test]
+    fn semantic_errors_name_field_and_line() {
+        let e = parse(&GOOD.replace("parallelism = 2", "parallelism = 0")).unwrap_err();
+        assert_eq!((e.line, e.field.as_deref()), (Some(4), Some("job.parallelism")), "{e}");
+        let e = parse(&GOOD.replace("equals = \"paid\"", "equals = \"paid\"\nexists = true")).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("transform[0]"), "{e}");
+        assert_eq!(e.line, Some(16), "{e}");
+        assert!(e.message.contains("exactly one of"), "{e}");
+        let e = parse(&GOOD.replace(
+            "[checkpoints]\ndir = \"/tmp/x\"\ninterval = \"1s\"\ntimeout = \"30s\"\n",
+            "",
+        ))
+        .unwrap_err();
+        assert!(e.message.contains("need checkpoints"), "{e}");
+        let e = parse(&GOOD.replace("timeout = \"30s\"", "timeout = \"2h\"")).unwrap_err();
+        assert_eq!(
+            e.field.as_deref(),
+            Some("sink.kafka.delivery.transaction_timeout"),
+            "{e}"
+        );
+        let e = parse(&GOOD.replace("[sink.kafka]", "[sink.mysql]\nurl = \"x\"\n[sink.kafka]")).unwrap_err();
+        assert_eq!(e.line, Some(25), "{e}");
+        assert!(e.message.contains("missing field `table`"), "{e}");
+        let head = GOOD.split("[sink.kafka]").next().unwrap();
+        let e = parse(&format!("{head}[sink]\n")).unwrap_err();
+        assert!(
+            e.to_string().contains("no sink: add a [sink.kafka] or a [sink.mysql]"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn transforms_filter_project_rename_and_key() {
+        let mut v = json!({"id": 7, "status": "paid", "customer": {"id": "c1"}, "note": "x"});
+        let mut key = None;
+        let t = [
+            Transform::Filter {
+                field: "status".into(),
+                equals: Some(json!("paid")),
+                not_equals: None,
+                one_of: None,
+                exists: None,
+            },
+            Transform::Key {
+                field: "customer.id".into(),
+            },
+            Transform::Project {
+                fields: vec!["id".into(), "customer".into()],
+            },
+            Transform::Rename {
+                from: "customer".into(),
+                to: "buyer".into(),
+            },
+        ];
+        assert!(t.iter().all(|t| t.apply(&mut v, &mut key)));
+        assert_eq!(v, json!({"id": 7, "buyer": {"id": "c1"}}));
+        assert_eq!(key.as_deref(), Some(&b"c1"[..]));
+        let mut other = json!({"status": "open"});
+        assert!(!t[0].apply(&mut other, &mut key));
+        let one_of = Transform::Filter {
+            field: "n".into(),
+            equals: None,
+            not_equals: None,
+            one_of: Some(vec![json!(1), json!(2)]),
+            exists: None,
+        };
+        assert!(one_of.apply(&mut json!({"n": 2}), &mut key));
+        assert!(!one_of.apply(&mut json!({"n": 3}), &mut key));
+        assert!(!one_of.apply(&mut json!({}), &mut key));
+    }
+}

@@ -1,0 +1,12 @@
+//! The `exactly` command as a library: job files, the job runner with its admin endpoint and
+//! progress line, checkpoint inspection, the transaction tool and the benchmarks.
+
+pub mod admin;
+pub mod bench;
+pub mod checkpoints;
+pub mod datagen;
+pub mod jobfile;
+pub mod logging;
+pub mod metrics;
+pub mod run;
+pub mod txn;

@@ -1,0 +1,74 @@
+//! Logs on stderr: text (default), JSON on request; on a terminal, log lines clear the progress
+//! line before they are written, and the progress line is redrawn in place.
+
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::EnvFilter;
+
+static PROGRESS: AtomicBool = AtomicBool::new(false);
+
+/// Log format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+struct ClearingStderr;
+
+struct ClearingWriter {
+    cleared: bool,
+}
+
+impl Write for ClearingWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut err = std::io::stderr().lock();
+        if !self.cleared && PROGRESS.load(Ordering::Relaxed) {
+            err.write_all(b"\r\x1b[2K")?;
+            self.cleared = true;
+        }
+        err.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+impl<'a> MakeWriter<'a> for ClearingStderr {
+    type Writer = ClearingWriter;
+    fn make_writer(&'a self) -> ClearingWriter {
+        ClearingWriter { cleared: false }
+    }
+}
+
+/// Whether stderr is a terminal.
+pub fn stderr_is_terminal() -> bool {
+    std::io::stderr().is_terminal()
+}
+
+/// Installs the subscriber (level from `RUST_LOG`, default `info` for exactly, `warn` else).
+pub fn init(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new("warn,exactly=info,exactly_cli=info,exactly_core=info,exactly_kafka_source=info,exactly_kafka_sink=info,exactly_mysql_sink=info,exactly_twophase=info")
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(ClearingStderr)
+        .with_ansi(stderr_is_terminal());
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+/// Draws `line` as the progress line (terminal only).
+pub fn progress_line(line: &str) {
+    PROGRESS.store(true, Ordering::Relaxed);
+    let mut err = std::io::stderr().lock();
+    let _ = write!(err, "\r\x1b[2K{line}");
+    let _ = err.flush();
+}

@@ -1,0 +1,410 @@
+//! `exactly run`: builds the job a job file describes, runs it with signal handling, the admin
+//! endpoint and the progress line, and reports how it ended.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use exactly_core::runtime::{JobBuilder, JobConfig, JobControl, JobOutcome, SubtaskRange};
+use exactly_core::BoxError;
+use exactly_kafka_sink::{KafkaSink, ProducerRecord};
+use exactly_kafka_source::{Deserializer, KafkaRecord, KafkaSource};
+use exactly_mysql_sink::{MysqlSink, Origin, SinkRecord};
+use serde_json::Value;
+use tracing::{info, warn};
+
+use crate::admin;
+use crate::jobfile::{Job, SinkKind, Transform};
+use crate::metrics::Registry;
+
+/// Flags of `exactly run` that override the job file.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Start from this savepoint or checkpoint directory.
+    pub from: Option<PathBuf>,
+    /// Run only these subtasks (scale-out over processes).
+    pub subtasks: Option<SubtaskRange>,
+    /// Parallelism (overrides `job.parallelism`).
+    pub parallelism: Option<u32>,
+    /// Admin endpoint address (overrides `job.admin`).
+    pub admin: Option<String>,
+    /// Draw a progress line on the terminal.
+    pub progress: bool,
+}
+
+/// Parses "I..J" (inclusive) or "I".
+pub fn parse_subtasks(s: &str) -> Result<SubtaskRange, String> {
+    let bad = || format!("{s:?} is not a subtask range: expected FIRST..LAST (inclusive), e.g. 0..2, or one index");
+    let (a, b) = match s.split_once("..") {
+        Some((a, b)) => (a, b.strip_prefix('=').unwrap_or(b)),
+        None => (s, s),
+    };
+    let first: u32 = a.trim().parse().map_err(|_| bad())?;
+    let last: u32 = b.trim().parse().map_err(|_| bad())?;
+    if first > last {
+        return Err(format!("{s:?}: the first subtask must not be after the last"));
+    }
+    Ok(SubtaskRange { first, last })
+}
+
+/// A record after the job file's transforms.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+    timestamp: Option<i64>,
+    headers: Vec<(String, Option<Vec<u8>>)>,
+    topic: Arc<str>,
+    partition: i32,
+    offset: i64,
+}
+
+/// Applies the transforms while deserializing, so that a record that is not JSON follows the
+/// source's poison-record policy (fail, skip, dead-letter). `None`: filtered out.
+struct Prepare {
+    transforms: Arc<Vec<Transform>>,
+    registry: Arc<Registry>,
+}
+
+impl Deserializer<Option<Prepared>> for Prepare {
+    fn deserialize(&self, r: KafkaRecord) -> Result<Option<Prepared>, BoxError> {
+        self.registry.records_in.fetch_add(1, Ordering::Relaxed);
+        let mut key = r.key;
+        let value = if self.transforms.is_empty() {
+            r.value
+        } else {
+            let mut v: Value = match &r.value {
+                Some(bytes) => serde_json::from_slice(bytes).map_err(|e| format!("value is not JSON: {e}"))?,
+                None => Value::Null,
+            };
+            for t in self.transforms.iter() {
+                if !t.apply(&mut v, &mut key) {
+                    self.registry.records_filtered.fetch_add(1, Ordering::Relaxed);
+                    return Ok(None);
+                }
+            }
+            Some(serde_json::to_vec(&v)?)
+        };
+        Ok(Some(Prepared {
+            key,
+            value,
+            timestamp: r.timestamp,
+            headers: r.headers,
+            topic: r.topic,
+            partition: r.partition,
+            offset: r.offset,
+        }))
+    }
+}
+
+/// Where a process keeps its checkpoints: the configured directory, or under it a directory per
+/// subtask range. Refuses a range that overlaps another range's checkpoints (their state would
+/// be missing here and partitions would be read again).
+pub fn checkpoint_dir(base: &Path, subtasks: Option<SubtaskRange>, parallelism: u32) -> Result<PathBuf> {
+    let mut others = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(base) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(rest) = name.strip_prefix("subtasks-") {
+                others.push((name.clone(), rest.to_owned()));
+            }
+        }
+    }
+    let has_checkpoints = std::fs::read_dir(base)
+        .map(|mut d| d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("chk-"))))
+        .unwrap_or(false);
+    let Some(r) = subtasks else {
+        if !others.is_empty() {
+            bail!(
+                "{} holds checkpoints of a job split over processes ({}): run each range with --subtasks, or restore one with --from",
+                base.display(),
+                others.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
+            );
+        }
+        return Ok(base.to_owned());
+    };
+    if has_checkpoints {
+        bail!(
+            "{} holds checkpoints of the whole job: a range of subtasks cannot continue from them (restore with --from a savepoint of a job with the same subtasks)",
+            base.display()
+        );
+    }
+    let mine = format!("subtasks-{}-{}-of-{parallelism}", r.first, r.last);
+    for (name, rest) in &others {
+        if *name == mine {
+            continue;
+        }
+        let parsed = rest.split_once("-of-").and_then(|(range, p)| {
+            let (a, b) = range.split_once('-')?;
+            Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?, p.parse::<u32>().ok()?))
+        });
+        match parsed {
+            Some((a, b, p)) if p == parallelism && (b < r.first || a > r.last) => {}
+            Some((_, _, p)) if p != parallelism => bail!(
+                "{} holds checkpoints of the same job with parallelism {p} ({name}); this process runs parallelism {parallelism}: changing it needs a savepoint of every range",
+                base.display()
+            ),
+            _ => bail!(
+                "{} holds checkpoints of subtasks overlapping {}..{} ({name}): give every process its own, disjoint range",
+                base.display(),
+                r.first,
+                r.last
+            ),
+        }
+    }
+    Ok(base.join(mine))
+}
+
+/// Runs `job` until it ends, is stopped (SIGTERM/SIGINT: final checkpoint and commits; a second
+/// signal cancels) or fails for good.
+pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
+    let f = &job.file;
+    let parallelism = opts.parallelism.unwrap_or(f.job.parallelism);
+    if parallelism == 0 {
+        bail!("--parallelism must be at least 1");
+    }
+    if let Some(r) = opts.subtasks {
+        if r.last >= parallelism {
+            bail!("--subtasks {r}: the last subtask must be below the parallelism ({parallelism})");
+        }
+    }
+    let mut config = JobConfig::new(f.job.name.clone());
+    let mut savepoint_dir = None;
+    if let Some(c) = &f.checkpoints {
+        let mut c = c.clone();
+        c.dir = checkpoint_dir(&c.dir, opts.subtasks, parallelism)?;
+        let base = f.checkpoints.as_ref().map(|c| c.dir.join("savepoints")).expect("set");
+        savepoint_dir = Some(match opts.subtasks {
+            Some(r) => base.join(format!("subtasks-{}-{}-of-{parallelism}", r.first, r.last)),
+            None => base,
+        });
+        config.checkpointing = Some(c);
+    }
+    if let Some(r) = &f.restart {
+        config.restart = r.clone();
+    }
+    if let Some(b) = &f.state_backend {
+        config.state_backend = b.clone();
+    }
+    if let Some(m) = f.job.max_parallelism {
+        config.max_parallelism = m;
+    }
+    if let Some(t) = f.job.shutdown_timeout {
+        config.shutdown_timeout = t;
+    }
+    config.restore_from = opts.from.clone();
+    config.subtasks = opts.subtasks;
+    if let Some(from) = &opts.from {
+        if !from.join("_metadata").exists() {
+            bail!(
+                "--from {}: not a checkpoint or savepoint directory (no _metadata file); `exactly checkpoints list DIR` shows the stored ones",
+                from.display()
+            );
+        }
+    }
+
+    let range = opts.subtasks.map_or_else(|| "all".to_owned(), |r| r.to_string());
+    let registry = Registry::new(&f.job.name, parallelism, range.clone());
+    let transforms = Arc::new(f.transforms.clone());
+    let source_config = f.source.clone();
+    let mut builder = JobBuilder::new(config);
+    let reg = registry.clone();
+    let stream = builder
+        .source("kafka-source", parallelism, move |info| {
+            let source = KafkaSource::new(
+                source_config.clone(),
+                Prepare {
+                    transforms: transforms.clone(),
+                    registry: reg.clone(),
+                },
+            );
+            reg.source(info.index, source.metrics());
+            source
+        })
+        .flat_map(|r: Option<Prepared>, out| {
+            if let Some(r) = r {
+                out.emit(r)?;
+            }
+            Ok(())
+        });
+    match &job.sink {
+        SinkKind::Kafka(k) => {
+            let k = k.clone();
+            let reg = registry.clone();
+            let out = registry.clone();
+            stream
+                .map(move |r: Prepared| {
+                    out.records_out.fetch_add(1, Ordering::Relaxed);
+                    ProducerRecord {
+                        key: r.key,
+                        value: r.value,
+                        timestamp: r.timestamp,
+                        headers: r.headers,
+                    }
+                })
+                .sink("kafka-sink", move |info| {
+                    let sink = KafkaSink::new(k.clone()).expect("checked when the job file was loaded");
+                    if let Some(m) = sink.two_phase_metrics() {
+                        reg.sink(info.index, m);
+                    }
+                    sink
+                });
+        }
+        SinkKind::Mysql(m) => {
+            let m = m.clone();
+            let reg = registry.clone();
+            let out = registry.clone();
+            stream
+                .map(move |r: Prepared| {
+                    out.records_out.fetch_add(1, Ordering::Relaxed);
+                    SinkRecord {
+                        payload: r.value.unwrap_or_default(),
+                        origin: Some(Origin {
+                            topic: r.topic.to_string(),
+                            partition: r.partition,
+                            offset: r.offset,
+                        }),
+                    }
+                })
+                .sink("mysql-sink", move |info| {
+                    let sink = MysqlSink::new(m.clone()).expect("checked when the job file was loaded");
+                    if let Some(m) = sink.two_phase_metrics() {
+                        reg.sink(info.index, m);
+                    }
+                    sink
+                });
+        }
+    }
+    let built = builder.build().context("building the job")?;
+    let handle = built.start();
+    let control = handle.control();
+    registry.job_metrics(control.metrics());
+    info!(
+        job = %f.job.name,
+        parallelism,
+        subtasks = %range,
+        file = %job.path.display(),
+        "Job started."
+    );
+
+    let admin_addr = opts.admin.clone().or_else(|| f.job.admin.clone());
+    let admin_task = match admin_addr {
+        Some(addr) => Some(admin::serve(&addr, registry.clone(), control.clone(), savepoint_dir.clone()).await?),
+        None => None,
+    };
+    let signals = tokio::spawn(handle_signals(control.clone(), registry.clone()));
+    let progress = tokio::spawn(progress(registry.clone(), opts.progress));
+    let outcome = handle.join().await;
+    signals.abort();
+    progress.abort();
+    if opts.progress {
+        eprintln!();
+    }
+    if let Some(t) = admin_task {
+        // Let a pending `stop` request receive its answer before the process exits.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        t.abort();
+    }
+    let outcome = outcome.with_context(|| format!("job {:?} failed", f.job.name))?;
+    let s = registry.status();
+    info!(
+        job = %f.job.name,
+        records_in = s.records_in,
+        records_out = s.records_out,
+        checkpoints = outcome.checkpoints,
+        latest_checkpoint = ?outcome.latest_checkpoint,
+        restarts = outcome.restarts,
+        cancelled = outcome.cancelled,
+        "Job ended."
+    );
+    Ok(outcome)
+}
+
+async fn handle_signals(control: JobControl, registry: Arc<Registry>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        warn!("Cannot install signal handlers; SIGTERM will kill the job without a final checkpoint.");
+        return;
+    };
+    let count = Arc::new(AtomicU32::new(0));
+    loop {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        if count.fetch_add(1, Ordering::Relaxed) == 0 {
+            registry.set_stopping();
+            info!("Stopping: final checkpoint, then commits. Send the signal again to abort at once.");
+            let c = control.clone();
+            tokio::spawn(async move {
+                match c.stop().await {
+                    Ok(path) => info!(checkpoint = %path.display(), "Final checkpoint complete."),
+                    Err(e) => {
+                        warn!(error = %e, "No final checkpoint; cancelling (open transactions are aborted at the next start).");
+                        c.cancel();
+                    }
+                }
+            });
+        } else {
+            warn!("Aborting: no final checkpoint; open transactions are aborted at the next start.");
+            control.cancel();
+        }
+    }
+}
+
+fn human(n: f64) -> String {
+    if n >= 1e6 {
+        format!("{:.1}M", n / 1e6)
+    } else if n >= 1e3 {
+        format!("{:.1}k", n / 1e3)
+    } else {
+        format!("{n:.0}")
+    }
+}
+
+/// One progress line per second on a terminal; a progress log line every 30 s otherwise.
+async fn progress(registry: Arc<Registry>, terminal: bool) {
+    let tick = if terminal {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(30)
+    };
+    let mut last = (Instant::now(), 0u64, 0u64);
+    loop {
+        tokio::time::sleep(tick).await;
+        let s = registry.status();
+        let secs = last.0.elapsed().as_secs_f64().max(1e-3);
+        let rate_in = (s.records_in - last.1) as f64 / secs;
+        let rate_out = (s.records_out - last.2) as f64 / secs;
+        last = (Instant::now(), s.records_in, s.records_out);
+        let checkpoint = match (s.checkpoints.latest_id, s.checkpoints.last_duration_ms) {
+            (Some(id), Some(ms)) => format!("#{id} in {ms} ms"),
+            _ => "none yet".into(),
+        };
+        if terminal {
+            crate::logging::progress_line(&format!(
+                "{} | in {}/s | out {}/s | lag {} | checkpoint {} | pending txn {} | restarts {}",
+                s.job,
+                human(rate_in),
+                human(rate_out),
+                s.lag.map_or("?".into(), |l| l.to_string()),
+                checkpoint,
+                s.pending_transactions,
+                s.restarts
+            ));
+        } else {
+            info!(
+                records_in = s.records_in,
+                records_out = s.records_out,
+                in_per_s = rate_in as u64,
+                out_per_s = rate_out as u64,
+                lag = ?s.lag,
+                checkpoint = %checkpoint,
+                restarts = s.restarts,
+                "Progress."
+            );
+        }
+    }
+}
