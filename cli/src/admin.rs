@@ -114,15 +114,35 @@ pub async fn serve(
 /// POSTs `path` to a running job's admin endpoint (`exactly savepoint`, `exactly stop`) and
 /// returns the JSON answer, or an error carrying the job's message.
 pub fn call(admin: &str, path: &str) -> Result<serde_json::Value> {
-    request(admin, path, true)
+    json_answer(admin, path, true)
 }
 
-/// GETs `path` from a running job's admin endpoint.
+/// GETs JSON from `path` of a running job's admin endpoint.
 pub fn get(admin: &str, path: &str) -> Result<serde_json::Value> {
-    request(admin, path, false)
+    json_answer(admin, path, false)
 }
 
-fn request(admin: &str, path: &str, post: bool) -> Result<serde_json::Value> {
+/// GETs `path` of a running job's admin endpoint as text (e.g. `/metrics`).
+pub fn get_text(admin: &str, path: &str) -> Result<String> {
+    let (status, body, url) = request(admin, path, false)?;
+    if !status.is_success() {
+        anyhow::bail!("{url} answered {status}: {body}");
+    }
+    Ok(body)
+}
+
+fn json_answer(admin: &str, path: &str, post: bool) -> Result<serde_json::Value> {
+    let (status, body, url) = request(admin, path, post)?;
+    let value: serde_json::Value =
+        serde_json::from_str(&body).with_context(|| format!("unexpected answer from {url}: {body}"))?;
+    if !status.is_success() {
+        let message = value.get("error").and_then(|e| e.as_str()).unwrap_or(&body).to_owned();
+        anyhow::bail!("the job refused: {message}");
+    }
+    Ok(value)
+}
+
+fn request(admin: &str, path: &str, post: bool) -> Result<(axum::http::StatusCode, String, String)> {
     let base = if admin.starts_with("http://") {
         admin.trim_end_matches('/').to_owned()
     } else {
@@ -144,11 +164,5 @@ fn request(admin: &str, path: &str, post: bool) -> Result<serde_json::Value> {
     })?;
     let status = resp.status();
     let body = resp.body_mut().read_to_string().context("reading the answer")?;
-    let value: serde_json::Value =
-        serde_json::from_str(&body).with_context(|| format!("unexpected answer from {url}: {body}"))?;
-    if !status.is_success() {
-        let message = value.get("error").and_then(|e| e.as_str()).unwrap_or(&body).to_owned();
-        anyhow::bail!("the job refused: {message}");
-    }
-    Ok(value)
+    Ok((status, body, url))
 }

@@ -82,6 +82,9 @@ fn needed(dir: &Path) -> Result<Vec<Needed>> {
 }
 
 fn is_needed(t: &TransactionInfo, needed: &[Needed]) -> Option<String> {
+    if t.state != "Ongoing" {
+        return None; // committed, aborted or finishing: nothing left to spare
+    }
     needed
         .iter()
         .find(|n| {

@@ -1,0 +1,297 @@
+//! The command line without services: help, bad flags, bad job files, commands that must refuse.
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+
+fn exactly() -> Command {
+    Command::cargo_bin("exactly").expect("binary built")
+}
+
+fn job_file(dir: &std::path::Path, text: &str) -> std::path::PathBuf {
+    let p = dir.join("job.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+const GOOD: &str = r#"[job]
+name = "t"
+parallelism = 2
+
+[checkpoints]
+dir = "/tmp/exactly-cli-args"
+interval = "1s"
+timeout = "30s"
+
+[source]
+bootstrap_servers = "127.0.0.1:19092"
+topics = ["in"]
+group_id = "g"
+
+[sink.kafka]
+bootstrap_servers = "127.0.0.1:19092"
+topic = "out"
+delivery = { type = "exactly_once", transactional_id_prefix = "t" }
+"#;
+
+#[test]
+fn help_lists_every_command() {
+    let out = exactly().arg("--help").assert().success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    for c in [
+        "run",
+        "check",
+        "savepoint",
+        "stop",
+        "status",
+        "checkpoints",
+        "txn",
+        "datagen",
+        "bench",
+    ] {
+        assert!(text.contains(c), "{c} missing from:\n{text}");
+    }
+    for sub in [
+        vec!["run", "--help"],
+        vec!["checkpoints", "list", "--help"],
+        vec!["checkpoints", "inspect", "--help"],
+        vec!["txn", "list", "--help"],
+        vec!["txn", "abort", "--help"],
+        vec!["bench", "--help"],
+        vec!["savepoint", "--help"],
+        vec!["stop", "--help"],
+    ] {
+        exactly()
+            .args(&sub)
+            .assert()
+            .success()
+            .stdout(predicate::str::contains("Usage"));
+    }
+}
+
+#[test]
+fn bad_flags_are_usage_errors() {
+    exactly()
+        .args(["run"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("JOB"));
+    exactly().args(["frobnicate"]).assert().code(2);
+    exactly()
+        .args(["run", "x.toml", "--subtasks", "3..1"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("first subtask must not be after the last"));
+    exactly()
+        .args(["run", "x.toml", "--subtasks", "a..b"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("expected FIRST..LAST"));
+    exactly()
+        .args(["bench", "everything"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("possible values"));
+    exactly()
+        .args(["txn", "list", "--bootstrap", "127.0.0.1:1"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--prefix"));
+}
+
+#[test]
+fn a_good_job_file_and_the_examples_check_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = job_file(dir.path(), GOOD);
+    exactly()
+        .arg("check")
+        .arg(&p)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("ok (in -> kafka topic out, parallelism 2)"));
+    for e in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples")).unwrap() {
+        let path = e.unwrap().path();
+        if path.extension().is_some_and(|x| x == "toml") {
+            exactly().arg("check").arg(&path).assert().success();
+        }
+    }
+}
+
+#[test]
+fn bad_job_files_name_line_field_and_expectation() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&str, &str, &[&str]); 7] = [
+        (
+            "parallelism = 2",
+            "parallelism = \"two\"",
+            &["job.toml:3:", "invalid type: string \"two\", expected u32"],
+        ),
+        (
+            "group_id = \"g\"",
+            "group_id = \"g\"\ngroupid = \"g\"",
+            &["job.toml:14:", "unknown field `groupid`"],
+        ),
+        (
+            "parallelism = 2",
+            "parallelism = 0",
+            &["job.toml:3:", "job.parallelism: must be at least 1"],
+        ),
+        (
+            "timeout = \"30s\"",
+            "timeout = \"10m\"",
+            &[
+                "job.toml:18:",
+                "sink.kafka.delivery.transaction_timeout",
+                "must exceed checkpoint interval + checkpoint timeout",
+            ],
+        ),
+        (
+            "topics = [\"in\"]",
+            "topics = [\"in\"]\ntopic_pattern = \"in.*\"",
+            &["job.toml:10:", "source: ", "either `topics` or `topic_pattern`"],
+        ),
+        (
+            "[sink.kafka]",
+            "[sink.nowhere]\n[sink.kafka]",
+            &["job.toml:15:", "unknown field `nowhere`"],
+        ),
+        (
+            "name = \"t\"",
+            "name = \"t\"\nadmin = \"localhost\"",
+            &["job.toml:3:", "job.admin", "expected \"host-ip:port\""],
+        ),
+    ];
+    for (from, to, expected) in cases {
+        let p = job_file(dir.path(), &GOOD.replacen(from, to, 1));
+        let out = exactly().arg("check").arg(&p).assert().code(2);
+        let err = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+        for e in expected {
+            assert!(err.contains(e), "{to:?}: expected {e:?} in: {err}");
+        }
+        // `run` refuses the same file the same way, before touching any service.
+        exactly()
+            .arg("run")
+            .arg(&p)
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(expected[0]));
+    }
+    let without_checkpoints = GOOD.replace(
+        "[checkpoints]\ndir = \"/tmp/exactly-cli-args\"\ninterval = \"1s\"\ntimeout = \"30s\"\n",
+        "",
+    );
+    let p = job_file(dir.path(), &without_checkpoints);
+    exactly()
+        .arg("check")
+        .arg(&p)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "exactly_once and at_least_once need checkpoints",
+        ));
+    exactly()
+        .args(["check", "/nonexistent/job.toml"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("cannot read the job file"));
+}
+
+#[test]
+fn run_refuses_a_missing_restore_path_and_a_range_beyond_the_parallelism() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = job_file(
+        dir.path(),
+        &GOOD.replace("/tmp/exactly-cli-args", &dir.path().join("chk").display().to_string()),
+    );
+    exactly()
+        .arg("run")
+        .arg(&p)
+        .args(["--from", "/nonexistent/savepoint-3"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("not a checkpoint or savepoint directory"));
+    exactly()
+        .arg("run")
+        .arg(&p)
+        .args(["--subtasks", "1..2"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("must be below the parallelism (2)"));
+}
+
+#[test]
+fn checkpoint_commands_explain_missing_or_empty_directories() {
+    exactly()
+        .args(["checkpoints", "list", "/nonexistent/dir"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("is not a directory"));
+    let dir = tempfile::tempdir().unwrap();
+    exactly()
+        .args(["checkpoints", "list"])
+        .arg(dir.path())
+        .assert()
+        .success()
+        .stderr(predicate::str::contains("no checkpoint or savepoint under"));
+    exactly()
+        .args(["checkpoints", "inspect"])
+        .arg(dir.path())
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("no checkpoint under"));
+    let bogus = dir.path().join("chk-1");
+    std::fs::create_dir_all(&bogus).unwrap();
+    std::fs::write(bogus.join("_metadata"), b"garbage").unwrap();
+    exactly()
+        .args(["checkpoints", "list"])
+        .arg(dir.path())
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("unreadable"));
+    exactly()
+        .args(["checkpoints", "inspect"])
+        .arg(&bogus)
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("bad magic"));
+}
+
+#[test]
+fn commands_for_running_jobs_say_when_nothing_answers() {
+    for args in [
+        vec!["savepoint", "--admin", "127.0.0.1:1"],
+        vec!["stop", "--admin", "127.0.0.1:1"],
+        vec!["status", "--admin", "127.0.0.1:1"],
+    ] {
+        exactly()
+            .args(&args)
+            .assert()
+            .failure()
+            .stderr(predicate::str::contains(
+                "cannot reach the job's admin endpoint at http://127.0.0.1:1",
+            ));
+    }
+}
+
+#[test]
+fn txn_abort_needs_checkpoints_or_force() {
+    exactly()
+        .args(["txn", "abort", "--prefix", "p", "--bootstrap", "127.0.0.1:1"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("give --checkpoints DIR"));
+    exactly()
+        .args(["txn", "list", "--prefix", "", "--bootstrap", "127.0.0.1:1"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("--prefix must not be empty"));
+}
+
+#[test]
+fn bench_needs_services_it_measures() {
+    exactly()
+        .args(["bench", "k2k"])
+        .env_remove("EXACTLY_KAFKA_BOOTSTRAP")
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("needs --bootstrap"));
+}

@@ -1,0 +1,351 @@
+//! The command against a real broker: run a job file, watch it through the admin endpoint, take a
+//! savepoint, stop with one, inspect it, resume from it; list and abort hanging transactions
+//! while sparing the one a checkpoint still has to commit. Output checked with an independent
+//! read_committed consumer.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use assert_cmd::Command;
+use common::{free_port, orders, spawn_run, status, wait_exit, wait_status, K2k};
+use exactly_integration_tests::{create_topic, produce, read_committed, signal, unique, wait_for_committed, TestEnv};
+
+fn cmd() -> Command {
+    Command::cargo_bin("exactly").expect("binary built")
+}
+
+fn stdout(c: &mut Command) -> String {
+    let out = c.assert().success();
+    String::from_utf8_lossy(&out.get_output().stdout).trim().to_owned()
+}
+
+const PAID_KEYED_BY_CUSTOMER: &str = r#"
+[[transform]]
+type = "filter"
+field = "status"
+equals = "paid"
+
+[[transform]]
+type = "key"
+field = "customer"
+"#;
+
+/// Paid orders of `ids`, each exactly once, keyed by customer, in id order per customer.
+fn assert_paid_exactly_once(env: &TestEnv, topic: &str, ids: std::ops::Range<u64>) {
+    let records = read_committed(env, topic, Duration::from_secs(60)).expect("read_committed");
+    let mut seen: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut per_key: BTreeMap<(i32, Vec<u8>), Vec<u64>> = BTreeMap::new();
+    for r in &records {
+        let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+        let id = v["id"].as_u64().unwrap();
+        assert_eq!(v["status"], "paid", "{v}");
+        assert_eq!(
+            r.key.as_deref(),
+            Some(v["customer"].as_str().unwrap().as_bytes()),
+            "{v}"
+        );
+        *seen.entry(id).or_default() += 1;
+        per_key
+            .entry((r.partition, r.key.clone().unwrap()))
+            .or_default()
+            .push(id);
+    }
+    let expected: Vec<u64> = ids.filter(|i| i % 3 != 0).collect();
+    let duplicates: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).map(|(i, _)| *i).collect();
+    let missing: Vec<_> = expected.iter().filter(|i| !seen.contains_key(i)).collect();
+    assert!(duplicates.is_empty(), "duplicates: {duplicates:?}");
+    assert!(
+        missing.is_empty(),
+        "missing {} of {}: {:?}",
+        missing.len(),
+        expected.len(),
+        &missing[..missing.len().min(20)]
+    );
+    assert_eq!(seen.len(), expected.len());
+    for (k, ids) in per_key {
+        // One input partition per key here (the input is keyed by id, the output by customer):
+        // order holds per input partition, so check only that nothing is duplicated per key.
+        let mut sorted = ids.clone();
+        sorted.dedup();
+        assert_eq!(sorted.len(), ids.len(), "key {k:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_status_savepoint_stop_inspect_and_resume() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let (input, output) = (unique("cli-in"), unique("cli-out"));
+    create_topic(env, &input, 3).await?;
+    create_topic(env, &output, 3).await?;
+    let dir = tempfile::tempdir()?;
+    let port = free_port();
+    let file = K2k {
+        env,
+        name: &unique("cli-job"),
+        input: &input,
+        output: &output,
+        prefix: &unique("cli-txn"),
+        dir: dir.path(),
+        parallelism: 2,
+        admin: Some(port),
+        transforms: PAID_KEYED_BY_CUSTOMER,
+    }
+    .write();
+    produce(env, &input, &orders(0..3000))?;
+    let mut job = spawn_run(&file, &[], "")?;
+    wait_status(&mut job, port, "3000 records read", Duration::from_secs(60), |s| {
+        s["records_in"].as_u64() >= Some(3000) && s["checkpoints"]["completed"].as_u64() >= Some(2)
+    })?;
+    let admin = format!("127.0.0.1:{port}");
+    let s: serde_json::Value = serde_json::from_str(&stdout(cmd().args(["status", "--admin", &admin])))?;
+    assert_eq!(s["records_filtered"], 1000, "{s}");
+    assert_eq!(s["partitions"].as_array().map(Vec::len), Some(3), "{s}");
+    let metrics = exactly_cli::admin::get_text(&admin, "/metrics")?;
+    assert!(
+        metrics.contains(&format!(
+            "exactly_records_filtered_total{{job=\"{}\"}} 1000",
+            s["job"].as_str().unwrap()
+        )),
+        "{metrics}"
+    );
+    assert!(metrics.contains("exactly_source_partition_position{"), "{metrics}");
+
+    let savepoint = stdout(cmd().args(["savepoint", "--admin", &admin]));
+    assert!(
+        std::path::Path::new(&savepoint).join("_metadata").is_file(),
+        "{savepoint}"
+    );
+
+    produce(env, &input, &orders(3000..6000))?;
+    wait_status(&mut job, port, "6000 records read", Duration::from_secs(60), |s| {
+        s["records_in"].as_u64() >= Some(6000)
+    })?;
+    let stop_dir = dir.path().join("stopped");
+    let stopped = stdout(cmd().args(["stop", "--admin", &admin, "--savepoint"]).arg(&stop_dir));
+    assert!(stopped.starts_with(&stop_dir.display().to_string()), "{stopped}");
+    wait_exit(&mut job, Duration::from_secs(30))?;
+    assert!(job.tail(5).contains("Job ended."), "{}", job.tail(20));
+
+    // list and inspect what the job left.
+    let listed = stdout(cmd().args(["checkpoints", "list"]).arg(dir.path()));
+    assert!(listed.contains("savepoint") && listed.contains(&stopped), "{listed}");
+    let inspected: serde_json::Value =
+        serde_json::from_str(&stdout(cmd().args(["checkpoints", "inspect", "--json"]).arg(&stopped)))?;
+    let next: i64 = inspected["offsets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["next_offset"].as_i64().unwrap())
+        .sum();
+    assert_eq!(next, 6000, "{inspected}");
+    assert_eq!(inspected["kind"], "savepoint");
+    let text = stdout(cmd().args(["checkpoints", "inspect"]).arg(&stopped));
+    assert!(
+        text.contains("source offsets") && text.contains(&format!("{input}-0")),
+        "{text}"
+    );
+
+    // Resume from the savepoint with more input; SIGTERM ends it with a final checkpoint.
+    produce(env, &input, &orders(6000..9000))?;
+    let mut job = spawn_run(&file, &["--from", &stopped], "")?;
+    wait_status(&mut job, port, "the 3000 new records", Duration::from_secs(60), |s| {
+        s["records_in"].as_u64() >= Some(3000) && s["checkpoints"]["completed"].as_u64() >= Some(1)
+    })?;
+    assert_eq!(
+        status(port)?["records_in"],
+        3000,
+        "resumed from the savepoint, not from the start"
+    );
+    signal(job.pid(), "TERM")?;
+    wait_exit(&mut job, Duration::from_secs(30))?;
+    assert!(job.tail(10).contains("Final checkpoint complete."), "{}", job.tail(20));
+
+    assert_paid_exactly_once(env, &output, 0..9000);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn txn_tool_lists_and_aborts_hanging_transactions_but_spares_pending_commits() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let (input, output, prefix) = (unique("txn-in"), unique("txn-out"), unique("txn"));
+    create_topic(env, &input, 2).await?;
+    create_topic(env, &output, 2).await?;
+    let dir = tempfile::tempdir()?;
+    let file = K2k {
+        env,
+        name: &unique("txn-job"),
+        input: &input,
+        output: &output,
+        prefix: &prefix,
+        dir: dir.path(),
+        parallelism: 1,
+        admin: None,
+        transforms: "",
+    }
+    .write();
+    // Input keeps arriving, so every checkpoint's transaction holds records.
+    let produced = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let feeder = {
+        let (env, input, produced, stop) = (env.clone(), input.clone(), produced.clone(), stop.clone());
+        std::thread::spawn(move || -> Result<()> {
+            while !stop.load(Ordering::Relaxed) {
+                let first = produced.load(Ordering::Relaxed);
+                produce(&env, &input, &orders(first..first + 50))?;
+                produced.store(first + 50, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok(())
+        })
+    };
+    // Freeze after the third checkpoint is durable, before its transaction is committed.
+    let mut job = spawn_run(&file, &[], "checkpoint.after_durable=freeze@3")?;
+    job.wait_for_failpoint("checkpoint.after_durable", Duration::from_secs(90))?;
+    // Records after the barrier go into the next transaction, which nothing will commit.
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::Relaxed);
+    feeder.join().expect("feeder")?;
+    let total = produced.load(Ordering::Relaxed);
+    job.kill();
+
+    let bootstrap = env.kafka_bootstrap.as_str();
+    let checkpoints = dir.path().join("checkpoints");
+    let listed: serde_json::Value = serde_json::from_str(&stdout(
+        cmd()
+            .args([
+                "txn",
+                "list",
+                "--json",
+                "--bootstrap",
+                bootstrap,
+                "--prefix",
+                &prefix,
+                "--checkpoints",
+            ])
+            .arg(&checkpoints),
+    ))?;
+    let ongoing: Vec<&serde_json::Value> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["state"] == "Ongoing")
+        .collect();
+    let needed: Vec<_> = ongoing.iter().filter(|t| !t["needed_by"].is_null()).collect();
+    let lingering: Vec<_> = ongoing.iter().filter(|t| t["needed_by"].is_null()).collect();
+    assert_eq!(needed.len(), 1, "{listed:#}");
+    assert!(!lingering.is_empty(), "{listed:#}");
+    assert!(
+        lingering
+            .iter()
+            .all(|t| !t["partitions"].as_array().unwrap().is_empty() && t["age_ms"].as_i64() > Some(0)),
+        "{listed:#}"
+    );
+    let table = stdout(cmd().args(["txn", "list", "--bootstrap", bootstrap, "--prefix", &prefix]));
+    assert!(
+        table.contains("Ongoing") && table.contains(&format!("{output}-")),
+        "{table}"
+    );
+
+    let dry = stdout(
+        cmd()
+            .args([
+                "txn",
+                "abort",
+                "--dry-run",
+                "--bootstrap",
+                bootstrap,
+                "--prefix",
+                &prefix,
+                "--checkpoints",
+            ])
+            .arg(&checkpoints),
+    );
+    assert!(dry.contains("would abort") && dry.contains("spared"), "{dry}");
+    let aborted: serde_json::Value = serde_json::from_str(&stdout(
+        cmd()
+            .args([
+                "txn",
+                "abort",
+                "--json",
+                "--bootstrap",
+                bootstrap,
+                "--prefix",
+                &prefix,
+                "--checkpoints",
+            ])
+            .arg(&checkpoints),
+    ))?;
+    let outcomes: Vec<(String, String)> = aborted
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["transactional_id"].as_str().unwrap().to_owned(),
+                r["outcome"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes.iter().filter(|(_, o)| o == "aborted").count(),
+        lingering.len(),
+        "{outcomes:?}"
+    );
+    assert!(
+        outcomes
+            .iter()
+            .any(|(id, o)| id == needed[0]["transactional_id"].as_str().unwrap() && o.starts_with("spared")),
+        "{outcomes:?}"
+    );
+    let after: serde_json::Value = serde_json::from_str(&stdout(
+        cmd()
+            .args([
+                "txn",
+                "list",
+                "--json",
+                "--bootstrap",
+                bootstrap,
+                "--prefix",
+                &prefix,
+                "--checkpoints",
+            ])
+            .arg(&checkpoints),
+    ))?;
+    let still: Vec<_> = after
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["state"] == "Ongoing")
+        .collect();
+    assert_eq!(still.len(), 1, "only the needed transaction stays open: {after:#}");
+    assert!(!still[0]["needed_by"].is_null());
+
+    // The restarted job commits what the checkpoint recorded and re-reads the rest.
+    let mut job = spawn_run(&file, &[], "")?;
+    let seen = wait_for_committed(env, &output, total as usize, Duration::from_secs(90))?;
+    assert!(
+        seen.len() >= total as usize,
+        "{} of {total}:\n{}",
+        seen.len(),
+        job.tail(30)
+    );
+    signal(job.pid(), "TERM")?;
+    wait_exit(&mut job, Duration::from_secs(30))?;
+    let records = read_committed(env, &output, Duration::from_secs(60))?;
+    let mut ids: Vec<u64> = records
+        .iter()
+        .map(|r| {
+            serde_json::from_slice::<serde_json::Value>(r.value.as_deref().unwrap()).unwrap()["id"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..total).collect::<Vec<_>>());
+    Ok(())
+}
