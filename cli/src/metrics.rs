@@ -103,6 +103,9 @@ pub struct Status {
     pub partitions: Vec<PartitionStatus>,
     /// Sum of known partition lags.
     pub lag: Option<i64>,
+    /// Event-time watermark (ms): the minimum over source subtasks that have one (when the source
+    /// generates watermarks).
+    pub watermark_ms: Option<i64>,
     /// Offset commits to the group that succeeded / failed.
     pub offset_commits_succeeded: u64,
     /// Offset commits that failed (a warning, never a failure).
@@ -204,6 +207,7 @@ impl Registry {
                 last_alignment_ms: ms(stats.last_alignment),
             },
             lag: (!lags.is_empty()).then(|| lags.iter().sum()),
+            watermark_ms: sources.iter().filter_map(|s| s.watermark()).min(),
             partitions,
             offset_commits_succeeded: sources.iter().map(|s| s.commits_succeeded()).sum(),
             offset_commits_failed: sources.iter().map(|s| s.commits_failed()).sum(),
@@ -357,6 +361,14 @@ pub fn prometheus(s: &Status) -> String {
             .iter()
             .filter_map(|p| Some((tp(p), p.lag? as f64)))
             .collect(),
+    );
+    metric(
+        "exactly_source_watermark_milliseconds",
+        "gauge",
+        "Event-time watermark of the source (minimum over subtasks), when watermarks are on.",
+        s.watermark_ms
+            .map(|w| vec![(String::new(), w as f64)])
+            .unwrap_or_default(),
     );
     metric(
         "exactly_source_offset_commits_total",

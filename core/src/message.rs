@@ -41,6 +41,10 @@ pub enum Message<T> {
     Watermark(Watermark),
     /// Checkpoint N was aborted upstream: stop aligning it and forward the marker.
     CancelCheckpoint(CheckpointId),
+    /// The sending subtask is idle (e.g. a source with no partition, or whose partitions have had
+    /// no record for its idle timeout): leave it out of the combined watermark until it sends a
+    /// record or a watermark again.
+    Idle,
     /// The sending subtask has no more data (an idle source sends this too when it is done).
     EndOfStream,
 }

@@ -502,3 +502,128 @@ async fn poison_records_fail_skip_or_go_to_the_dead_letter_topic() -> Result<()>
     assert!(headers.get("exactly.error").is_some_and(|e| !e.is_empty()));
     Ok(())
 }
+
+/// Collects the watermarks that reach it.
+struct Watermarks(Arc<std::sync::Mutex<Vec<i64>>>);
+
+impl exactly_core::runtime::CheckpointedFunction for Watermarks {}
+impl exactly_core::runtime::CheckpointListener for Watermarks {}
+impl exactly_core::runtime::ProcessFunction<KafkaRecord, KafkaRecord> for Watermarks {
+    fn process(
+        &mut self,
+        r: KafkaRecord,
+        out: &mut exactly_core::runtime::Collector<'_, KafkaRecord>,
+    ) -> exactly_core::Result<()> {
+        out.emit(r)
+    }
+    fn on_watermark(
+        &mut self,
+        w: exactly_core::Watermark,
+        _out: &mut exactly_core::runtime::Collector<'_, KafkaRecord>,
+    ) -> exactly_core::Result<()> {
+        self.0.lock().unwrap().push(w.0);
+        Ok(())
+    }
+}
+
+/// `records` (partition, timestamp) written with explicit partitions and timestamps.
+fn produce_at(env: &TestEnv, topic: &str, records: &[(i32, i64)]) -> Result<()> {
+    let p: rdkafka::producer::BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &env.kafka_bootstrap)
+        .create()?;
+    for (partition, ts) in records {
+        p.send(
+            BaseRecord::<str, str>::to(topic)
+                .partition(*partition)
+                .payload("x")
+                .timestamp(*ts),
+        )
+        .map_err(|(e, _)| e)?;
+    }
+    p.flush(T)?;
+    Ok(())
+}
+
+/// Source subtasks (`parallelism`) → rebalance into one collecting stage; `later` is produced
+/// once the first `records` were read and 800 ms passed; returns the watermarks the stage saw.
+async fn watermarks_seen(
+    env: &TestEnv,
+    topic: &str,
+    parallelism: u32,
+    watermarks: exactly_kafka_source::WatermarkConfig,
+    records: usize,
+    later: &[(i32, i64)],
+) -> Result<Vec<i64>> {
+    let dir = tempfile::tempdir()?;
+    let mut source = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.to_owned()], unique("g"));
+    source.watermarks = Some(watermarks);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let out: Committed<KafkaRecord> = Arc::default();
+    let mut job = JobBuilder::new(job_config(dir.path(), Duration::from_millis(200)));
+    let (s, o) = (seen.clone(), out.clone());
+    job.source("kafka", parallelism, move |_| {
+        KafkaSource::new(source.clone(), RawBytes)
+    })
+    .rebalance(1)
+    .process("watermarks", move |_| Watermarks(s.clone()))
+    .sink("collect", move |_| CommittingCollector::new(o.clone()));
+    let handle = job.build()?.start();
+    eventually("every record", T, || count(&out) >= records).await?;
+    if !later.is_empty() {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        produce_at(env, topic, later)?;
+        eventually("the later records", T, || count(&out) >= records + later.len()).await?;
+    }
+    // A few more polls, for watermarks that follow the last records.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    handle.cancel();
+    handle.join().await?;
+    let w = seen.lock().unwrap().clone();
+    Ok(w)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watermarks_per_partition_with_idle_partitions_and_idle_subtasks() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let bound = Duration::from_millis(100);
+
+    // Two partitions, three subtasks: subtask 2 has no partition and says it is idle, so the
+    // single downstream stage's watermark is the minimum over the partitions (minus the bound).
+    let topic = unique("wm");
+    create_topic(env, &topic, 2).await?;
+    produce_at(
+        env,
+        &topic,
+        &[(0, 10_000), (0, 30_000), (0, 20_000), (1, 12_000), (1, 15_000)],
+    )?;
+    let no_idle = exactly_kafka_source::WatermarkConfig {
+        max_out_of_orderness: bound,
+        idle_timeout: None,
+    };
+    let seen = watermarks_seen(env, &topic, 3, no_idle, 5, &[]).await?;
+    assert_eq!(
+        seen.last(),
+        Some(&(15_000 - 101)),
+        "min(30 000, 15 000) - bound - 1: {seen:?}"
+    );
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "never backwards: {seen:?}");
+
+    // Only partition 0 has records: without an idle timeout partition 1 holds the watermark back
+    // for good; with one, it stops counting once silent, and partition 0's later records drive
+    // the watermark alone.
+    let topic = unique("wm-idle");
+    create_topic(env, &topic, 2).await?;
+    produce_at(env, &topic, &[(0, 50_000), (0, 51_000)])?;
+    let seen = watermarks_seen(env, &topic, 1, no_idle, 2, &[(0, 52_000)]).await?;
+    assert!(seen.is_empty(), "partition 1 never had a record: {seen:?}");
+    let idle = exactly_kafka_source::WatermarkConfig {
+        max_out_of_orderness: bound,
+        idle_timeout: Some(Duration::from_millis(300)),
+    };
+    let topic = unique("wm-idle");
+    create_topic(env, &topic, 2).await?;
+    produce_at(env, &topic, &[(0, 50_000), (0, 51_000)])?;
+    let seen = watermarks_seen(env, &topic, 1, idle, 2, &[(0, 52_000)]).await?;
+    assert_eq!(seen.last(), Some(&(52_000 - 101)), "{seen:?}");
+    Ok(())
+}

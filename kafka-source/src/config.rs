@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, SourceError};
+use crate::watermarks::WatermarkConfig;
 
 /// Where a partition without restored offset starts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -141,6 +142,9 @@ pub struct KafkaSourceConfig {
     /// Records handed on per poll at most.
     #[serde(default = "default_poll_batch")]
     pub poll_batch: usize,
+    /// Event-time watermarks (off when absent).
+    #[serde(default)]
+    pub watermarks: Option<WatermarkConfig>,
     /// Further librdkafka consumer properties (keys the source owns are refused).
     #[serde(default)]
     pub client: BTreeMap<String, String>,
@@ -160,6 +164,7 @@ impl KafkaSourceConfig {
             discovery_interval: None,
             on_deserialization_error: PoisonPolicy::default(),
             poll_batch: default_poll_batch(),
+            watermarks: None,
             client: BTreeMap::new(),
         }
     }
@@ -201,6 +206,11 @@ impl KafkaSourceConfig {
         if let PoisonPolicy::DeadLetter { topic } = &self.on_deserialization_error {
             if topic.is_empty() {
                 return bad("on_deserialization_error.topic must name the dead-letter topic".into());
+            }
+        }
+        if let Some(w) = &self.watermarks {
+            if w.idle_timeout.is_some_and(|t| t.is_zero()) {
+                return bad("watermarks.idle_timeout must be greater than 0 (or left out)".into());
             }
         }
         for key in self.client.keys() {

@@ -18,6 +18,7 @@ mod error;
 mod metrics;
 mod offsets;
 mod reader;
+mod watermarks;
 
 pub use assignment::subtask_for;
 pub use config::{
@@ -28,3 +29,4 @@ pub use error::{Result, SourceError};
 pub use metrics::{KafkaSourceMetrics, PartitionMetrics};
 pub use offsets::{PendingOffsets, TopicPartition, MAX_PENDING};
 pub use reader::{KafkaSource, SourceContext};
+pub use watermarks::WatermarkConfig;

@@ -1,7 +1,7 @@
 //! What the source counts, readable while it runs.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::offsets::TopicPartition;
@@ -18,9 +18,11 @@ pub struct PartitionMetrics {
 }
 
 /// Counters of one source subtask.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct KafkaSourceMetrics {
     pub(crate) records: AtomicU64,
+    /// Latest watermark (ms); `i64::MIN` when none.
+    pub(crate) watermark: AtomicI64,
     pub(crate) skipped: AtomicU64,
     pub(crate) dead_lettered: AtomicU64,
     pub(crate) commits_succeeded: AtomicU64,
@@ -28,7 +30,26 @@ pub struct KafkaSourceMetrics {
     pub(crate) partitions: Mutex<BTreeMap<TopicPartition, PartitionMetrics>>,
 }
 
+impl Default for KafkaSourceMetrics {
+    fn default() -> Self {
+        KafkaSourceMetrics {
+            records: AtomicU64::new(0),
+            watermark: AtomicI64::new(i64::MIN),
+            skipped: AtomicU64::new(0),
+            dead_lettered: AtomicU64::new(0),
+            commits_succeeded: AtomicU64::new(0),
+            commits_failed: AtomicU64::new(0),
+            partitions: Mutex::default(),
+        }
+    }
+}
+
 impl KafkaSourceMetrics {
+    /// The latest watermark this subtask emitted (ms), if watermarks are on.
+    pub fn watermark(&self) -> Option<i64> {
+        let w = self.watermark.load(Ordering::Relaxed);
+        (w != i64::MIN).then_some(w)
+    }
     /// Records handed on.
     pub fn records(&self) -> u64 {
         self.records.load(Ordering::Relaxed)

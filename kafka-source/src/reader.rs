@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use exactly_core::runtime::{InitContext, SnapshotContext, Source, SourceStatus, SubtaskInfo};
+use exactly_core::runtime::{InitContext, SnapshotContext, Source, SourceStatus, SourceWatermark, SubtaskInfo};
 use exactly_core::CheckpointId;
 use futures::FutureExt;
 use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext, StreamConsumer};
@@ -22,6 +22,7 @@ use crate::deser::{Deserializer, KafkaRecord};
 use crate::error::{Result, SourceError};
 use crate::metrics::KafkaSourceMetrics;
 use crate::offsets::{OffsetEntry, PendingOffsets, TopicPartition};
+use crate::watermarks::{combine, PartitionClock};
 
 const STATE: &str = "kafka-source-offsets";
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -32,6 +33,7 @@ struct Position {
     tp: TopicPartition,
     topic: Arc<str>,
     next: i64,
+    clock: PartitionClock,
 }
 
 /// Receives librdkafka's statistics and commit results.
@@ -257,7 +259,12 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         }
         for (tp, next) in new {
             let topic: Arc<str> = Arc::from(tp.topic.as_str());
-            self.positions.push(Position { tp, topic, next });
+            self.positions.push(Position {
+                tp,
+                topic,
+                next,
+                clock: PartitionClock::new(Instant::now()),
+            });
         }
         let mut tpl = TopicPartitionList::new();
         for p in &self.positions {
@@ -449,6 +456,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
     async fn poll_batch(&mut self, out: &mut Vec<T>) -> Result<()> {
         let limit = self.config.poll_batch;
         let dead_letters = matches!(self.config.on_deserialization_error, PoisonPolicy::DeadLetter { .. });
+        let clocks = self.config.watermarks.is_some().then(Instant::now);
         let mut first = true;
         while out.len() < limit {
             let polled = {
@@ -481,6 +489,9 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                         };
                         let pos = &mut self.positions[at];
                         pos.next = m.offset() + 1;
+                        if let Some(now) = clocks {
+                            pos.clock.saw(m.timestamp().to_millis(), now);
+                        }
                         Some((
                             at,
                             KafkaRecord {
@@ -582,6 +593,19 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
                 .map_err(|e| SourceError::kafka("flushing the dead-letter producer", e))?;
         }
         Ok(())
+    }
+
+    fn watermark(&mut self) -> Option<SourceWatermark> {
+        if self.positions.is_empty() {
+            // No partition: idle (downstream does not wait for this subtask's watermark).
+            return Some(SourceWatermark::Idle);
+        }
+        let config = self.config.watermarks.as_ref()?;
+        let w = combine(config, Instant::now(), self.positions.iter().map(|p| &p.clock));
+        if let Some(SourceWatermark::At(w)) = w {
+            self.metrics.watermark.store(w.0, Ordering::Relaxed);
+        }
+        w
     }
 
     async fn notify_checkpoint_complete(&mut self, id: CheckpointId) -> exactly_core::Result<()> {

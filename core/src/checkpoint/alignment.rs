@@ -29,8 +29,10 @@ pub enum AlignmentMode {
 pub enum AlignerEvent<T> {
     /// Process this record.
     Record(T),
-    /// The combined watermark (minimum over open inputs) advanced.
+    /// The combined watermark (minimum over open, active inputs) advanced.
     Watermark(Watermark),
+    /// Every open input is idle: tell downstream this subtask is idle.
+    Idle,
     /// Barrier aligned on every open input: snapshot and forward it.
     Barrier {
         /// The barrier.
@@ -83,7 +85,9 @@ pub struct BarrierAligner<T> {
     closed: Vec<bool>,
     open_inputs: usize,
     watermarks: Vec<Option<i64>>,
+    idle: Vec<bool>,
     emitted_watermark: Option<i64>,
+    emitted_idle: bool,
     pending: Option<Pending>,
     /// Highest checkpoint id completed or aborted here: older barriers are stale.
     last_handled: Option<CheckpointId>,
@@ -101,7 +105,9 @@ impl<T> BarrierAligner<T> {
             closed: vec![false; inputs],
             open_inputs: inputs,
             watermarks: vec![None; inputs],
+            idle: vec![false; inputs],
             emitted_watermark: None,
+            emitted_idle: false,
             pending: None,
             last_handled: None,
             held: (0..inputs).map(|_| VecDeque::new()).collect(),
@@ -150,14 +156,39 @@ impl<T> BarrierAligner<T> {
             return;
         }
         match msg {
-            Message::Record(r) => out(AlignerEvent::Record(r)),
+            Message::Record(r) => {
+                self.set_active(input);
+                out(AlignerEvent::Record(r))
+            }
             Message::Watermark(w) => {
+                self.set_active(input);
                 self.watermarks[input] = Some(w.0);
                 self.emit_watermark(out);
+            }
+            Message::Idle => {
+                self.idle[input] = true;
+                self.emit_watermark(out);
+                self.emit_idle(out);
             }
             Message::Barrier(b) => self.on_barrier(input, b, out),
             Message::CancelCheckpoint(id) => self.on_cancel(id, out),
             Message::EndOfStream => self.on_end(input, out),
+        }
+    }
+
+    fn set_active(&mut self, input: usize) {
+        if self.idle[input] {
+            self.idle[input] = false;
+            self.emitted_idle = false;
+        }
+    }
+
+    /// Idle downstream once every open input is idle.
+    fn emit_idle(&mut self, out: &mut impl FnMut(AlignerEvent<T>)) {
+        let all_idle = self.open_inputs > 0 && self.idle.iter().zip(&self.closed).all(|(i, c)| *i || *c);
+        if all_idle && !self.emitted_idle {
+            self.emitted_idle = true;
+            out(AlignerEvent::Idle);
         }
     }
 
@@ -222,6 +253,7 @@ impl<T> BarrierAligner<T> {
         self.watermarks[input] = None;
         self.try_complete(out);
         self.emit_watermark(out);
+        self.emit_idle(out);
         if self.open_inputs == 0 && self.pending.is_none() && self.held_count == 0 && !self.ended {
             self.ended = true;
             out(AlignerEvent::EndOfStream);
@@ -269,9 +301,10 @@ impl<T> BarrierAligner<T> {
     }
 
     fn emit_watermark(&mut self, out: &mut impl FnMut(AlignerEvent<T>)) {
-        let open = self.watermarks.iter().zip(&self.closed).filter(|(_, c)| !**c);
+        // Idle inputs hold nothing back (Flink's watermark status); closed ones are done.
+        let open = (0..self.watermarks.len()).filter(|i| !self.closed[*i] && !self.idle[*i]);
         let mut min: Option<i64> = None;
-        for (w, _) in open {
+        for w in open.map(|i| &self.watermarks[i]) {
             match w {
                 None => return, // an open input has no watermark yet
                 Some(w) => min = Some(min.map_or(*w, |m: i64| m.min(*w))),

@@ -271,3 +271,35 @@ fn watermark_is_the_minimum_of_open_inputs() {
         ]
     );
 }
+
+#[test]
+fn idle_inputs_do_not_hold_the_watermark_back() {
+    let mut a = BarrierAligner::<u32>::new(2, AlignmentMode::ExactlyOnce, 10);
+    let mut events = Vec::new();
+    a.push(0, Message::Watermark(Watermark(10)), &mut |e| events.push(e));
+    assert!(events.is_empty(), "input 1 has no watermark yet");
+    a.push(1, Message::Idle, &mut |e| events.push(e));
+    assert_eq!(
+        std::mem::take(&mut events),
+        vec![AlignerEvent::Watermark(Watermark(10))]
+    );
+    a.push(0, Message::Idle, &mut |e| events.push(e));
+    assert_eq!(
+        std::mem::take(&mut events),
+        vec![AlignerEvent::Idle],
+        "every input idle"
+    );
+    a.push(0, Message::Idle, &mut |e| events.push(e));
+    assert!(events.is_empty(), "idle is told once");
+    // Input 1 becomes active again with a record, then a watermark below what was emitted.
+    a.push(1, Message::Record(7), &mut |e| events.push(e));
+    a.push(1, Message::Watermark(Watermark(5)), &mut |e| events.push(e));
+    a.push(1, Message::Watermark(Watermark(20)), &mut |e| events.push(e));
+    assert_eq!(
+        std::mem::take(&mut events),
+        vec![AlignerEvent::Record(7), AlignerEvent::Watermark(Watermark(20))],
+        "watermarks never go back; input 0 is still idle"
+    );
+    a.push(1, Message::Idle, &mut |e| events.push(e));
+    assert_eq!(events, vec![AlignerEvent::Idle], "idle again once both are");
+}

@@ -178,6 +178,15 @@ pub enum SourceStatus {
     End,
 }
 
+/// What a source says about event time after a poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceWatermark {
+    /// No record with a smaller timestamp follows from this subtask.
+    At(Watermark),
+    /// This subtask has nothing to read for now: downstream leaves it out of the watermark.
+    Idle,
+}
+
 /// A parallel source. The runtime calls `poll_next` in a loop and injects barriers between calls,
 /// so `snapshot_state` sees the position right after the records it returned last.
 pub trait Source<T>: Send + 'static {
@@ -199,6 +208,11 @@ pub trait Source<T>: Send + 'static {
     /// Checkpoint `id` was aborted.
     fn notify_checkpoint_aborted(&mut self, _id: CheckpointId) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
+    }
+    /// Asked after every poll: the event-time watermark (or idleness) of this subtask, if the
+    /// source generates watermarks. Advances are forwarded downstream; idleness once per change.
+    fn watermark(&mut self) -> Option<SourceWatermark> {
+        None
     }
 }
 

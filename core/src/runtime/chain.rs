@@ -55,6 +55,8 @@ pub(crate) trait Output<T>: Send {
     fn open(&mut self) -> BoxFut<'_, Result<()>>;
     fn record(&mut self, record: T) -> Result<()>;
     fn watermark(&mut self, watermark: Watermark) -> Result<()>;
+    /// This subtask is idle (no watermark from it until it sends records or watermarks again).
+    fn idle(&mut self) -> Result<()>;
     /// Sends or writes what the chain buffered.
     fn flush(&mut self) -> BoxFut<'_, Result<()>>;
     fn barrier<'a>(&'a mut self, ctx: BarrierCtx<'a>) -> BoxFut<'a, Result<()>>;
@@ -99,6 +101,9 @@ impl<I: Send, O: Send> Output<I> for Stateless<I, O> {
     }
     fn watermark(&mut self, w: Watermark) -> Result<()> {
         self.next.watermark(w)
+    }
+    fn idle(&mut self) -> Result<()> {
+        self.next.idle()
     }
     fn flush(&mut self) -> BoxFut<'_, Result<()>> {
         self.next.flush()
@@ -196,6 +201,9 @@ impl<I: Send, O: Send, P: ProcessFunction<I, O>> Output<I> for ProcessNode<I, O,
         )?;
         self.next.watermark(w)
     }
+    fn idle(&mut self) -> Result<()> {
+        self.next.idle()
+    }
     fn flush(&mut self) -> BoxFut<'_, Result<()>> {
         self.next.flush()
     }
@@ -280,6 +288,9 @@ impl<I: Send, O: Send, P: KeyedProcessFunction<I, O>> Output<I> for KeyedNode<I,
     fn watermark(&mut self, w: Watermark) -> Result<()> {
         self.next.watermark(w)
     }
+    fn idle(&mut self) -> Result<()> {
+        self.next.idle()
+    }
     fn flush(&mut self) -> BoxFut<'_, Result<()>> {
         self.next.flush()
     }
@@ -360,6 +371,9 @@ impl<T: Send + 'static, S: Sink<T>> Output<T> for SinkNode<T, S> {
     fn watermark(&mut self, _w: Watermark) -> Result<()> {
         Ok(())
     }
+    fn idle(&mut self) -> Result<()> {
+        Ok(())
+    }
     fn flush(&mut self) -> BoxFut<'_, Result<()>> {
         Box::pin(self.write_buffered())
     }
@@ -406,6 +420,8 @@ pub(crate) struct ChannelOut<T> {
     pub(crate) next_target: usize,
     /// Sent to every target after the buffered records at the next flush.
     pub(crate) pending_watermark: Option<Watermark>,
+    /// Idle is sent to every target (after records and watermark) at the next flush.
+    pub(crate) pending_idle: bool,
 }
 
 impl<T: Send + 'static> ChannelOut<T> {
@@ -452,6 +468,16 @@ impl<T: Send + 'static> ChannelOut<T> {
                 .map_err(|_| self.lost())?;
             }
         }
+        if std::mem::take(&mut self.pending_idle) {
+            for (tx, input) in &self.targets {
+                tx.send(Envelope {
+                    input: *input,
+                    msg: Message::Idle,
+                })
+                .await
+                .map_err(|_| self.lost())?;
+            }
+        }
         Ok(())
     }
 
@@ -480,10 +506,16 @@ impl<T: Send + 'static> Output<T> for ChannelOut<T> {
             }
         };
         self.buffers[target].push(record);
+        self.pending_idle = false;
         Ok(())
     }
     fn watermark(&mut self, w: Watermark) -> Result<()> {
         self.pending_watermark = Some(self.pending_watermark.map_or(w, |p| p.max(w)));
+        self.pending_idle = false;
+        Ok(())
+    }
+    fn idle(&mut self) -> Result<()> {
+        self.pending_idle = true;
         Ok(())
     }
     fn flush(&mut self) -> BoxFut<'_, Result<()>> {

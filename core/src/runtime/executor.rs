@@ -15,7 +15,7 @@ use super::chain::{BackendFactory, Notification};
 use super::graph::{PrepareInputs, Vertex};
 use super::metrics::JobMetrics;
 use super::task::{Control, TaskContext, TaskEvent};
-use super::{JobConfig, StateBackendConfig};
+use super::{FailoverStrategy, JobConfig, StateBackendConfig};
 use crate::coordinator::{Acknowledged, CheckpointConfig, CheckpointCoordinator, PendingCheckpoint};
 use crate::error::{CoreError, ErrorClass, Result};
 use crate::message::{CheckpointBarrier, CheckpointId, SnapshotKind};
@@ -30,6 +30,8 @@ pub struct Job {
     inputs: Vec<Arc<dyn PrepareInputs>>,
     uids: BTreeSet<String>,
     metrics: Arc<JobMetrics>,
+    /// Region failover applies: subtask i of every stage is region i.
+    regions: bool,
 }
 
 /// How a job ended.
@@ -150,14 +152,21 @@ impl Job {
         vertices: Vec<Vertex>,
         inputs: Vec<Arc<dyn PrepareInputs>>,
         uids: BTreeSet<String>,
+        shuffles: bool,
     ) -> Result<Self> {
         config.validate()?;
+        let one_parallelism = vertices.windows(2).all(|w| w[0].parallelism == w[1].parallelism);
+        let regions = config.failover == FailoverStrategy::Region
+            && !shuffles
+            && one_parallelism
+            && vertices.first().is_some_and(|v| v.parallelism > 1);
         Ok(Job {
             config,
             vertices,
             inputs,
             uids,
             metrics: Arc::new(JobMetrics::default()),
+            regions,
         })
     }
 
@@ -208,6 +217,7 @@ impl Job {
                     &mut commands,
                     &mut last_id,
                     &mut completed,
+                    (&mut tracker, started),
                 )
                 .await;
             let outcome = |cancelled, restarts| JobOutcome {
@@ -322,56 +332,50 @@ impl Job {
         commands: &mut mpsc::UnboundedReceiver<Command>,
         last_id: &mut CheckpointId,
         completed: &mut u64,
+        (tracker, started): (&mut RestartTracker, Instant),
     ) -> RunEnd {
         for p in &self.inputs {
             p.prepare(self.config.channel_capacity);
         }
         let (events_tx, events) = mpsc::unbounded_channel();
-        let backend = self.backend_factory(restore.clone());
-        let (alignment, max_alignment_buffer) = self
-            .config
-            .checkpointing
-            .as_ref()
-            .map_or((crate::checkpoint::AlignmentMode::ExactlyOnce, usize::MAX), |c| {
-                (c.mode.alignment(), c.max_alignment_buffer)
-            });
         let mut controls = Vec::new();
         let mut sources = Vec::new();
+        let mut places = Vec::new();
         let mut set = JoinSet::new();
-        for v in &self.vertices {
+        let mut tokio_ids = BTreeMap::new();
+        let spawner = Spawner {
+            job: self,
+            storage: storage.clone(),
+            events: events_tx.clone(),
+        };
+        for (vi, v) in self.vertices.iter().enumerate() {
             for index in 0..v.parallelism {
                 if self.config.subtasks.is_some_and(|r| !r.contains(index)) {
                     continue;
                 }
-                let (ctl_tx, ctl_rx) = mpsc::unbounded_channel();
-                let mut ctx = TaskContext {
-                    task_id: controls.len(),
-                    name: v.name.clone(),
-                    index,
-                    parallelism: v.parallelism,
-                    max_parallelism: self.config.max_parallelism,
-                    attempt,
-                    restore: restore.clone(),
-                    storage: storage.clone().map(|s| s as Arc<dyn CheckpointStorage>),
-                    backend: backend.clone(),
-                    alignment,
-                    max_alignment_buffer,
-                    control: Some(ctl_rx),
-                    events: events_tx.clone(),
-                };
-                let body = match (v.make)(&mut ctx) {
-                    Ok(b) => b,
+                let id = controls.len();
+                let ctl_tx = match spawner.spawn(&mut set, vi, index, id, attempt, restore.clone()) {
+                    Ok((tx, tokio_id)) => {
+                        tokio_ids.insert(tokio_id, id);
+                        tx
+                    }
                     Err(e) => return RunEnd::Failed(e),
                 };
-                let id = controls.len();
                 controls.push(ctl_tx);
                 sources.push(v.is_source);
-                set.spawn(async move { (id, body.await) });
+                places.push((vi, index));
             }
         }
         drop(events_tx);
         let mut run = Run {
             job: self,
+            spawner,
+            places,
+            tokio_ids,
+            tracker,
+            started,
+            attempt,
+            region_restarts: 0,
             storage,
             coordinator: self
                 .config
@@ -408,6 +412,55 @@ impl Job {
     }
 }
 
+/// Creates tasks: all of them at the start of a run, a region's again after its failure.
+struct Spawner<'a> {
+    job: &'a Job,
+    storage: Option<Arc<LocalStorage>>,
+    events: mpsc::UnboundedSender<TaskEvent>,
+}
+
+impl Spawner<'_> {
+    /// Spawns subtask `index` of vertex `vi` as task `id`; returns its control sender.
+    fn spawn(
+        &self,
+        set: &mut JoinSet<(usize, Result<()>)>,
+        vi: usize,
+        index: u32,
+        id: usize,
+        attempt: u32,
+        restore: Option<Arc<Snapshot>>,
+    ) -> Result<(mpsc::UnboundedSender<Control>, tokio::task::Id)> {
+        let job = self.job;
+        let v = &job.vertices[vi];
+        let (alignment, max_alignment_buffer) = job
+            .config
+            .checkpointing
+            .as_ref()
+            .map_or((crate::checkpoint::AlignmentMode::ExactlyOnce, usize::MAX), |c| {
+                (c.mode.alignment(), c.max_alignment_buffer)
+            });
+        let (ctl_tx, ctl_rx) = mpsc::unbounded_channel();
+        let mut ctx = TaskContext {
+            task_id: id,
+            name: v.name.clone(),
+            index,
+            parallelism: v.parallelism,
+            max_parallelism: job.config.max_parallelism,
+            attempt,
+            backend: job.backend_factory(restore.clone()),
+            restore,
+            storage: self.storage.clone().map(|s| s as Arc<dyn CheckpointStorage>),
+            alignment,
+            max_alignment_buffer,
+            control: Some(ctl_rx),
+            events: self.events.clone(),
+        };
+        let body = (v.make)(&mut ctx)?;
+        let handle = set.spawn(async move { (id, body.await) });
+        Ok((ctl_tx, handle.id()))
+    }
+}
+
 struct Waiter {
     dir: Option<PathBuf>,
     reply: oneshot::Sender<Result<PathBuf>>,
@@ -416,6 +469,15 @@ struct Waiter {
 /// The coordinator side of one run.
 struct Run<'a> {
     job: &'a Job,
+    spawner: Spawner<'a>,
+    /// (vertex, subtask index) of every task.
+    places: Vec<(usize, u32)>,
+    /// Our task id of every tokio task (to place a panic).
+    tokio_ids: BTreeMap<tokio::task::Id, usize>,
+    tracker: &'a mut RestartTracker,
+    started: Instant,
+    attempt: u32,
+    region_restarts: u32,
     storage: Option<Arc<LocalStorage>>,
     coordinator: Option<CheckpointCoordinator>,
     controls: Vec<mpsc::UnboundedSender<Control>>,
@@ -469,10 +531,21 @@ impl Run<'_> {
                     }
                     Some(Ok((task, Err(e)))) => {
                         warn!(task, error = %e, "Task failed.");
-                        return RunEnd::Failed(e);
+                        if let Err(end) = self.restart_region(set, task, e).await {
+                            return end;
+                        }
                     }
                     Some(Err(e)) => {
-                        return RunEnd::Failed(CoreError::TaskLost { task: "a task".into(), reason: e.to_string() });
+                        let task = self.tokio_ids.get(&e.id()).copied();
+                        let error = CoreError::TaskLost { task: "a task".into(), reason: e.to_string() };
+                        match task {
+                            Some(task) => {
+                                if let Err(end) = self.restart_region(set, task, error).await {
+                                    return end;
+                                }
+                            }
+                            None => return RunEnd::Failed(error),
+                        }
                     }
                 },
                 Some(event) = events.recv() => {
@@ -509,6 +582,134 @@ impl Run<'_> {
                 }
             }
         }
+    }
+
+    /// After task `task` failed with `error`: restarts its region (region failover), or returns
+    /// how the run ends (full restart, or giving up).
+    async fn restart_region(
+        &mut self,
+        set: &mut JoinSet<(usize, Result<()>)>,
+        task: usize,
+        error: CoreError,
+    ) -> std::result::Result<(), RunEnd> {
+        if !self.job.regions
+            || error.class() == ErrorClass::Fatal
+            || self.shutting_down
+            || self.shutdown_after.is_some()
+            || !self.waiters.is_empty()
+        {
+            return Err(RunEnd::Failed(error));
+        }
+        let region = self.places[task].1;
+        let delay = match self.tracker.on_failure(self.started.elapsed()) {
+            RestartDecision::GiveUp => {
+                return Err(RunEnd::Failed(CoreError::RestartsExhausted {
+                    restarts: self.tracker.restarts(),
+                    last: Box::new(error),
+                }))
+            }
+            RestartDecision::Restart(delay) => delay,
+        };
+        self.job.metrics.restarts.fetch_add(1, Ordering::Relaxed);
+        self.region_restarts += 1;
+        warn!(
+            job = %self.job.config.name,
+            region,
+            restart = self.tracker.restarts(),
+            cause = %error,
+            delay_ms = delay.as_millis() as u64,
+            "Task failed; restarting its region (subtask {region} of every stage) from the latest completed checkpoint."
+        );
+        // Checkpoints in flight cannot complete without the region: abort them (not counted as
+        // checkpoint failures).
+        let declined: Vec<CheckpointId> = match self.coordinator.as_mut() {
+            Some(c) => {
+                let ids: Vec<CheckpointId> = c.pending().map(|p| p.barrier.id).collect();
+                ids.into_iter().filter(|id| c.decline(*id).is_some()).collect()
+            }
+            None => Vec::new(),
+        };
+        for id in declined {
+            self.broadcast(Control::Notify(Notification::Aborted(id)));
+            if let Some(s) = self.storage.clone() {
+                let _ = tokio::task::spawn_blocking(move || s.abort(id)).await;
+            }
+        }
+        // Stop the region's other tasks and wait for every one of them to be gone.
+        let members: BTreeSet<usize> = (0..self.places.len()).filter(|t| self.places[*t].1 == region).collect();
+        for t in &members {
+            let _ = self.controls[*t].send(Control::Shutdown);
+        }
+        let mut gone: BTreeSet<usize> = BTreeSet::from([task]);
+        let deadline = tokio::time::sleep(self.job.config.shutdown_timeout);
+        tokio::pin!(deadline);
+        while gone.len() < members.len() {
+            tokio::select! {
+                joined = set.join_next() => match joined {
+                    None => break,
+                    Some(Ok((t, _))) if members.contains(&t) => { gone.insert(t); }
+                    Some(Err(e)) if self.tokio_ids.get(&e.id()).is_some_and(|t| members.contains(t)) => {
+                        gone.insert(self.tokio_ids[&e.id()]);
+                    }
+                    Some(Ok((_, Err(e)))) => return Err(RunEnd::Failed(e)),
+                    Some(Ok((_, Ok(())))) => {
+                        return Err(RunEnd::Failed(CoreError::TaskLost { task: "a task".into(), reason: "ended during a region restart".into() }));
+                    }
+                    Some(Err(e)) => return Err(RunEnd::Failed(CoreError::TaskLost { task: "a task".into(), reason: e.to_string() })),
+                },
+                _ = &mut deadline => {
+                    return Err(RunEnd::Failed(CoreError::TaskLost { task: format!("region {region}"), reason: "did not stop in time for its restart".into() }));
+                }
+            }
+        }
+        tokio::time::sleep(delay).await;
+        let restore = match &self.storage {
+            Some(s) => {
+                let s = s.clone();
+                match tokio::task::spawn_blocking(move || s.latest()).await {
+                    Ok(Ok(latest)) => latest.map(Arc::new),
+                    Ok(Err(e)) => return Err(RunEnd::Failed(e)),
+                    Err(e) => {
+                        return Err(RunEnd::Failed(CoreError::TaskLost {
+                            task: "storage".into(),
+                            reason: e.to_string(),
+                        }))
+                    }
+                }
+            }
+            None => None,
+        };
+        let restore = restore.or_else(|| {
+            self.job
+                .config
+                .restore_from
+                .as_deref()
+                .and_then(|p| LocalStorage::open_path(p).ok())
+                .map(Arc::new)
+        });
+        if let Some(r) = &restore {
+            info!(region, checkpoint_id = r.meta.id, "Restoring the region.");
+            self.job.metrics.update(|s| s.restored += 1);
+        }
+        for p in &self.job.inputs {
+            p.prepare_one(self.job.config.channel_capacity, region);
+        }
+        // Upstream tasks before downstream ones, as at the start of a run.
+        for t in members {
+            let (vi, index) = self.places[t];
+            match self
+                .spawner
+                .spawn(set, vi, index, t, self.attempt + self.region_restarts, restore.clone())
+            {
+                Ok((tx, tokio_id)) => {
+                    self.controls[t] = tx;
+                    self.tokio_ids.insert(tokio_id, t);
+                    self.ended.remove(&t);
+                }
+                Err(e) => return Err(RunEnd::Failed(e)),
+            }
+        }
+        Ok(())
     }
 
     fn next_wake(&self) -> Instant {

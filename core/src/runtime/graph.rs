@@ -56,6 +56,8 @@ pub(crate) struct Vertex {
 /// Fresh channels for a run of the job.
 pub(crate) trait PrepareInputs: Send + Sync {
     fn prepare(&self, capacity: usize);
+    /// Fresh channel of subtask `index` only (its region restarts; forward edges only).
+    fn prepare_one(&self, capacity: usize, index: u32);
 }
 
 /// The input channels of one stage: a receiver per subtask, and the senders upstream stages use.
@@ -75,6 +77,16 @@ impl<T: Send + 'static> PrepareInputs for InputSlots<T> {
             .unzip();
         *self.receivers.lock().expect("not poisoned") = rxs;
         *self.senders.lock().expect("not poisoned") = txs;
+    }
+
+    fn prepare_one(&self, capacity: usize, index: u32) {
+        let (tx, rx) = mpsc::channel(capacity);
+        if let Some(r) = self.receivers.lock().expect("not poisoned").get_mut(index as usize) {
+            *r = Some(rx);
+        }
+        if let Some(s) = self.senders.lock().expect("not poisoned").get_mut(index as usize) {
+            *s = tx;
+        }
     }
 }
 
@@ -189,7 +201,7 @@ impl JobBuilder {
                 )));
             }
         }
-        Job::new(graph.config, graph.vertices, graph.inputs, graph.uids)
+        Job::new(graph.config, graph.vertices, graph.inputs, graph.uids, graph.shuffles)
     }
 }
 
@@ -431,6 +443,7 @@ fn connect<T: Send + 'static>(
                 buffers,
                 next_target: 0,
                 pending_watermark: None,
+                pending_idle: false,
             };
             attach(ctx, Box::new(out))
         });

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 pub use api::{
     CheckpointListener, CheckpointedFunction, Collector, InitContext, KeyedProcessFunction, ProcessFunction, Sink,
-    SnapshotContext, Source, SourceStatus, SubtaskInfo,
+    SnapshotContext, Source, SourceStatus, SourceWatermark, SubtaskInfo,
 };
 pub use executor::{Job, JobControl, JobHandle, JobOutcome};
 pub use graph::{JobBuilder, KeyedStream, Stream};
@@ -85,6 +85,24 @@ pub struct JobConfig {
     /// forward edges, so no record crosses to a subtask of another process.
     #[serde(default)]
     pub subtasks: Option<SubtaskRange>,
+    /// What a task failure restarts.
+    #[serde(default)]
+    pub failover: FailoverStrategy,
+}
+
+/// What a task failure restarts (Flink's `jobmanager.execution.failover-strategy`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailoverStrategy {
+    /// Every task restarts from the latest completed checkpoint.
+    Full,
+    /// Only the failed pipelined region restarts: in a job whose stages have one parallelism and
+    /// forward edges only, subtask i of every stage forms region i, and a failure restarts that
+    /// region alone from the latest completed checkpoint while the others keep running. A job with
+    /// key_by, rebalance or unions of different parallelism is one region (every failure restarts
+    /// everything). Region restarts count against the restart strategy.
+    #[default]
+    Region,
 }
 
 /// Subtasks `first..=last` of every stage.
@@ -132,6 +150,7 @@ impl JobConfig {
             allow_non_restored_state: false,
             shutdown_timeout: default_shutdown_timeout(),
             subtasks: None,
+            failover: FailoverStrategy::default(),
         }
     }
 

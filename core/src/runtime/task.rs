@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::api::{InitContext, SnapshotContext, Source, SourceStatus, SubtaskInfo};
+use super::api::{InitContext, SnapshotContext, Source, SourceStatus, SourceWatermark, SubtaskInfo};
 use super::chain::{user_error, BackendFactory, BarrierCtx, Envelope, Notification, Output};
 use crate::checkpoint::{AlignerEvent, AlignmentMode, BarrierAligner, SubtaskSnapshot};
 use crate::coordinator::{OperatorSubtaskState, TaskSnapshot};
 use crate::error::{CoreError, Result};
-use crate::message::{CheckpointBarrier, CheckpointId, Message};
+use crate::message::{CheckpointBarrier, CheckpointId, Message, Watermark};
 use crate::state::{redistribute, RestoredState};
 use crate::storage::{CheckpointStorage, Snapshot};
 
@@ -156,6 +156,9 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
         let mut ended = false;
         let mut stopped = false;
         let mut buf = Vec::with_capacity(1024);
+        let mut last_watermark: Option<Watermark> = None;
+        let mut idle = false;
+        let mut last_snapshot: Option<CheckpointId> = None;
         loop {
             let control = if ended || stopped {
                 match parts.control.recv().await {
@@ -171,14 +174,20 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
             };
             if let Some(c) = control {
                 match c {
+                    // A trigger sent before this task ended can arrive after the coordinator,
+                    // told of the end, also asked for the snapshot directly: snapshot once.
+                    Control::Trigger { barrier, .. } | Control::SnapshotIfEnded(barrier)
+                        if last_snapshot.is_some_and(|l| barrier.id <= l) => {}
                     Control::Trigger { barrier, stop } => {
                         let snapshot = source_snapshot(&info, &mut source, barrier).await?;
                         parts.checkpoint(&mut chain, barrier, snapshot, !ended).await?;
+                        last_snapshot = Some(barrier.id);
                         stopped |= stop;
                     }
                     Control::SnapshotIfEnded(barrier) if ended => {
                         let snapshot = source_snapshot(&info, &mut source, barrier).await?;
                         parts.checkpoint(&mut chain, barrier, snapshot, false).await?;
+                        last_snapshot = Some(barrier.id);
                     }
                     Control::SnapshotIfEnded(_) => {}
                     Control::Notify(n) => {
@@ -194,8 +203,24 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
                 continue;
             }
             let status = source.poll_next(&mut buf).await.map_err(|e| user_error(&info.uid, e))?;
+            if !buf.is_empty() {
+                idle = false;
+            }
             for r in buf.drain(..) {
                 chain.record(r)?;
+            }
+            match source.watermark() {
+                Some(SourceWatermark::At(w)) if idle || last_watermark.is_none_or(|l| w > l) => {
+                    let w = last_watermark.map_or(w, |l| l.max(w));
+                    chain.watermark(w)?;
+                    last_watermark = Some(w);
+                    idle = false;
+                }
+                Some(SourceWatermark::Idle) if !idle => {
+                    chain.idle()?;
+                    idle = true;
+                }
+                _ => {}
             }
             chain.flush().await?;
             if status == SourceStatus::End {
@@ -246,13 +271,15 @@ pub(crate) fn input_task<T: Send + 'static>(
         chain.open().await?;
         let mut ended = false;
         let mut events = Vec::new();
+        let mut last_snapshot: Option<CheckpointId> = None;
         loop {
             tokio::select! {
                 biased;
                 c = parts.control.recv() => match c {
                     Some(Control::Notify(n)) => chain.notify(n).await?,
-                    Some(Control::SnapshotIfEnded(barrier)) if ended => {
+                    Some(Control::SnapshotIfEnded(barrier)) if ended && last_snapshot.is_none_or(|l| barrier.id > l) => {
                         parts.checkpoint(&mut chain, barrier, TaskSnapshot::default(), false).await?;
+                        last_snapshot = Some(barrier.id);
                     }
                     Some(Control::SnapshotIfEnded(_) | Control::Trigger { .. }) => {}
                     Some(Control::Shutdown) => return chain.close().await,
@@ -275,6 +302,7 @@ pub(crate) fn input_task<T: Send + 'static>(
                                 id,
                                 reason: crate::checkpoint::AbortReason::CanceledUpstream,
                             },
+                            Message::Idle => AlignerEvent::Idle,
                             Message::EndOfStream => AlignerEvent::EndOfStream,
                         });
                     } else {
@@ -288,9 +316,11 @@ pub(crate) fn input_task<T: Send + 'static>(
                                 }
                             }
                             AlignerEvent::Watermark(w) => chain.watermark(w)?,
+                            AlignerEvent::Idle => chain.idle()?,
                             AlignerEvent::Barrier { barrier, alignment } => {
                                 let snapshot = TaskSnapshot { operators: Vec::new(), alignment };
                                 parts.checkpoint(&mut chain, barrier, snapshot, true).await?;
+                                last_snapshot = Some(barrier.id);
                             }
                             AlignerEvent::Aborted { id, reason } => {
                                 chain.flush().await?;

@@ -463,3 +463,103 @@ fn word_count_build(config: JobConfig) -> Result<Job> {
         });
     job.build()
 }
+
+/// Counts initialisations per subtask around a `Gen`.
+struct Counted {
+    inner: Gen,
+    index: u32,
+    inits: Arc<Mutex<BTreeMap<u32, u32>>>,
+}
+
+impl Source<u64> for Counted {
+    async fn initialize_state(&mut self, ctx: &InitContext<'_>) -> crate::Result<()> {
+        *self.inits.lock().unwrap().entry(self.index).or_default() += 1;
+        self.inner.initialize_state(ctx).await
+    }
+    async fn poll_next(&mut self, out: &mut Vec<u64>) -> crate::Result<SourceStatus> {
+        self.inner.poll_next(out).await
+    }
+    async fn snapshot_state(&mut self, ctx: &mut SnapshotContext) -> crate::Result<()> {
+        self.inner.snapshot_state(ctx).await
+    }
+}
+
+/// A forward-only job of parallelism 3 whose subtask 1 fails twice mid-stream.
+async fn failing_forward_job(failover: FailoverStrategy) -> (BTreeMap<u32, u32>, Committed, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), StateBackendConfig::Memory);
+    cfg.failover = failover;
+    let total = 9_000;
+    let committed: Committed = Arc::default();
+    let inits: Arc<Mutex<BTreeMap<u32, u32>>> = Arc::default();
+    let failures = Arc::new(AtomicU32::new(2));
+    let mut job = JobBuilder::new(cfg);
+    let gen = gen_source(total, Duration::from_millis(1));
+    let i2 = inits.clone();
+    let c2 = committed.clone();
+    job.source("numbers", 3, move |info| Counted {
+        inner: gen(info),
+        index: info.index,
+        inits: i2.clone(),
+    })
+    .flat_map(move |n: u64, out| {
+        // Subtask 1 emits n = 1, 4, 7, ...: fail there, at two points.
+        if (n == 3_001 || n == 6_001)
+            && failures
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |f| f.checked_sub(1))
+                .is_ok()
+        {
+            return Err(CoreError::operator(
+                "check",
+                ErrorClass::Restart,
+                "injected failure in subtask 1",
+            ));
+        }
+        out.emit((word(n), n))
+    })
+    .sink("out", move |info| StagingSink {
+        subtask: info.index,
+        current: Vec::new(),
+        staged: BTreeMap::new(),
+        committed: c2.clone(),
+    });
+    let outcome = job.build().unwrap().run().await.unwrap();
+    assert_eq!(outcome.restarts, 2);
+    let inits = inits.lock().unwrap().clone();
+    (inits, committed, total)
+}
+
+fn assert_each_once(case: &str, committed: &Committed, total: u64) {
+    let mut seen: Vec<u64> = committed
+        .lock()
+        .unwrap()
+        .values()
+        .flat_map(|rows| rows.iter().map(|(_, n)| *n))
+        .collect();
+    seen.sort_unstable();
+    let mut dup = seen.clone();
+    dup.dedup();
+    let duplicates = seen.len() - dup.len();
+    let missing: Vec<u64> = (0..total).filter(|n| dup.binary_search(n).is_err()).take(10).collect();
+    assert_eq!(
+        (duplicates, missing.as_slice()),
+        (0, &[][..]),
+        "{case}: {} seen of {total}",
+        seen.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn region_failover_restarts_only_the_failed_region() {
+    let (inits, committed, total) = failing_forward_job(FailoverStrategy::Region).await;
+    assert_eq!(
+        inits,
+        BTreeMap::from([(0, 1), (1, 3), (2, 1)]),
+        "only subtask 1 restarted"
+    );
+    assert_each_once("region", &committed, total);
+
+    let (inits, committed, total) = failing_forward_job(FailoverStrategy::Full).await;
+    assert_eq!(inits, BTreeMap::from([(0, 3), (1, 3), (2, 3)]), "everything restarted");
+    assert_each_once("full", &committed, total);
+}
