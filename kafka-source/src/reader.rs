@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use exactly_core::runtime::{InitContext, SnapshotContext, Source, SourceStatus, SourceWatermark, SubtaskInfo};
 use exactly_core::CheckpointId;
-use futures::FutureExt;
+use futures::{FutureExt, StreamExt};
 use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
@@ -452,87 +452,92 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
     }
 
     /// Appends up to `poll_batch` records: waits (asynchronously, briefly) for the first, then
-    /// takes what the client has already fetched without waiting.
+    /// takes what the client has already fetched without waiting. One message stream serves the
+    /// whole batch (each `recv` would register and unregister a waker).
     async fn poll_batch(&mut self, out: &mut Vec<T>) -> Result<()> {
         let limit = self.config.poll_batch;
         let dead_letters = matches!(self.config.on_deserialization_error, PoisonPolicy::DeadLetter { .. });
         let clocks = self.config.watermarks.is_some().then(Instant::now);
-        let mut first = true;
-        while out.len() < limit {
-            let polled = {
-                let consumer = self.consumer.as_ref().expect("initialized");
+        let mut rejected: Vec<(KafkaRecord, String)> = Vec::new();
+        {
+            let consumer = self.consumer.as_ref().expect("initialized");
+            let positions = &mut self.positions;
+            let deserializer = &self.deserializer;
+            let mut stream = consumer.stream();
+            let mut first = true;
+            while out.len() < limit {
                 let m = if first {
                     first = false;
-                    tokio::time::timeout(IDLE_WAIT, consumer.recv()).await.ok()
+                    tokio::time::timeout(IDLE_WAIT, stream.next()).await.ok().flatten()
                 } else {
-                    consumer.recv().now_or_never()
+                    stream.next().now_or_never().flatten()
                 };
-                match m {
-                    None => None,
+                let m = match m {
+                    None => break,
                     Some(Err(error)) => {
                         warn!(%error, "Consumer error (retried by the client).");
-                        None
+                        break;
                     }
-                    Some(Ok(m)) => {
-                        // Owned partitions are few: a scan without allocating beats a map lookup.
-                        let Some(at) = self
-                            .positions
-                            .iter()
-                            .position(|p| p.tp.partition == m.partition() && &*p.topic == m.topic())
-                        else {
-                            debug!(
-                                topic = m.topic(),
-                                partition = m.partition(),
-                                "Record of an unassigned partition ignored."
-                            );
-                            continue;
-                        };
-                        let pos = &mut self.positions[at];
-                        pos.next = m.offset() + 1;
-                        if let Some(now) = clocks {
-                            pos.clock.saw(m.timestamp().to_millis(), now);
-                        }
-                        Some((
-                            at,
-                            KafkaRecord {
-                                topic: pos.topic.clone(),
-                                partition: m.partition(),
-                                offset: m.offset(),
-                                timestamp: m.timestamp().to_millis(),
-                                key: m.key().map(<[u8]>::to_vec),
-                                value: m.payload().map(<[u8]>::to_vec),
-                                headers: m
-                                    .headers()
-                                    .map(|h| {
-                                        h.iter()
-                                            .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
-                                            .collect()
-                                    })
-                                    .unwrap_or_default(),
-                            },
-                        ))
-                    }
+                    Some(Ok(m)) => m,
+                };
+                // Owned partitions are few: a scan without allocating beats a map lookup.
+                let Some(at) = positions
+                    .iter()
+                    .position(|p| p.tp.partition == m.partition() && &*p.topic == m.topic())
+                else {
+                    debug!(
+                        topic = m.topic(),
+                        partition = m.partition(),
+                        "Record of an unassigned partition ignored."
+                    );
+                    continue;
+                };
+                let pos = &mut positions[at];
+                pos.next = m.offset() + 1;
+                if let Some(now) = clocks {
+                    pos.clock.saw(m.timestamp().to_millis(), now);
                 }
-            };
-            let Some((at, record)) = polled else { break };
-            // Only the dead-letter policy needs the raw record after a failure: copy it only then.
-            let keep = dead_letters.then(|| record.clone());
-            let (partition, offset) = (record.partition, record.offset);
-            match self.deserializer.deserialize(record) {
-                Ok(t) => out.push(t),
-                Err(e) => {
-                    let raw = keep.unwrap_or_else(|| KafkaRecord {
-                        topic: self.positions[at].topic.clone(),
-                        partition,
-                        offset,
-                        timestamp: None,
-                        key: None,
-                        value: None,
-                        headers: Vec::new(),
-                    });
-                    self.poison(raw, e.to_string())?;
+                let record = KafkaRecord {
+                    topic: pos.topic.clone(),
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    timestamp: m.timestamp().to_millis(),
+                    key: m.key().map(<[u8]>::to_vec),
+                    value: m.payload().map(<[u8]>::to_vec),
+                    headers: m
+                        .headers()
+                        .map(|h| {
+                            h.iter()
+                                .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                };
+                // Only the dead-letter policy needs the raw record after a failure: copy it only then.
+                let keep = dead_letters.then(|| record.clone());
+                let (partition, offset) = (record.partition, record.offset);
+                match deserializer.deserialize(record) {
+                    Ok(t) => out.push(t),
+                    Err(e) => {
+                        let raw = keep.unwrap_or_else(|| KafkaRecord {
+                            topic: pos.topic.clone(),
+                            partition,
+                            offset,
+                            timestamp: None,
+                            key: None,
+                            value: None,
+                            headers: Vec::new(),
+                        });
+                        rejected.push((raw, e.to_string()));
+                        if matches!(self.config.on_deserialization_error, PoisonPolicy::Fail) {
+                            break;
+                        }
+                    }
                 }
             }
+        }
+        for (raw, reason) in rejected {
+            self.poison(raw, reason)?;
         }
         self.metrics.records.fetch_add(out.len() as u64, Ordering::Relaxed);
         Ok(())
