@@ -295,3 +295,28 @@ fn bench_needs_services_it_measures() {
         .failure()
         .stderr(predicate::str::contains("needs --bootstrap"));
 }
+
+#[test]
+fn bench_core_prints_both_rates_and_writes_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let out = exactly()
+        .args(["bench", "core", "--records", "20000", "--rounds", "1", "--json"])
+        .arg(&json)
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert!(
+        text.contains("checkpointing off:") && text.contains("ratio on/off:"),
+        "{text}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let row = &report["rows"][0];
+    assert_eq!(row["bench"], "core");
+    let (on, off, ratio) = (
+        row["figures"]["on_records_per_s"].as_f64().unwrap(),
+        row["figures"]["off_records_per_s"].as_f64().unwrap(),
+        row["figures"]["ratio"].as_f64().unwrap(),
+    );
+    assert!(on > 0.0 && off > 0.0 && (ratio - on / off).abs() < 1e-9, "{row}");
+}

@@ -349,3 +349,39 @@ async fn txn_tool_lists_and_aborts_hanging_transactions_but_spares_pending_commi
     assert_eq!(ids, (0..total).collect::<Vec<_>>());
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn datagen_writes_the_orders_and_creates_topics() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let (topic, extra) = (unique("gen"), unique("gen-extra"));
+    let out = stdout(cmd().args([
+        "datagen",
+        "--bootstrap",
+        &env.kafka_bootstrap,
+        "--topic",
+        &topic,
+        "--count",
+        "500",
+        "--first",
+        "100",
+        "--create",
+        &extra,
+    ]));
+    assert!(out.contains("500 orders (100..600)"), "{out}");
+    let records = read_committed(env, &topic, Duration::from_secs(60))?;
+    let mut ids: Vec<u64> = records
+        .iter()
+        .map(|r| {
+            serde_json::from_slice::<serde_json::Value>(r.value.as_deref().unwrap()).unwrap()["id"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (100..600).collect::<Vec<_>>());
+    assert!(
+        read_committed(env, &extra, Duration::from_secs(60))?.is_empty(),
+        "created, empty"
+    );
+    Ok(())
+}
