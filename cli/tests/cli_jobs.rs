@@ -385,3 +385,42 @@ async fn datagen_writes_the_orders_and_creates_topics() -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_cancels_and_logs_can_be_json() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let (input, output) = (unique("term-in"), unique("term-out"));
+    create_topic(env, &input, 1).await?;
+    create_topic(env, &output, 1).await?;
+    let dir = tempfile::tempdir()?;
+    let port = free_port();
+    let file = K2k {
+        env,
+        name: &unique("term-job"),
+        input: &input,
+        output: &output,
+        prefix: &unique("term-txn"),
+        dir: dir.path(),
+        parallelism: 1,
+        admin: Some(port),
+        transforms: "",
+    }
+    .write();
+    produce(env, &input, &orders(0..100))?;
+    // Every pre-commit takes 3 s, so the final checkpoint a SIGTERM asks for is still running
+    // when the second SIGTERM comes.
+    let mut job = spawn_run(&file, &["--log-format", "json"], "sink.before_pre_commit=delay@3s")?;
+    wait_status(&mut job, port, "the job answering", Duration::from_secs(60), |s| s["records_in"].as_u64() >= Some(100))?;
+    signal(job.pid(), "TERM")?;
+    std::thread::sleep(Duration::from_millis(300));
+    signal(job.pid(), "TERM")?;
+    wait_exit(&mut job, Duration::from_secs(30))?;
+    let log = job.tail(200);
+    assert!(log.contains("Aborting: no final checkpoint"), "{log}");
+    assert!(log.contains("\"cancelled\":true"), "{log}");
+    for line in log.lines().filter(|l| !l.trim().is_empty() && !l.starts_with("FAILPOINT")) {
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| anyhow::anyhow!("{e}: {line}"))?;
+        assert!(v.get("level").is_some() && v.get("fields").is_some(), "{line}");
+    }
+    Ok(())
+}
