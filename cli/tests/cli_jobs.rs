@@ -410,7 +410,9 @@ async fn a_second_sigterm_cancels_and_logs_can_be_json() -> Result<()> {
     // Every pre-commit takes 3 s, so the final checkpoint a SIGTERM asks for is still running
     // when the second SIGTERM comes.
     let mut job = spawn_run(&file, &["--log-format", "json"], "sink.before_pre_commit=delay@3s")?;
-    wait_status(&mut job, port, "the job answering", Duration::from_secs(60), |s| s["records_in"].as_u64() >= Some(100))?;
+    wait_status(&mut job, port, "the job answering", Duration::from_secs(60), |s| {
+        s["records_in"].as_u64() >= Some(100)
+    })?;
     signal(job.pid(), "TERM")?;
     std::thread::sleep(Duration::from_millis(300));
     signal(job.pid(), "TERM")?;
@@ -418,9 +420,49 @@ async fn a_second_sigterm_cancels_and_logs_can_be_json() -> Result<()> {
     let log = job.tail(200);
     assert!(log.contains("Aborting: no final checkpoint"), "{log}");
     assert!(log.contains("\"cancelled\":true"), "{log}");
-    for line in log.lines().filter(|l| !l.trim().is_empty() && !l.starts_with("FAILPOINT")) {
+    for line in log
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with("FAILPOINT"))
+    {
         let v: serde_json::Value = serde_json::from_str(line).map_err(|e| anyhow::anyhow!("{e}: {line}"))?;
         assert!(v.get("level").is_some() && v.get("fields").is_some(), "{line}");
     }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_terminal_run_draws_a_progress_line() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let (input, output) = (unique("tty-in"), unique("tty-out"));
+    create_topic(env, &input, 1).await?;
+    create_topic(env, &output, 1).await?;
+    let dir = tempfile::tempdir()?;
+    let name = unique("tty-job");
+    let file = K2k {
+        env,
+        name: &name,
+        input: &input,
+        output: &output,
+        prefix: &unique("tty-txn"),
+        dir: dir.path(),
+        parallelism: 1,
+        admin: None,
+        transforms: "",
+    }
+    .write();
+    produce(env, &input, &orders(0..100))?;
+    // `script` gives the job a terminal; SIGTERM after 5 s stops it gracefully.
+    let inner = format!("timeout -s TERM 5 {} run {}", common::exactly(), file.display());
+    let out = std::process::Command::new("script")
+        .args(["-qefc", &inner, "/dev/null"])
+        .env_remove("RUST_LOG")
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains(&format!("\r\x1b[2K{name} | in ")),
+        "no progress line in:\n{text}"
+    );
+    assert!(text.contains("| checkpoint #"), "{text}");
+    assert!(text.contains("job ended:"), "{text}");
     Ok(())
 }
