@@ -12,6 +12,11 @@ use exactly_cli::run::{self, RunOptions};
 use exactly_cli::{admin, checkpoints, txn};
 use exactly_core::runtime::SubtaskRange;
 
+/// Records are small owned buffers allocated and freed at high rates; mimalloc handles that
+/// better than the system allocator (measured with `exactly bench source`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "exactly",

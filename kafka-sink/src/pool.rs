@@ -1,6 +1,7 @@
 //! The producers of one subtask: one per transactional id of its pool, each with a delivery
 //! tracker, and the state of the transaction it holds.
 
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -9,22 +10,54 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientConfig, ClientContext, Message};
 
-use crate::committable::Probe;
 use crate::error::{Result, SinkError};
 use crate::partitioner::Partitioner;
 use crate::ProducerRecord;
 
-/// What the delivery callbacks of one producer saw since the last reset.
+/// What the delivery callbacks of one producer saw since the last reset. The callback runs once
+/// per record on the producer's polling thread: it takes no lock and allocates nothing unless a
+/// delivery failed.
 #[derive(Debug, Default)]
 pub(crate) struct Deliveries {
-    pub(crate) first_error: Option<String>,
-    pub(crate) last: Option<Probe>,
-    pub(crate) delivered: u64,
+    first_error: Mutex<Option<String>>,
+    failed: AtomicBool,
+    /// A delivered record of the current transaction (its first): the recovery probe.
+    probe_set: AtomicBool,
+    probe_partition: AtomicI32,
+    probe_offset: AtomicI64,
+}
+
+impl Deliveries {
+    /// Forgets what was seen (a new transaction starts; the previous one's records were all
+    /// delivered before its pre-commit returned).
+    pub(crate) fn reset(&self) {
+        *self.first_error.lock().expect("not poisoned") = None;
+        self.failed.store(false, Ordering::Release);
+        self.probe_set.store(false, Ordering::Release);
+    }
+
+    /// (partition, offset) of a delivered record since the reset.
+    pub(crate) fn probe(&self) -> Option<(i32, i64)> {
+        self.probe_set.load(Ordering::Acquire).then(|| {
+            (
+                self.probe_partition.load(Ordering::Relaxed),
+                self.probe_offset.load(Ordering::Relaxed),
+            )
+        })
+    }
+
+    /// The first delivery error since the reset.
+    pub(crate) fn first_error(&self) -> Option<String> {
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.first_error.lock().expect("not poisoned").clone()
+    }
 }
 
 /// Collects delivery reports (runs on the producer's polling thread).
 pub(crate) struct SinkContext {
-    pub(crate) deliveries: Arc<Mutex<Deliveries>>,
+    pub(crate) deliveries: Arc<Deliveries>,
 }
 
 impl ClientContext for SinkContext {}
@@ -33,19 +66,22 @@ impl ProducerContext for SinkContext {
     type DeliveryOpaque = ();
 
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        let mut d = self.deliveries.lock().expect("not poisoned");
+        let d = &self.deliveries;
         match result {
             Ok(m) => {
-                d.delivered += 1;
-                d.last = Some(Probe {
-                    topic: m.topic().to_owned(),
-                    partition: m.partition(),
-                    offset: m.offset(),
-                });
+                // One writer (this thread); the flag publishes the pair.
+                if !d.probe_set.load(Ordering::Relaxed) {
+                    d.probe_partition.store(m.partition(), Ordering::Relaxed);
+                    d.probe_offset.store(m.offset(), Ordering::Relaxed);
+                    d.probe_set.store(true, Ordering::Release);
+                }
             }
             Err((e, m)) => {
                 d.first_error
+                    .lock()
+                    .expect("not poisoned")
                     .get_or_insert_with(|| format!("{}/{}: {e}", m.topic(), m.partition()));
+                d.failed.store(true, Ordering::Release);
             }
         }
     }
@@ -58,7 +94,7 @@ pub(crate) fn create_producer(
     bootstrap: &str,
     client: &std::collections::BTreeMap<String, String>,
     transactional: Option<(&str, Duration)>,
-) -> Result<(Producer_, Arc<Mutex<Deliveries>>)> {
+) -> Result<(Producer_, Arc<Deliveries>)> {
     let mut c = ClientConfig::new();
     c.set("linger.ms", "5");
     for (k, v) in client {
@@ -74,7 +110,7 @@ pub(crate) fn create_producer(
             c.set("enable.idempotence", "true");
         }
     }
-    let deliveries = Arc::new(Mutex::new(Deliveries::default()));
+    let deliveries = Arc::new(Deliveries::default());
     let producer = c
         .create_with_context(SinkContext {
             deliveries: deliveries.clone(),
@@ -131,23 +167,18 @@ pub(crate) async fn send_all(
 }
 
 /// Fails if a record was reported undelivered since the last reset.
-pub(crate) fn check_deliveries(deliveries: &Mutex<Deliveries>, topic: &str) -> Result<()> {
-    match &deliveries.lock().expect("not poisoned").first_error {
+pub(crate) fn check_deliveries(deliveries: &Deliveries, topic: &str) -> Result<()> {
+    match deliveries.first_error() {
         Some(reason) => Err(SinkError::Delivery {
             topic: topic.to_owned(),
-            reason: reason.clone(),
+            reason,
         }),
         None => Ok(()),
     }
 }
 
 /// Waits for every outstanding record; fails if any was not delivered.
-pub(crate) fn flush(
-    producer: &Producer_,
-    deliveries: &Mutex<Deliveries>,
-    topic: &str,
-    timeout: Duration,
-) -> Result<()> {
+pub(crate) fn flush(producer: &Producer_, deliveries: &Deliveries, topic: &str, timeout: Duration) -> Result<()> {
     tokio::task::block_in_place(|| producer.flush(timeout)).map_err(|e| SinkError::kafka("flushing", e))?;
     check_deliveries(deliveries, topic)
 }

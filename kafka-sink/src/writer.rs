@@ -2,7 +2,7 @@
 //! behind [`KafkaSink`].
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use exactly_core::runtime::{InitContext, Sink, SnapshotContext, SubtaskInfo};
@@ -15,7 +15,7 @@ use rdkafka::producer::Producer;
 use rdkafka::ClientConfig;
 use tracing::{info, warn};
 
-use crate::committable::{KafkaCommittable, COMMITTABLE_VERSION};
+use crate::committable::{KafkaCommittable, Probe, COMMITTABLE_VERSION};
 use crate::config::{DeliveryGuarantee, KafkaSinkConfig, PartitionerKind};
 use crate::error::{Result, SinkError};
 use crate::partitioner::{FixedPartitioner, KeyHashPartitioner, Partitioner, RoundRobinPartitioner};
@@ -106,7 +106,7 @@ pub struct TransactionalKafkaSink {
 struct Slot {
     id: String,
     producer: Producer_,
-    deliveries: Arc<Mutex<Deliveries>>,
+    deliveries: Arc<Deliveries>,
     state: SlotState,
 }
 
@@ -158,7 +158,7 @@ impl TransactionalKafkaSink {
 
     /// A producer for `id` with transactions initialised: fences older producers of the id
     /// (zombies) and aborts what they left open.
-    fn init_producer(&self, id: &str) -> Result<(Producer_, Arc<Mutex<Deliveries>>)> {
+    fn init_producer(&self, id: &str) -> Result<(Producer_, Arc<Deliveries>)> {
         let (producer, deliveries) = create_producer(
             &self.config.bootstrap_servers,
             &self.config.client,
@@ -237,7 +237,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             .ok_or_else(|| SinkError::Protocol("no free transactional producer (all pending or broken)".into()))?;
         self.next_slot = (slot + 1) % n;
         let s = &mut self.slots[slot];
-        *s.deliveries.lock().expect("not poisoned") = Deliveries::default();
+        s.deliveries.reset();
         s.producer
             .begin_transaction()
             .map_err(|e| SinkError::kafka(format!("begin_transaction on {}", s.id), e))?;
@@ -297,7 +297,11 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             &self.config.topic,
             self.config.flush_timeout,
         )?;
-        let probe = s.deliveries.lock().expect("not poisoned").last.clone();
+        let probe = s.deliveries.probe().map(|(partition, offset)| Probe {
+            topic: self.config.topic.clone(),
+            partition,
+            offset,
+        });
         let desc = self.wire.describe(&s.id).await?;
         if desc.state != "Ongoing" {
             return Err(SinkError::Protocol(format!(
@@ -433,7 +437,7 @@ pub struct KafkaWriter {
     config: KafkaSinkConfig,
     partitioner: Box<dyn Partitioner>,
     partitions: Vec<i32>,
-    producer: Option<(Producer_, Arc<Mutex<Deliveries>>)>,
+    producer: Option<(Producer_, Arc<Deliveries>)>,
 }
 
 impl KafkaWriter {
