@@ -97,6 +97,11 @@ pub(crate) fn create_producer(
 ) -> Result<(Producer_, Arc<Deliveries>)> {
     let mut c = ClientConfig::new();
     c.set("linger.ms", "5");
+    // Every checkpoint flushes the producer (pre-commit, or at-least-once's barrier flush) and the
+    // pipeline waits meanwhile: a shorter queue than librdkafka's 100 000 messages keeps that wait
+    // short (measured with `exactly bench k2k`, 8 M × 100 B: exactly-once 0.58 × the plain loop
+    // with 100 000, 0.78–0.85 × with 20 000; 10 000 and 5 000 stall on a full queue instead).
+    c.set("queue.buffering.max.messages", "20000");
     for (k, v) in client {
         c.set(k, v);
     }
@@ -156,8 +161,10 @@ pub(crate) async fn send_all(
             match producer.send(record) {
                 Ok(()) => break,
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    // Space frees as batches are acknowledged, within a fraction of a millisecond
+                    // at high rates: a timer (1 ms resolution) would idle the pipeline longer.
                     record = back;
-                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    tokio::task::block_in_place(|| std::thread::sleep(Duration::from_micros(200)));
                 }
                 Err((e, _)) => return Err(SinkError::kafka(format!("producing to {topic}"), e)),
             }

@@ -58,6 +58,20 @@ async fn topic(bootstrap: &str, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Deletes the benchmark's topics (a large backlog per run would fill the broker's disk).
+async fn delete_topics(bootstrap: &str, names: &[&str]) {
+    let admin: Result<AdminClient<DefaultClientContext>, _> =
+        ClientConfig::new().set("bootstrap.servers", bootstrap).create();
+    match admin {
+        Ok(a) => {
+            if let Err(e) = a.delete_topics(names, &AdminOptions::new()).await {
+                eprintln!("warning: could not delete benchmark topics {names:?}: {e}");
+            }
+        }
+        Err(e) => eprintln!("warning: could not delete benchmark topics {names:?}: {e}"),
+    }
+}
+
 fn producer(bootstrap: &str) -> Result<BaseProducer> {
     Ok(ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
@@ -163,7 +177,14 @@ fn k2k_job(
     dir: &std::path::Path,
 ) -> JobHandle {
     let source = KafkaSourceConfig::new(bootstrap, vec![input.to_owned()], unique("g"));
-    let sink = KafkaSinkConfig::new(bootstrap, output, delivery);
+    let mut sink = KafkaSinkConfig::new(bootstrap, output, delivery);
+    if let Ok(extra) = std::env::var("BENCH_SINK_CLIENT") {
+        for kv in extra.split(',') {
+            if let Some((k, v)) = kv.split_once('=') {
+                sink.client.insert(k.into(), v.into());
+            }
+        }
+    }
     let mut job = JobBuilder::new(job_config(dir));
     // One subtask by default: on 2 cores, more consumers and producers mostly add threads.
     let parallelism: u32 = std::env::var("BENCH_PARALLELISM")
@@ -280,6 +301,7 @@ async fn k2k_run(bootstrap: &str, mode: K2k, n: u64, size: usize, rate: u64, sec
         j.cancel();
         j.join().await?;
     }
+    delete_topics(bootstrap, &[&input, &output]).await;
     Ok((
         throughput,
         quantile(&mut paced_lat, 0.5),
@@ -413,6 +435,7 @@ pub(crate) async fn bench_source(bootstrap: &str, n: u64, report: &mut Report) -
             ],
         );
     }
+    delete_topics(bootstrap, &[&input]).await;
     Ok(())
 }
 
@@ -468,6 +491,7 @@ pub(crate) async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64, report: &m
     let plain = n as f64 / start.elapsed().as_secs_f64();
     println!("{:<22} {:>12.0} rows/s   ratio 1.000", "plain INSERT loop", plain);
     report.row("mysql", "plain INSERT loop", &[("rows_per_s", plain), ("ratio", 1.0)]);
+    sqlx::Executor::execute(&mut conn, format!("DROP TABLE IF EXISTS `{table}`").as_str()).await?;
     for mode in [Mode::Xa, Mode::Upsert] {
         let table = unique("bench_rows").replace('-', "_");
         let job_id = unique("bench");
@@ -523,6 +547,8 @@ pub(crate) async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64, report: &m
         };
         println!("{name:<22} {rate:>12.0} rows/s   ratio {:.3}", rate / plain);
         report.row("mysql", name, &[("rows_per_s", rate), ("ratio", rate / plain)]);
+        sqlx::Executor::execute(&mut conn, format!("DROP TABLE IF EXISTS `{table}`").as_str()).await?;
     }
+    delete_topics(bootstrap, &[&input]).await;
     Ok(())
 }
