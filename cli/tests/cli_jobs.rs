@@ -188,23 +188,45 @@ async fn txn_tool_lists_and_aborts_hanging_transactions_but_spares_pending_commi
         transforms: "",
     }
     .write();
-    // Input keeps arriving, so every checkpoint's transaction holds records.
+    // Input keeps arriving at a steady rate (one producer, a record every 2 ms), and checkpoints
+    // are at least 400 ms apart, so every checkpoint's transaction holds records once the job
+    // reads.
     let produced = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let feeder = {
-        let (env, input, produced, stop) = (env.clone(), input.clone(), produced.clone(), stop.clone());
+        let (bootstrap, input, produced, stop) = (
+            env.kafka_bootstrap.clone(),
+            input.clone(),
+            produced.clone(),
+            stop.clone(),
+        );
         std::thread::spawn(move || -> Result<()> {
+            use rdkafka::producer::Producer as _;
+            let p: rdkafka::producer::BaseProducer = rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", &bootstrap)
+                .set("enable.idempotence", "true")
+                .set("linger.ms", "1")
+                .create()?;
+            let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                let first = produced.load(Ordering::Relaxed);
-                produce(&env, &input, &orders(first..first + 50))?;
-                produced.store(first + 50, Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(50));
+                for (k, v) in orders(n..n + 5) {
+                    p.send(rdkafka::producer::BaseRecord::to(&input).key(&k).payload(&v))
+                        .map_err(|(e, _)| e)?;
+                }
+                n += 5;
+                p.poll(Duration::from_millis(10));
             }
+            p.flush(Duration::from_secs(30))?;
+            produced.store(n, Ordering::Relaxed);
             Ok(())
         })
     };
-    // Freeze after the third checkpoint is durable, before its transaction is committed.
-    let mut job = spawn_run(&file, &[], "checkpoint.after_durable=freeze@3")?;
+    let text =
+        std::fs::read_to_string(&file)?.replace("interval = \"500ms\"", "interval = \"500ms\"\nmin_pause = \"400ms\"");
+    std::fs::write(&file, text)?;
+    // Freeze after the fifth checkpoint is durable (the job reads by then), before its
+    // transaction is committed.
+    let mut job = spawn_run(&file, &[], "checkpoint.after_durable=freeze@5")?;
     job.wait_for_failpoint("checkpoint.after_durable", Duration::from_secs(90))?;
     // Records after the barrier go into the next transaction, which nothing will commit.
     std::thread::sleep(Duration::from_secs(2));
