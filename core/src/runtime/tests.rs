@@ -425,14 +425,7 @@ async fn subtask_ranges_split_a_forward_job_over_processes() {
         let outcome = job.run().await.unwrap();
         assert!(outcome.checkpoints > 0);
     }
-    let mut seen: Vec<u64> = committed
-        .lock()
-        .unwrap()
-        .values()
-        .flat_map(|rows| rows.iter().map(|(_, n)| *n))
-        .collect();
-    seen.sort_unstable();
-    assert_eq!(seen, (0..total).collect::<Vec<_>>());
+    assert_each_once("split over processes", &committed, total);
 
     // A range cannot split a job whose records cross subtasks, nor exceed the parallelism.
     let mut c = cfg(SubtaskRange { first: 0, last: 0 });
