@@ -775,7 +775,11 @@ impl Run<'_> {
             }
             TaskEvent::Ended { task } => {
                 self.ended.insert(task);
-                if let Some(c) = &self.coordinator {
+                // A source was sent every pending checkpoint's trigger while it was live and
+                // snapshots it from its queue, ended or not; asking again would snapshot twice
+                // (and a sink chained to it would restage the checkpoint empty). Other tasks
+                // acknowledge each barrier before their end: what they lack never reached them.
+                if let (Some(c), false) = (&self.coordinator, self.sources[task]) {
                     for p in c.pending() {
                         if !p.acknowledged_by(task) {
                             let _ = self.controls[task].send(Control::SnapshotIfEnded(p.barrier));

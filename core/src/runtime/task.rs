@@ -158,7 +158,6 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
         let mut buf = Vec::with_capacity(1024);
         let mut last_watermark: Option<Watermark> = None;
         let mut idle = false;
-        let mut last_snapshot: Option<CheckpointId> = None;
         loop {
             let control = if ended || stopped {
                 match parts.control.recv().await {
@@ -174,20 +173,14 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
             };
             if let Some(c) = control {
                 match c {
-                    // A trigger sent before this task ended can arrive after the coordinator,
-                    // told of the end, also asked for the snapshot directly: snapshot once.
-                    Control::Trigger { barrier, .. } | Control::SnapshotIfEnded(barrier)
-                        if last_snapshot.is_some_and(|l| barrier.id <= l) => {}
                     Control::Trigger { barrier, stop } => {
                         let snapshot = source_snapshot(&info, &mut source, barrier).await?;
                         parts.checkpoint(&mut chain, barrier, snapshot, !ended).await?;
-                        last_snapshot = Some(barrier.id);
                         stopped |= stop;
                     }
                     Control::SnapshotIfEnded(barrier) if ended => {
                         let snapshot = source_snapshot(&info, &mut source, barrier).await?;
                         parts.checkpoint(&mut chain, barrier, snapshot, false).await?;
-                        last_snapshot = Some(barrier.id);
                     }
                     Control::SnapshotIfEnded(_) => {}
                     Control::Notify(n) => {
@@ -271,15 +264,13 @@ pub(crate) fn input_task<T: Send + 'static>(
         chain.open().await?;
         let mut ended = false;
         let mut events = Vec::new();
-        let mut last_snapshot: Option<CheckpointId> = None;
         loop {
             tokio::select! {
                 biased;
                 c = parts.control.recv() => match c {
                     Some(Control::Notify(n)) => chain.notify(n).await?,
-                    Some(Control::SnapshotIfEnded(barrier)) if ended && last_snapshot.is_none_or(|l| barrier.id > l) => {
+                    Some(Control::SnapshotIfEnded(barrier)) if ended => {
                         parts.checkpoint(&mut chain, barrier, TaskSnapshot::default(), false).await?;
-                        last_snapshot = Some(barrier.id);
                     }
                     Some(Control::SnapshotIfEnded(_) | Control::Trigger { .. }) => {}
                     Some(Control::Shutdown) => return chain.close().await,
@@ -320,7 +311,6 @@ pub(crate) fn input_task<T: Send + 'static>(
                             AlignerEvent::Barrier { barrier, alignment } => {
                                 let snapshot = TaskSnapshot { operators: Vec::new(), alignment };
                                 parts.checkpoint(&mut chain, barrier, snapshot, true).await?;
-                                last_snapshot = Some(barrier.id);
                             }
                             AlignerEvent::Aborted { id, reason } => {
                                 chain.flush().await?;
