@@ -259,21 +259,9 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(2));
             }
         },
-        Command::Savepoint { admin: a, dir } => {
-            let path = match dir {
-                Some(d) => format!("/savepoint?dir={}", encode(&d.to_string_lossy())),
-                None => "/savepoint".into(),
-            };
-            let v = tokio::task::spawn_blocking(move || admin::call(&a, &path)).await??;
-            println!("{}", v["path"].as_str().unwrap_or_default());
-        }
+        Command::Savepoint { admin: a, dir } => println!("{}", post_for_path(a, "/savepoint", "dir", dir).await?),
         Command::Stop { admin: a, savepoint } => {
-            let path = match savepoint {
-                Some(d) => format!("/stop?savepoint={}", encode(&d.to_string_lossy())),
-                None => "/stop".into(),
-            };
-            let v = tokio::task::spawn_blocking(move || admin::call(&a, &path)).await??;
-            println!("{}", v["path"].as_str().unwrap_or_default());
+            println!("{}", post_for_path(a, "/stop", "savepoint", savepoint).await?)
         }
         Command::Status { admin: a } => {
             let v = tokio::task::spawn_blocking(move || admin::get(&a, "/status")).await??;
@@ -378,6 +366,16 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// POSTs `endpoint[?param=dir]` to a running job's admin address; returns the directory it wrote.
+async fn post_for_path(admin: String, endpoint: &str, param: &str, dir: Option<PathBuf>) -> anyhow::Result<String> {
+    let path = match dir {
+        Some(d) => format!("{endpoint}?{param}={}", encode(&d.to_string_lossy())),
+        None => endpoint.to_owned(),
+    };
+    let v = tokio::task::spawn_blocking(move || admin::call(&admin, &path)).await??;
+    Ok(v["path"].as_str().unwrap_or_default().to_owned())
 }
 
 /// The error and its causes, leaving out causes whose text the message already contains.

@@ -22,12 +22,12 @@ pub struct Registry {
     /// Subtasks this process runs ("0..2"), or all.
     pub subtasks: String,
     started: Instant,
-    /// Records read from Kafka (re-reads after a restore included).
-    pub records_in: AtomicU64,
-    /// Records handed to the sink.
-    pub records_out: AtomicU64,
     /// Records dropped by a filter.
     pub records_filtered: AtomicU64,
+    /// What source subtasks replaced by a restart had read (all records, and those deserialized);
+    /// the live ones' counts come from their own metrics.
+    retired_read: AtomicU64,
+    retired_deserialized: AtomicU64,
     sources: Mutex<BTreeMap<u32, Arc<KafkaSourceMetrics>>>,
     sinks: Mutex<BTreeMap<u32, Arc<TwoPhaseMetrics>>>,
     job_metrics: Mutex<Option<Arc<JobMetrics>>>,
@@ -128,9 +128,9 @@ impl Registry {
             parallelism,
             subtasks,
             started: Instant::now(),
-            records_in: AtomicU64::new(0),
-            records_out: AtomicU64::new(0),
             records_filtered: AtomicU64::new(0),
+            retired_read: AtomicU64::new(0),
+            retired_deserialized: AtomicU64::new(0),
             sources: Mutex::default(),
             sinks: Mutex::default(),
             job_metrics: Mutex::default(),
@@ -140,7 +140,11 @@ impl Registry {
 
     /// Registers (or, after a restart, replaces) the metrics of source subtask `index`.
     pub fn source(&self, index: u32, m: Arc<KafkaSourceMetrics>) {
-        self.sources.lock().expect("not poisoned").insert(index, m);
+        if let Some(old) = self.sources.lock().expect("not poisoned").insert(index, m) {
+            self.retired_deserialized.fetch_add(old.records(), Ordering::Relaxed);
+            self.retired_read
+                .fetch_add(old.records() + old.skipped() + old.dead_lettered(), Ordering::Relaxed);
+        }
     }
 
     /// Registers (or replaces) the transaction metrics of sink subtask `index`.
@@ -179,6 +183,11 @@ impl Registry {
         let lags: Vec<i64> = partitions.iter().filter_map(|p| p.lag).collect();
         let stats = job.as_ref().map(|j| j.checkpoints()).unwrap_or_default();
         let ms = |d: std::time::Duration| d.as_millis() as u64;
+        // Read = deserialized (kept or filtered) + skipped + dead-lettered; out = kept.
+        let deserialized: u64 =
+            self.retired_deserialized.load(Ordering::Relaxed) + sources.iter().map(|s| s.records()).sum::<u64>();
+        let rejected: u64 = sources.iter().map(|s| s.skipped() + s.dead_lettered()).sum();
+        let filtered = self.records_filtered.load(Ordering::Relaxed);
         Status {
             job: self.job.clone(),
             state: if self.stopping.load(Ordering::Relaxed) {
@@ -189,9 +198,11 @@ impl Registry {
             parallelism: self.parallelism,
             subtasks: self.subtasks.clone(),
             uptime_s: self.started.elapsed().as_secs_f64(),
-            records_in: self.records_in.load(Ordering::Relaxed),
-            records_out: self.records_out.load(Ordering::Relaxed),
-            records_filtered: self.records_filtered.load(Ordering::Relaxed),
+            records_in: self.retired_read.load(Ordering::Relaxed)
+                + sources.iter().map(|s| s.records()).sum::<u64>()
+                + rejected,
+            records_out: deserialized.saturating_sub(filtered),
+            records_filtered: filtered,
             records_skipped: sources.iter().map(|s| s.skipped()).sum(),
             records_dead_lettered: sources.iter().map(|s| s.dead_lettered()).sum(),
             restarts: job.as_ref().map_or(0, |j| j.restarts()),
@@ -413,7 +424,7 @@ mod tests {
     #[test]
     fn prometheus_text_has_help_type_and_labelled_samples() {
         let r = Registry::new("orders \"eu\"", 2, "all".into());
-        r.records_in.store(5, Ordering::Relaxed);
+        r.retired_read.store(5, Ordering::Relaxed);
         let text = prometheus(&r.status());
         assert!(text.contains("# TYPE exactly_records_in_total counter"), "{text}");
         assert!(

@@ -70,7 +70,6 @@ struct Prepare {
 
 impl Deserializer<Option<Prepared>> for Prepare {
     fn deserialize(&self, r: KafkaRecord) -> Result<Option<Prepared>, BoxError> {
-        self.registry.records_in.fetch_add(1, Ordering::Relaxed);
         let mut key = r.key;
         let value = if self.transforms.is_empty() {
             r.value
@@ -233,16 +232,12 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
         SinkKind::Kafka(k) => {
             let k = k.clone();
             let reg = registry.clone();
-            let out = registry.clone();
             stream
-                .map(move |r: Prepared| {
-                    out.records_out.fetch_add(1, Ordering::Relaxed);
-                    ProducerRecord {
-                        key: r.key,
-                        value: r.value,
-                        timestamp: r.timestamp,
-                        headers: r.headers,
-                    }
+                .map(|r: Prepared| ProducerRecord {
+                    key: r.key,
+                    value: r.value,
+                    timestamp: r.timestamp,
+                    headers: r.headers,
                 })
                 .sink("kafka-sink", move |info| {
                     let sink = KafkaSink::new(k.clone()).expect("checked when the job file was loaded");
@@ -255,18 +250,14 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
         SinkKind::Mysql(m) => {
             let m = m.clone();
             let reg = registry.clone();
-            let out = registry.clone();
             stream
-                .map(move |r: Prepared| {
-                    out.records_out.fetch_add(1, Ordering::Relaxed);
-                    SinkRecord {
-                        payload: r.value.unwrap_or_default(),
-                        origin: Some(Origin {
-                            topic: r.topic.to_string(),
-                            partition: r.partition,
-                            offset: r.offset,
-                        }),
-                    }
+                .map(|r: Prepared| SinkRecord {
+                    payload: r.value.unwrap_or_default(),
+                    origin: Some(Origin {
+                        topic: r.topic.to_string(),
+                        partition: r.partition,
+                        offset: r.offset,
+                    }),
                 })
                 .sink("mysql-sink", move |info| {
                     let sink = MysqlSink::new(m.clone()).expect("checked when the job file was loaded");
