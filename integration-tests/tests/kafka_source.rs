@@ -627,3 +627,82 @@ async fn watermarks_per_partition_with_idle_partitions_and_idle_subtasks() -> Re
     assert_eq!(seen.last(), Some(&(52_000 - 101)), "{seen:?}");
     Ok(())
 }
+
+/// Every field of a record survives the source's batch read: keys present, absent and empty;
+/// values present, absent (tombstones) and empty; headers in order, repeated names, null values
+/// and non-ASCII bytes; timestamps; records of several partitions, each in offset order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_arrive_with_every_field_as_written() -> Result<()> {
+    use rdkafka::message::{Header, OwnedHeaders};
+    let env = TestEnv::get().await?;
+    let topic = unique("src-fields");
+    create_topic(env, &topic, 3).await?;
+    let p: rdkafka::producer::BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &env.kafka_bootstrap)
+        .create()?;
+    type Expected = (i32, Option<Vec<u8>>, Option<Vec<u8>>, i64, Vec<(String, Option<Vec<u8>>)>);
+    let mut expected: Vec<Expected> = Vec::new();
+    for i in 0..300i64 {
+        let partition = (i % 3) as i32;
+        let key = match i % 3 {
+            0 => Some(format!("k{i}").into_bytes()),
+            1 => None,
+            _ => Some(Vec::new()),
+        };
+        let value = match i % 5 {
+            0 => None,
+            1 => Some(Vec::new()),
+            _ => Some(vec![(i % 251) as u8; (i as usize * 7) % 3000]),
+        };
+        let headers: Vec<(String, Option<Vec<u8>>)> = match i % 4 {
+            0 => vec![],
+            1 => vec![("a".into(), Some(b"1".to_vec())), ("a".into(), Some(b"2".to_vec()))],
+            2 => vec![("null".into(), None), ("bytes".into(), Some(vec![0, 255, 128]))],
+            _ => vec![("ünïcode".into(), Some("wert".as_bytes().to_vec()))],
+        };
+        let ts = 1_700_000_000_000 + i;
+        let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&topic).partition(partition).timestamp(ts);
+        if let Some(k) = &key {
+            rec = rec.key(k.as_slice());
+        }
+        if let Some(v) = &value {
+            rec = rec.payload(v.as_slice());
+        }
+        if !headers.is_empty() {
+            rec = rec.headers(headers.iter().fold(OwnedHeaders::new(), |h, (k, v)| {
+                h.insert(Header {
+                    key: k,
+                    value: v.as_deref(),
+                })
+            }));
+        }
+        p.send(rec).map_err(|(e, _)| e)?;
+        expected.push((partition, key, value, ts, headers));
+    }
+    p.flush(T)?;
+
+    let dir = tempfile::tempdir()?;
+    let source = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));
+    let out: Committed<KafkaRecord> = Arc::default();
+    let handle = start_job(job_config(dir.path(), Duration::from_millis(100)), source, 1, out.clone());
+    eventually("records", T, || count(&out) >= expected.len()).await?;
+    handle.stop().await?;
+    handle.join().await?;
+
+    let got = out.lock().unwrap().clone();
+    assert_eq!(got.len(), expected.len());
+    for partition in 0..3 {
+        let ours: Vec<&KafkaRecord> = got.iter().filter(|r| r.partition == partition).collect();
+        let theirs: Vec<&Expected> = expected.iter().filter(|e| e.0 == partition).collect();
+        assert_eq!(ours.len(), theirs.len(), "partition {partition}");
+        for (offset, (r, e)) in ours.iter().zip(theirs).enumerate() {
+            assert_eq!(&*r.topic, topic.as_str());
+            assert_eq!(r.offset, offset as i64, "partition {partition}: records in offset order");
+            assert_eq!(r.key, e.1, "key at {partition}@{offset}");
+            assert_eq!(r.value, e.2, "value at {partition}@{offset}");
+            assert_eq!(r.timestamp, Some(e.3), "timestamp at {partition}@{offset}");
+            assert_eq!(r.headers, e.4, "headers at {partition}@{offset}");
+        }
+    }
+    Ok(())
+}

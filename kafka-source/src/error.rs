@@ -37,6 +37,10 @@ pub enum SourceError {
     /// A topic the source is configured to read does not exist.
     #[error("topic {0:?} does not exist (the source does not create topics)")]
     UnknownTopic(String),
+    /// A partition's records did not arrive where the source reads them (the job restarts from
+    /// its last checkpoint rather than read them out of order).
+    #[error("kafka source: {0}")]
+    Routing(String),
     /// Restored state could not be decoded.
     #[error("restored source state undecodable: {0}")]
     State(String),
@@ -54,7 +58,7 @@ impl SourceError {
 impl From<SourceError> for CoreError {
     fn from(e: SourceError) -> Self {
         let class = match &e {
-            SourceError::Kafka { .. } => ErrorClass::Restart,
+            SourceError::Kafka { .. } | SourceError::Routing(_) => ErrorClass::Restart,
             SourceError::Config(_)
             | SourceError::Poison { .. }
             | SourceError::UnknownTopic(_)

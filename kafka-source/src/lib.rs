@@ -15,6 +15,7 @@ mod assignment;
 mod config;
 mod deser;
 mod error;
+mod fetch;
 mod metrics;
 mod offsets;
 mod reader;

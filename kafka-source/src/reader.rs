@@ -8,9 +8,8 @@ use std::time::{Duration, Instant};
 
 use exactly_core::runtime::{InitContext, SnapshotContext, Source, SourceStatus, SourceWatermark, SubtaskInfo};
 use exactly_core::CheckpointId;
-use futures::{FutureExt, StreamExt};
-use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext, StreamConsumer};
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
@@ -20,6 +19,7 @@ use crate::assignment::subtask_for;
 use crate::config::{IsolationLevel, KafkaSourceConfig, OffsetCommitMode, PoisonPolicy, ResetPosition, StartPosition};
 use crate::deser::{Deserializer, KafkaRecord};
 use crate::error::{Result, SourceError};
+use crate::fetch::{Batch, FetchQueue};
 use crate::metrics::KafkaSourceMetrics;
 use crate::offsets::{OffsetEntry, PendingOffsets, TopicPartition};
 use crate::watermarks::{combine, PartitionClock};
@@ -72,7 +72,11 @@ pub struct KafkaSource<T, D> {
     deserializer: D,
     metrics: Arc<KafkaSourceMetrics>,
     info: Option<SubtaskInfo>,
-    consumer: Option<StreamConsumer<SourceContext>>,
+    // Dropped in this order: the messages of the last batch, the queue they came from, then the
+    // consumer that queue belongs to.
+    batch: Batch,
+    fetch: Option<FetchQueue>,
+    consumer: Option<BaseConsumer<SourceContext>>,
     dead_letters: Option<ThreadedProducer<DefaultProducerContext>>,
     pattern: Option<regex::Regex>,
     /// Next offset to read, per partition this subtask owns (a short list: searched per record
@@ -94,6 +98,8 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             deserializer,
             metrics: Arc::default(),
             info: None,
+            batch: Batch::default(),
+            fetch: None,
             consumer: None,
             dead_letters: None,
             pattern: None,
@@ -111,11 +117,11 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         self.metrics.clone()
     }
 
-    fn consumer(&self) -> &StreamConsumer<SourceContext> {
+    fn consumer(&self) -> &BaseConsumer<SourceContext> {
         self.consumer.as_ref().expect("initialized")
     }
 
-    fn create_consumer(&self) -> Result<StreamConsumer<SourceContext>> {
+    fn create_consumer(&self) -> Result<BaseConsumer<SourceContext>> {
         let mut c = ClientConfig::new();
         for (k, v) in &self.config.client {
             c.set(k, v);
@@ -249,14 +255,24 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         subtask_for(&tp.topic, tp.partition, info.parallelism) == info.index
     }
 
-    /// Takes ownership of `new` partitions at the given offsets and (re)assigns the consumer.
+    /// Takes ownership of `new` partitions at the given offsets: routes their records to the
+    /// source's fetch queue, then adds them to the consumer's assignment (incrementally: the
+    /// partitions already read keep fetching, and keep their routing).
     fn assign(&mut self, new: BTreeMap<TopicPartition, i64>) -> Result<()> {
         if new.is_empty() {
             return Ok(());
         }
+        let fetch = self.fetch.as_ref().expect("initialized");
+        let mut tpl = TopicPartitionList::new();
         for (tp, offset) in &new {
             info!(topic = %tp.topic, partition = tp.partition, offset, "Reading partition.");
+            fetch.route(&tp.topic, tp.partition).map_err(SourceError::Routing)?;
+            tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(*offset))
+                .map_err(|e| SourceError::kafka("building the assignment", e))?;
         }
+        self.consumer()
+            .incremental_assign(&tpl)
+            .map_err(|e| SourceError::kafka("assigning partitions", e))?;
         for (tp, next) in new {
             let topic: Arc<str> = Arc::from(tp.topic.as_str());
             self.positions.push(Position {
@@ -266,14 +282,6 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                 clock: PartitionClock::new(Instant::now()),
             });
         }
-        let mut tpl = TopicPartitionList::new();
-        for p in &self.positions {
-            tpl.add_partition_offset(&p.tp.topic, p.tp.partition, Offset::Offset(p.next))
-                .map_err(|e| SourceError::kafka("building the assignment", e))?;
-        }
-        self.consumer()
-            .assign(&tpl)
-            .map_err(|e| SourceError::kafka("assigning partitions", e))?;
         let positions = self.position_map();
         self.metrics.with_partitions(|parts| {
             for (tp, o) in positions {
@@ -404,7 +412,9 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             .map(regex::Regex::new)
             .transpose()
             .map_err(|e| SourceError::Config(e.to_string()))?;
-        self.consumer = Some(self.create_consumer()?);
+        let consumer = self.create_consumer()?;
+        self.fetch = Some(FetchQueue::new(&consumer));
+        self.consumer = Some(consumer);
         if let PoisonPolicy::DeadLetter { .. } = self.config.on_deserialization_error {
             let producer = ClientConfig::new()
                 .set("bootstrap.servers", &self.config.bootstrap_servers)
@@ -451,42 +461,59 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         Ok(())
     }
 
-    /// Appends up to `poll_batch` records: waits (asynchronously, briefly) for the first, then
-    /// takes what the client has already fetched without waiting. One message stream serves the
-    /// whole batch (each `recv` would register and unregister a waker).
+    /// Serves the consumer's own queue (statistics, errors, logs) without waiting. Records never
+    /// arrive there: every owned partition is routed to the fetch queue before it is assigned.
+    fn serve_consumer_queue(&self) -> Result<()> {
+        match self.consumer().poll(Duration::ZERO) {
+            None => Ok(()),
+            Some(Err(error)) => {
+                warn!(%error, "Consumer error (retried by the client).");
+                Ok(())
+            }
+            // Its order relative to the fetch queue is unknown: restart from the checkpoint
+            // rather than hand on records out of order.
+            Some(Ok(m)) => Err(SourceError::Routing(format!(
+                "a record of {}/{} arrived outside the source's fetch queue",
+                m.topic(),
+                m.partition()
+            ))),
+        }
+    }
+
+    /// Appends up to `poll_batch` records: takes what the client has already fetched, in one
+    /// call; if nothing is there, waits (asynchronously, briefly) for the fetch queue to fill.
     async fn poll_batch(&mut self, out: &mut Vec<T>) -> Result<()> {
+        self.serve_consumer_queue()?;
         let limit = self.config.poll_batch;
         let dead_letters = matches!(self.config.on_deserialization_error, PoisonPolicy::DeadLetter { .. });
+        let fail_fast = matches!(self.config.on_deserialization_error, PoisonPolicy::Fail);
         let clocks = self.config.watermarks.is_some().then(Instant::now);
         let mut rejected: Vec<(KafkaRecord, String)> = Vec::new();
+        let mut batch = std::mem::take(&mut self.batch);
         {
-            let consumer = self.consumer.as_ref().expect("initialized");
+            let fetch = self.fetch.as_ref().expect("initialized");
+            if batch.fill(fetch, limit) == 0 && tokio::time::timeout(IDLE_WAIT, fetch.readable()).await.is_ok() {
+                batch.fill(fetch, limit);
+            }
             let positions = &mut self.positions;
             let deserializer = &self.deserializer;
-            let mut stream = consumer.stream();
-            let mut first = true;
-            while out.len() < limit {
-                let m = if first {
-                    first = false;
-                    tokio::time::timeout(IDLE_WAIT, stream.next()).await.ok().flatten()
-                } else {
-                    stream.next().now_or_never().flatten()
-                };
-                let m = match m {
-                    None => break,
-                    Some(Err(error)) => {
-                        warn!(%error, "Consumer error (retried by the client).");
-                        break;
-                    }
-                    Some(Ok(m)) => m,
-                };
+            for m in batch.iter() {
+                if let Some(error) = m.error() {
+                    warn!(
+                        topic = %String::from_utf8_lossy(m.topic_bytes()),
+                        partition = m.partition(),
+                        %error,
+                        "Fetch error (retried by the client)."
+                    );
+                    continue;
+                }
                 // Owned partitions are few: a scan without allocating beats a map lookup.
                 let Some(at) = positions
                     .iter()
-                    .position(|p| p.tp.partition == m.partition() && &*p.topic == m.topic())
+                    .position(|p| p.tp.partition == m.partition() && p.topic.as_bytes() == m.topic_bytes())
                 else {
                     debug!(
-                        topic = m.topic(),
+                        topic = %String::from_utf8_lossy(m.topic_bytes()),
                         partition = m.partition(),
                         "Record of an unassigned partition ignored."
                     );
@@ -494,24 +521,18 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                 };
                 let pos = &mut positions[at];
                 pos.next = m.offset() + 1;
+                let timestamp = m.timestamp();
                 if let Some(now) = clocks {
-                    pos.clock.saw(m.timestamp().to_millis(), now);
+                    pos.clock.saw(timestamp, now);
                 }
                 let record = KafkaRecord {
                     topic: pos.topic.clone(),
                     partition: m.partition(),
                     offset: m.offset(),
-                    timestamp: m.timestamp().to_millis(),
+                    timestamp,
                     key: m.key().map(<[u8]>::to_vec),
                     value: m.payload().map(<[u8]>::to_vec),
-                    headers: m
-                        .headers()
-                        .map(|h| {
-                            h.iter()
-                                .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
+                    headers: m.headers(),
                 };
                 // Only the dead-letter policy needs the raw record after a failure: copy it only then.
                 let keep = dead_letters.then(|| record.clone());
@@ -529,13 +550,15 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                             headers: Vec::new(),
                         });
                         rejected.push((raw, e.to_string()));
-                        if matches!(self.config.on_deserialization_error, PoisonPolicy::Fail) {
+                        if fail_fast {
                             break;
                         }
                     }
                 }
             }
         }
+        batch.clear();
+        self.batch = batch;
         for (raw, reason) in rejected {
             self.poison(raw, reason)?;
         }
@@ -566,6 +589,7 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
             }
         }
         if self.positions.is_empty() {
+            self.serve_consumer_queue()?;
             tokio::time::sleep(IDLE_WAIT).await;
             return Ok(SourceStatus::Idle);
         }
