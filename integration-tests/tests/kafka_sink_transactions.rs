@@ -248,3 +248,64 @@ async fn a_transaction_timeout_above_the_brokers_maximum_is_refused_at_start() -
     );
     Ok(())
 }
+
+/// A record the broker refuses (larger than the topic's `max.message.bytes`) is a delivery error
+/// that fails the flush at the barrier: the exactly-once pre-commit and the at-least-once
+/// snapshot both fail, naming the topic, rather than let the checkpoint complete without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_the_broker_refuses_fails_the_barrier_flush() -> Result<()> {
+    use exactly_core::SnapshotKind;
+    use exactly_core::runtime::{InitContext, Sink, SnapshotContext};
+    use exactly_kafka_sink::KafkaSink;
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::ClientConfig;
+
+    let env = TestEnv::get().await?;
+    let topic = unique("sink-refused");
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &env.kafka_bootstrap)
+        .create()?;
+    for r in admin
+        .create_topics(
+            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "2000")],
+            &AdminOptions::new(),
+        )
+        .await?
+    {
+        r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
+    }
+    let big = vec![b'x'; 10_000];
+
+    // Exactly-once: the pre-commit flushes and fails.
+    let mut s = sink(env, &topic, &unique("refused"), 2, T);
+    let i = info(0, 1);
+    start(&mut s, &i, &[]).await?;
+    let mut t = s.begin(1).await?;
+    s.write(&mut t, vec![ProducerRecord::keyed(b"k".as_slice(), big.as_slice())])
+        .await?;
+    let err = match s.pre_commit(t, 1).await {
+        Ok(other) => bail!("pre-commit of a refused record succeeded: {other:?}"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains(&topic), "error names the topic: {err}");
+
+    // At-least-once: the snapshot at the barrier flushes and fails.
+    let mut w = KafkaSink::new(KafkaSinkConfig::new(
+        &env.kafka_bootstrap,
+        &topic,
+        DeliveryGuarantee::AtLeastOnce,
+    ))?;
+    w.initialize_state(&InitContext::new(&i, None)).await?;
+    w.write(vec![ProducerRecord::keyed(b"k".as_slice(), big.as_slice())]).await?;
+    let err = match w
+        .snapshot_state(&mut SnapshotContext::new(1, SnapshotKind::Checkpoint, 0))
+        .await
+    {
+        Ok(()) => bail!("at-least-once snapshot with a refused record succeeded"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains(&topic), "error names the topic: {err}");
+    assert!(values(env, &topic)?.is_empty());
+    Ok(())
+}
