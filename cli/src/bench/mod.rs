@@ -97,8 +97,9 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
     }
     if all || which == Which::K2k {
         let b = need(&o.bootstrap, "k2k", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
-        // Throughput counts until a read_committed reader has seen every record, so the last
-        // checkpoint's commit (up to one interval) is part of it: use enough records.
+        // Two rates: written (a read_uncommitted reader has the backlog) and committed (a
+        // read_committed reader has it; exactly-once includes the last commit, up to one
+        // checkpoint interval after the last record: use enough records).
         kafka::bench_k2k(b, o.records.unwrap_or(1_000_000), &o.sizes, &mut report).await?;
     }
     if all || which == Which::Mysql {
