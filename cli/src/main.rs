@@ -127,7 +127,7 @@ enum Command {
         /// Record sizes in bytes (k2k).
         #[arg(long, value_delimiter = ',', default_value = "100,1024")]
         sizes: Vec<usize>,
-        /// Rounds (core).
+        /// Rounds (core, k2k: modes interleaved within each round; the median is printed).
         #[arg(long, default_value_t = 3)]
         rounds: usize,
         /// Kafka bootstrap servers.

@@ -144,9 +144,17 @@ fn consumer(bootstrap: &str, topic: &str, committed: bool) -> Result<BaseConsume
     Ok(c)
 }
 
-/// Reads `n` records of `topic` (read_committed or not); returns when the `mark`-th arrived and
-/// the latency of each (receive time minus record timestamp, ms).
-fn verify(bootstrap: &str, topic: &str, n: u64, mark: u64, committed: bool, deadline: Duration) -> Result<(Instant, Vec<i64>)> {
+/// Reads `n` records of `topic` (read_committed or not), counting them in `progress`; returns
+/// when the `mark`-th arrived and the latency of each (receive time minus record timestamp, ms).
+fn verify(
+    bootstrap: &str,
+    topic: &str,
+    n: u64,
+    mark: u64,
+    committed: bool,
+    progress: &AtomicU64,
+    deadline: Duration,
+) -> Result<(Instant, Vec<i64>)> {
     let c = consumer(bootstrap, topic, committed)?;
     let end = Instant::now() + deadline;
     let mut lat = Vec::with_capacity(n as usize);
@@ -158,6 +166,7 @@ fn verify(bootstrap: &str, topic: &str, n: u64, mark: u64, committed: bool, dead
         if let Some(m) = c.poll(Duration::from_millis(100)) {
             let m = m?;
             lat.push(now_ms() - m.timestamp().to_millis().unwrap_or(0));
+            progress.store(lat.len() as u64, Ordering::Relaxed);
             if lat.len() as u64 == mark {
                 marked = Some(Instant::now());
             }
@@ -285,7 +294,9 @@ async fn k2k_run(bootstrap: &str, mode: K2k, n: u64, size: usize, rate: u64, sec
     let start = Instant::now();
     let (b, o) = (bootstrap.to_owned(), output.clone());
     // read_committed, every record: when the backlog's last arrived, and the latencies.
-    let verifier = std::thread::spawn(move || verify(&b, &o, paced, n, true, Duration::from_secs(600)));
+    let seen = Arc::new(AtomicU64::new(0));
+    let seen2 = seen.clone();
+    let verifier = std::thread::spawn(move || verify(&b, &o, paced, n, true, &seen2, Duration::from_secs(600)));
     let (b, i, o) = (bootstrap.to_owned(), input.clone(), output.clone());
     let job = match mode {
         K2k::Plain => {
@@ -298,9 +309,19 @@ async fn k2k_run(bootstrap: &str, mode: K2k, n: u64, size: usize, rate: u64, sec
     // written in transactions not yet committed: the final commit waits for the next checkpoint,
     // up to one interval, which the committed figure below includes).
     let (b, o) = (bootstrap.to_owned(), output.clone());
-    let written = tokio::task::spawn_blocking(move || verify(&b, &o, n, n, false, Duration::from_secs(600))).await??;
+    let written = tokio::task::spawn_blocking(move || {
+        verify(&b, &o, n, n, false, &AtomicU64::new(0), Duration::from_secs(600))
+    })
+    .await??;
     let written = n as f64 / written.0.duration_since(start).as_secs_f64();
-    // Paced phase: records stamped at send time.
+    // Paced phase: records stamped at send time. It starts once the read_committed reader has the
+    // backlog: a reader still catching up (4 GB of 1 KB records) would add its own delay.
+    while seen.load(Ordering::Relaxed) < n {
+        if verifier.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let p = producer(bootstrap)?;
     let interval = Duration::from_micros(1_000_000 / rate.max(1));
     let begin = Instant::now();
@@ -329,51 +350,91 @@ async fn k2k_run(bootstrap: &str, mode: K2k, n: u64, size: usize, rate: u64, sec
     })
 }
 
-pub(crate) async fn bench_k2k(bootstrap: &str, n: u64, sizes: &[usize], report: &mut Report) -> Result<()> {
-    println!("Kafka-to-Kafka pass-through, {PARTITIONS} partitions, one subtask (BENCH_PARALLELISM), checkpoints every 1 s, {n} records backlog, then 5 s at 2000 records/s");
+pub(crate) async fn bench_k2k(
+    bootstrap: &str,
+    n: u64,
+    sizes: &[usize],
+    rounds: usize,
+    report: &mut Report,
+) -> Result<()> {
+    let rounds = rounds.max(1);
+    println!("Kafka-to-Kafka pass-through, {PARTITIONS} partitions, one subtask (BENCH_PARALLELISM), checkpoints every 1 s, {n} records backlog, then 5 s at 2000 records/s; {rounds} round(s), the three modes one after the other in each");
     println!("records/s written: until a read_uncommitted reader has the backlog (the pipeline's rate); committed: until a read_committed reader has it all (includes start-up and, exactly-once, the last commit)");
     println!(
-        "{:<8} {:<14} {:>12} {:>8} {:>12} {:>8} {:>8} {:>8}",
-        "record", "mode", "written/s", "ratio", "committed/s", "ratio", "p50 ms", "p99 ms"
+        "{:<8} {:<6} {:<14} {:>12} {:>8} {:>12} {:>8} {:>8} {:>8}",
+        "record", "round", "mode", "written/s", "ratio", "committed/s", "ratio", "p50 ms", "p99 ms"
     );
+    let modes = [
+        (K2k::Plain, "plain loop"),
+        (K2k::AtLeastOnce, "at-least-once"),
+        (K2k::ExactlyOnce, "exactly-once"),
+    ];
     for &size in sizes {
-        let mut plain = (0.0, 0.0);
-        for mode in [K2k::Plain, K2k::AtLeastOnce, K2k::ExactlyOnce] {
-            let f = k2k_run(bootstrap, mode, n, size, 2000, 5).await?;
-            if mode == K2k::Plain {
-                plain = (f.written, f.committed);
+        // Per mode: (written ratio, committed ratio) of each round.
+        let mut ratios: Vec<Vec<(f64, f64)>> = vec![Vec::new(); modes.len()];
+        for round in 1..=rounds {
+            let mut plain = (0.0, 0.0);
+            for (i, &(mode, name)) in modes.iter().enumerate() {
+                let f = k2k_run(bootstrap, mode, n, size, 2000, 5).await?;
+                if mode == K2k::Plain {
+                    plain = (f.written, f.committed);
+                }
+                let r = (f.written / plain.0, f.committed / plain.1);
+                ratios[i].push(r);
+                println!(
+                    "{:<8} {:<6} {:<14} {:>12.0} {:>8.3} {:>12.0} {:>8.3} {:>8} {:>8}",
+                    format!("{size} B"),
+                    round,
+                    name,
+                    f.written,
+                    r.0,
+                    f.committed,
+                    r.1,
+                    f.p50,
+                    f.p99
+                );
+                report.row(
+                    "k2k",
+                    &format!("{size} B round {round} {name}"),
+                    &[
+                        ("written_records_per_s", f.written),
+                        ("written_ratio_to_plain", r.0),
+                        ("committed_records_per_s", f.committed),
+                        ("committed_ratio_to_plain", r.1),
+                        ("p50_ms", f.p50 as f64),
+                        ("p99_ms", f.p99 as f64),
+                    ],
+                );
             }
-            let name = match mode {
-                K2k::Plain => "plain loop",
-                K2k::AtLeastOnce => "at-least-once",
-                K2k::ExactlyOnce => "exactly-once",
-            };
-            println!(
-                "{:<8} {:<14} {:>12.0} {:>8.3} {:>12.0} {:>8.3} {:>8} {:>8}",
-                format!("{size} B"),
-                name,
-                f.written,
-                f.written / plain.0,
-                f.committed,
-                f.committed / plain.1,
-                f.p50,
-                f.p99
-            );
-            report.row(
-                "k2k",
-                &format!("{size} B {name}"),
-                &[
-                    ("written_records_per_s", f.written),
-                    ("written_ratio_to_plain", f.written / plain.0),
-                    ("committed_records_per_s", f.committed),
-                    ("committed_ratio_to_plain", f.committed / plain.1),
-                    ("p50_ms", f.p50 as f64),
-                    ("p99_ms", f.p99 as f64),
-                ],
-            );
+        }
+        if rounds > 1 {
+            for (i, &(_, name)) in modes.iter().enumerate().skip(1) {
+                let written = median(ratios[i].iter().map(|r| r.0).collect());
+                let committed = median(ratios[i].iter().map(|r| r.1).collect());
+                println!(
+                    "{:<8} {:<6} {:<14} {:>12} {:>8.3} {:>12} {:>8.3}",
+                    format!("{size} B"),
+                    "median",
+                    name,
+                    "",
+                    written,
+                    "",
+                    committed
+                );
+                report.row(
+                    "k2k",
+                    &format!("{size} B median {name}"),
+                    &[("written_ratio_to_plain", written), ("committed_ratio_to_plain", committed)],
+                );
+            }
         }
     }
     Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// Counts records; `done` is polled by the benchmark.

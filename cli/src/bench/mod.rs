@@ -67,7 +67,7 @@ pub struct BenchOptions {
     pub records: Option<u64>,
     /// Record sizes of the k2k benchmark.
     pub sizes: Vec<usize>,
-    /// Rounds of the core benchmark.
+    /// Rounds of the core and k2k benchmarks.
     pub rounds: usize,
     /// Kafka bootstrap servers.
     pub bootstrap: Option<String>,
@@ -100,7 +100,7 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
         // Two rates: written (a read_uncommitted reader has the backlog) and committed (a
         // read_committed reader has it; exactly-once includes the last commit, up to one
         // checkpoint interval after the last record: use enough records).
-        kafka::bench_k2k(b, o.records.unwrap_or(1_000_000), &o.sizes, &mut report).await?;
+        kafka::bench_k2k(b, o.records.unwrap_or(1_000_000), &o.sizes, o.rounds, &mut report).await?;
     }
     if all || which == Which::Mysql {
         let b = need(&o.bootstrap, "mysql", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
