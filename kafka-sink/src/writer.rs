@@ -159,12 +159,18 @@ impl TransactionalKafkaSink {
     /// A producer for `id` with transactions initialised: fences older producers of the id
     /// (zombies) and aborts what they left open.
     fn init_producer(&self, id: &str) -> Result<(Producer_, Arc<Deliveries>)> {
+        tokio::task::block_in_place(|| self.init_producer_blocking(id))
+    }
+
+    /// Creates the producer of `id` and initialises its transactions (blocks for the round trips).
+    fn init_producer_blocking(&self, id: &str) -> Result<(Producer_, Arc<Deliveries>)> {
         let (producer, deliveries) = create_producer(
             &self.config.bootstrap_servers,
             &self.config.client,
             Some((id, self.transaction_timeout)),
         )?;
-        tokio::task::block_in_place(|| producer.init_transactions(TIMEOUT))
+        producer
+            .init_transactions(TIMEOUT)
             .map_err(|e| SinkError::kafka(format!("init_transactions for {id}"), e))?;
         Ok((producer, deliveries))
     }
@@ -405,11 +411,31 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             aborted.insert(t.transactional_id);
         }
         // Our own pool: initialising each id fences older producers (zombies) and aborts what
-        // they left open. Restored committables of these ids were committed before this.
+        // they left open. Restored committables of these ids were committed before this. The ids
+        // are independent: initialised side by side (each waits for its own round trips, and for
+        // the abort of what its predecessor left open).
+        let ids: Vec<String> = (0..self.pool_size)
+            .map(|slot| transactional_id(&self.prefix, me, slot))
+            .collect();
+        let this = &*self;
+        let inited: Vec<Result<(Producer_, Arc<Deliveries>)>> = tokio::task::block_in_place(|| {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = ids
+                    .iter()
+                    .map(|id| scope.spawn(move || this.init_producer_blocking(id)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| Err(SinkError::Protocol("initialising a producer panicked".into())))
+                    })
+                    .collect()
+            })
+        });
         let mut slots = Vec::with_capacity(self.pool_size);
-        for slot in 0..self.pool_size {
-            let id = transactional_id(&self.prefix, me, slot);
-            let (producer, deliveries) = self.init_producer(&id)?;
+        for (id, r) in ids.into_iter().zip(inited) {
+            let (producer, deliveries) = r?;
             slots.push(Slot {
                 id,
                 producer,

@@ -34,6 +34,8 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 const PARTITIONS: i32 = 3;
+/// Pause after deleting a mode's topics (the local broker deletes files 1 s after the topic).
+const SETTLE: Duration = Duration::from_secs(5);
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -359,6 +361,9 @@ async fn k2k_run(bootstrap: &str, mode: K2k, n: u64, size: usize, rate: u64, sec
         j.join().await?;
     }
     delete_topics(bootstrap, &[&input, &output]).await;
+    // The broker removes the files a moment later (gigabytes at 8 M records): let that happen
+    // before the next mode is measured rather than during it.
+    tokio::time::sleep(SETTLE).await;
     Ok(K2kFigures {
         written,
         startup_ms,
