@@ -184,9 +184,10 @@ impl Registry {
         let stats = job.as_ref().map(|j| j.checkpoints()).unwrap_or_default();
         let ms = |d: std::time::Duration| d.as_millis() as u64;
         // Read = deserialized (kept or filtered) + skipped + dead-lettered; out = kept.
-        let deserialized: u64 =
-            self.retired_deserialized.load(Ordering::Relaxed) + sources.iter().map(|s| s.records()).sum::<u64>();
-        let rejected: u64 = sources.iter().map(|s| s.skipped() + s.dead_lettered()).sum();
+        let live: u64 = sources.iter().map(|s| s.records()).sum();
+        let skipped: u64 = sources.iter().map(|s| s.skipped()).sum();
+        let dead_lettered: u64 = sources.iter().map(|s| s.dead_lettered()).sum();
+        let deserialized = self.retired_deserialized.load(Ordering::Relaxed) + live;
         let filtered = self.records_filtered.load(Ordering::Relaxed);
         Status {
             job: self.job.clone(),
@@ -198,13 +199,11 @@ impl Registry {
             parallelism: self.parallelism,
             subtasks: self.subtasks.clone(),
             uptime_s: self.started.elapsed().as_secs_f64(),
-            records_in: self.retired_read.load(Ordering::Relaxed)
-                + sources.iter().map(|s| s.records()).sum::<u64>()
-                + rejected,
+            records_in: self.retired_read.load(Ordering::Relaxed) + live + skipped + dead_lettered,
             records_out: deserialized.saturating_sub(filtered),
             records_filtered: filtered,
-            records_skipped: sources.iter().map(|s| s.skipped()).sum(),
-            records_dead_lettered: sources.iter().map(|s| s.dead_lettered()).sum(),
+            records_skipped: skipped,
+            records_dead_lettered: dead_lettered,
             restarts: job.as_ref().map_or(0, |j| j.restarts()),
             checkpoints: CheckpointStatus {
                 completed: stats.completed,

@@ -62,6 +62,17 @@ async fn topic(bootstrap: &str, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// librdkafka settings from the environment variable `var` (`key=value,key=value`), for trying
+/// client tuning without rebuilding.
+fn client_overrides(var: &str) -> Vec<(String, String)> {
+    std::env::var(var)
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
 /// Deletes the benchmark's topics (a large backlog per run would fill the broker's disk).
 async fn delete_topics(bootstrap: &str, names: &[&str]) {
     let admin: Result<AdminClient<DefaultClientContext>, _> =
@@ -115,12 +126,8 @@ fn backlog(bootstrap: &str, topic: &str, n: u64, size: usize, csv: bool) -> Resu
 
 fn consumer(bootstrap: &str, topic: &str, committed: bool) -> Result<BaseConsumer> {
     let mut cfg = ClientConfig::new();
-    if let Ok(extra) = std::env::var("BENCH_PLAIN_CLIENT") {
-        for kv in extra.split(',') {
-            if let Some((k, v)) = kv.split_once('=') {
-                cfg.set(k, v);
-            }
-        }
+    for (k, v) in client_overrides("BENCH_PLAIN_CLIENT") {
+        cfg.set(k, v);
     }
     // The baseline gets the same librdkafka tuning the source uses (see the source's consumer).
     let c: BaseConsumer = cfg
@@ -208,13 +215,7 @@ fn k2k_job(
 ) -> JobHandle {
     let source = KafkaSourceConfig::new(bootstrap, vec![input.to_owned()], unique("g"));
     let mut sink = KafkaSinkConfig::new(bootstrap, output, delivery);
-    if let Ok(extra) = std::env::var("BENCH_SINK_CLIENT") {
-        for kv in extra.split(',') {
-            if let Some((k, v)) = kv.split_once('=') {
-                sink.client.insert(k.into(), v.into());
-            }
-        }
-    }
+    sink.client.extend(client_overrides("BENCH_SINK_CLIENT"));
     let mut job = JobBuilder::new(job_config(dir));
     // One subtask by default: on 2 cores, more consumers and producers mostly add threads.
     let parallelism: u32 = std::env::var("BENCH_PARALLELISM")
@@ -503,13 +504,7 @@ pub(crate) async fn bench_source(bootstrap: &str, n: u64, report: &mut Report) -
         let dir = tempfile::tempdir()?;
         let count = Arc::new(AtomicU64::new(0));
         let mut source = KafkaSourceConfig::new(bootstrap, vec![input.clone()], unique("g"));
-        if let Ok(extra) = std::env::var("BENCH_SOURCE_CLIENT") {
-            for kv in extra.split(',') {
-                if let Some((k, v)) = kv.split_once('=') {
-                    source.client.insert(k.into(), v.into());
-                }
-            }
-        }
+        source.client.extend(client_overrides("BENCH_SOURCE_CLIENT"));
         let mut job = JobBuilder::new(job_config(dir.path()));
         let c2 = count.clone();
         job.source("in", 1, move |_| KafkaSource::new(source.clone(), RawBytes))
