@@ -313,7 +313,8 @@ impl Job {
                             "exactly_once and at_least_once need checkpoints: add a [checkpoints] table with `dir` (and `interval`)".into(),
                         ));
                     };
-                    if let Err(e) = k.validate_against_checkpoints(c.interval, c.timeout) {
+                    let restart = file.restart.clone().unwrap_or_default();
+                    if let Err(e) = k.validate_against_checkpoints(c.interval, c.timeout, restart.longest_delay()) {
                         return Err(err("sink.kafka.delivery.transaction_timeout", e.to_string()));
                     }
                 }

@@ -37,9 +37,14 @@ enum Command {
     Run {
         /// The job file.
         job: PathBuf,
-        /// Start from this savepoint or checkpoint directory.
+        /// Start from this savepoint or checkpoint directory (restored even if the job's checkpoint
+        /// directory holds others; later restarts use the checkpoints taken after it).
         #[arg(long)]
         from: Option<PathBuf>,
+        /// Restore --from even when it is older than the newest checkpoint of the job's checkpoint
+        /// directory: output the newer checkpoints committed may be written again (duplicates).
+        #[arg(long, requires = "from")]
+        accept_replay: bool,
         /// Run only subtasks FIRST..LAST (inclusive) of the job, e.g. 0..1 (scale-out over processes).
         #[arg(long, value_parser = run::parse_subtasks)]
         subtasks: Option<SubtaskRange>,
@@ -215,6 +220,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run {
             job,
             from,
+            accept_replay,
             subtasks,
             parallelism,
             admin,
@@ -229,6 +235,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let opts = RunOptions {
                 from,
+                accept_replay,
                 subtasks,
                 parallelism,
                 admin,

@@ -24,6 +24,8 @@ use crate::metrics::Registry;
 pub struct RunOptions {
     /// Start from this savepoint or checkpoint directory.
     pub from: Option<PathBuf>,
+    /// Restore `from` even if newer checkpoints exist (acknowledges possible duplicates).
+    pub accept_replay: bool,
     /// Run only these subtasks (scale-out over processes).
     pub subtasks: Option<SubtaskRange>,
     /// Parallelism (overrides `job.parallelism`).
@@ -71,13 +73,14 @@ struct Prepare {
 impl Deserializer<Option<Prepared>> for Prepare {
     fn deserialize(&self, r: KafkaRecord) -> Result<Option<Prepared>, BoxError> {
         let mut key = r.key;
-        let value = if self.transforms.is_empty() {
+        // A tombstone (no value) is a deletion of its key, not a JSON `null`: it passes the
+        // transforms untouched, keeps its key, and each sink applies it as a deletion (Kafka: a
+        // tombstone; MySQL upsert: DELETE by key; MySQL xa: its bad-record policy).
+        let value = if self.transforms.is_empty() || r.value.is_none() {
             r.value
         } else {
-            let mut v: Value = match &r.value {
-                Some(bytes) => serde_json::from_slice(bytes).map_err(|e| format!("value is not JSON: {e}"))?,
-                None => Value::Null,
-            };
+            let bytes = r.value.as_deref().unwrap_or_default();
+            let mut v: Value = serde_json::from_slice(bytes).map_err(|e| format!("value is not JSON: {e}"))?;
             for t in self.transforms.iter() {
                 if !t.apply(&mut v, &mut key) {
                     self.registry.records_filtered.fetch_add(1, Ordering::Relaxed);
@@ -194,6 +197,7 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
         config.shutdown_timeout = t;
     }
     config.restore_from = opts.from.clone();
+    config.accept_replay = opts.accept_replay;
     config.subtasks = opts.subtasks;
     if let Some(from) = &opts.from {
         if !from.join("_metadata").exists() {
@@ -252,7 +256,9 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
             let reg = registry.clone();
             stream
                 .map(|r: Prepared| SinkRecord {
+                    tombstone: r.value.is_none(),
                     payload: r.value.unwrap_or_default(),
+                    key: r.key,
                     origin: Some(Origin {
                         topic: r.topic.to_string(),
                         partition: r.partition,

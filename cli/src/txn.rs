@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use exactly_core::storage::LocalStorage;
 use exactly_kafka_sink::admin::{abort_transaction, list_transactions, TransactionInfo};
+use exactly_kafka_sink::KafkaCommittable;
 use serde::Serialize;
 
 use crate::checkpoints;
@@ -42,10 +43,7 @@ fn now_ms() -> i64 {
 
 /// A Kafka committable found in a stored snapshot.
 struct Needed {
-    id: String,
-    producer_id: i64,
-    epoch: i64,
-    start_ms: Option<i64>,
+    committable: KafkaCommittable,
     snapshot: String,
 }
 
@@ -62,17 +60,10 @@ fn needed(dir: &Path) -> Result<Vec<Needed>> {
     for l in all {
         let s = LocalStorage::open_path(&l.path).with_context(|| format!("reading {}", l.path.display()))?;
         for p in checkpoints::contents(&s.meta).1 {
-            let c = &p.committable;
-            if let (Some(id), Some(pid), Some(epoch)) = (
-                c["transactional_id"].as_str(),
-                c["producer_id"].as_i64(),
-                c["producer_epoch"].as_i64(),
-            ) {
+            // Committables of other sinks (MySQL xids) do not decode as Kafka ones.
+            if let Ok(committable) = serde_json::from_value::<KafkaCommittable>(p.committable.clone()) {
                 out.push(Needed {
-                    id: id.to_owned(),
-                    producer_id: pid,
-                    epoch,
-                    start_ms: c["txn_start_ms"].as_i64(),
+                    committable,
                     snapshot: format!("{} {}", l.kind, l.path.display()),
                 });
             }
@@ -88,10 +79,9 @@ fn is_needed(t: &TransactionInfo, needed: &[Needed]) -> Option<String> {
     needed
         .iter()
         .find(|n| {
-            n.id == t.transactional_id
-                && n.producer_id == t.producer_id
-                && n.epoch == i64::from(t.producer_epoch)
-                && n.start_ms.is_none_or(|s| s == t.start_time_ms)
+            n.committable.transactional_id == t.transactional_id
+                && n.committable
+                    .is_same_transaction(t.producer_id, t.producer_epoch, t.start_time_ms)
         })
         .map(|n| n.snapshot.clone())
 }

@@ -488,3 +488,79 @@ async fn on_a_terminal_run_draws_a_progress_line() -> Result<()> {
     assert!(text.contains("job ended:"), "{text}");
     Ok(())
 }
+
+/// Restore never guesses. A flipped byte in the newest checkpoint's `_metadata` used to make the
+/// job fall back to the previous checkpoint and write its output again (exit status 0); a
+/// checkpoint directory emptied by accident used to start over from `source.start`. Both now stop
+/// with an error that names the checkpoint or directory and the way out, and write nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_or_vanished_checkpoint_stops_the_job_instead_of_replaying() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let (input, output) = (unique("cli-corrupt-in"), unique("cli-corrupt-out"));
+    create_topic(env, &input, 2).await?;
+    create_topic(env, &output, 2).await?;
+    let dir = tempfile::tempdir()?;
+    let port = free_port();
+    let file = K2k {
+        env,
+        name: &unique("cli-corrupt"),
+        input: &input,
+        output: &output,
+        prefix: &unique("cli-corrupt-txn"),
+        dir: dir.path(),
+        parallelism: 1,
+        admin: Some(port),
+        transforms: PAID_KEYED_BY_CUSTOMER,
+    }
+    .write();
+    produce(env, &input, &orders(0..1500))?;
+    let mut job = spawn_run(&file, &[], "")?;
+    wait_status(&mut job, port, "1500 records read", Duration::from_secs(60), |s| {
+        s["records_in"].as_u64() >= Some(1500) && s["checkpoints"]["completed"].as_u64() >= Some(2)
+    })?;
+    signal(job.pid(), "TERM")?;
+    wait_exit(&mut job, Duration::from_secs(60))?;
+    assert_paid_exactly_once(env, &output, 0..1500);
+
+    let checkpoints = dir.path().join("checkpoints");
+    let newest = std::fs::read_dir(&checkpoints)?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("chk-")?.parse::<u64>().ok())
+        .max()
+        .expect("a checkpoint");
+    let md = checkpoints.join(format!("chk-{newest}/_metadata"));
+    let mut bytes = std::fs::read(&md)?;
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    std::fs::write(&md, bytes)?;
+    let out = cmd()
+        .args(["run", file.to_str().unwrap(), "--no-progress"])
+        .timeout(Duration::from_secs(120))
+        .assert()
+        .failure();
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(
+        stderr.contains(&format!("the newest checkpoint, {newest} in")) && stderr.contains("--accept-replay"),
+        "{stderr}"
+    );
+    assert_paid_exactly_once(env, &output, 0..1500);
+
+    // Every checkpoint gone: refuse rather than start from the beginning of the topic.
+    for e in std::fs::read_dir(&checkpoints)? {
+        let p = e?.path();
+        if p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("chk-")) {
+            std::fs::remove_dir_all(p)?;
+        }
+    }
+    let out = cmd()
+        .args(["run", file.to_str().unwrap(), "--no-progress"])
+        .timeout(Duration::from_secs(120))
+        .assert()
+        .failure();
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(
+        stderr.contains("has held completed checkpoints") && stderr.contains(&checkpoints.display().to_string()),
+        "{stderr}"
+    );
+    assert_paid_exactly_once(env, &output, 0..1500);
+    Ok(())
+}

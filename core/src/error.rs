@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::message::CheckpointId;
+
 /// A boxed error from user code (operators, sources, sinks) or a connector.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -58,6 +60,50 @@ pub enum CoreError {
     /// No checkpoint or savepoint to restore from was found where one was required.
     #[error("no completed checkpoint found in {0}")]
     NoCheckpoint(PathBuf),
+    /// The newest completed checkpoint reads completely but does not verify (checksum, decoding,
+    /// a referenced file missing). The job does not fall back to an older checkpoint on its own:
+    /// the newer one's transactions may have committed output that an older one writes again.
+    #[error(
+        "the newest checkpoint, {id} in {dir}, cannot be restored ({reason}); the job does not fall back to an \
+         older checkpoint by itself, because output the newer one committed would be written again. \
+         Restore an older checkpoint explicitly (restore_from with accept_replay; `exactly run --from \
+         {dir}/chk-<id> --accept-replay`) to accept possible duplicates{older}"
+    )]
+    NewestCheckpointUnusable {
+        /// The checkpoint.
+        id: CheckpointId,
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+        /// Older checkpoints that exist, as a hint (", older ones: 40, 41" or empty).
+        older: String,
+    },
+    /// The checkpoint directory has held completed checkpoints but holds none now. Starting from
+    /// the source's start position would replay everything into exactly-once sinks.
+    #[error(
+        "{0} has held completed checkpoints of this job but none is left: refusing to start from the \
+         source's start position, which would write everything again. Restore a savepoint or \
+         checkpoint explicitly (restore_from; `exactly run --from DIR`), or remove {0} to start over"
+    )]
+    CheckpointsVanished(PathBuf),
+    /// An explicit restore names a snapshot older than the newest completed checkpoint in the
+    /// job's checkpoint directory, and replay was not accepted.
+    #[error(
+        "{path} is checkpoint/savepoint {restore_id}, older than checkpoint {newest} in {dir}: the newer \
+         checkpoints' transactions may have committed output that restoring {restore_id} writes again. \
+         Pass accept_replay (`--accept-replay`) to restore it anyway, or restore the newer one"
+    )]
+    RestoreOlderThanNewest {
+        /// The snapshot asked for.
+        path: PathBuf,
+        /// Its id.
+        restore_id: CheckpointId,
+        /// The newest completed checkpoint in the directory.
+        newest: CheckpointId,
+        /// The checkpoint directory.
+        dir: PathBuf,
+    },
     /// A savepoint holds state for operators the job does not have.
     #[error(
         "the snapshot holds state for operator uid(s) {uids:?} that this job does not have; \
@@ -129,6 +175,9 @@ impl CoreError {
             CoreError::TooManyCheckpointFailures { .. } => ErrorClass::Restart,
             CoreError::RocksDb(_) => ErrorClass::Restart,
             CoreError::Corrupt { .. }
+            | CoreError::NewestCheckpointUnusable { .. }
+            | CoreError::CheckpointsVanished(_)
+            | CoreError::RestoreOlderThanNewest { .. }
             | CoreError::Serialization { .. }
             | CoreError::NoCheckpoint(_)
             | CoreError::UnknownOperatorState { .. }

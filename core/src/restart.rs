@@ -72,6 +72,16 @@ impl Default for RestartStrategy {
 }
 
 impl RestartStrategy {
+    /// The longest wait before one restart (jitter included): what a pre-committed transaction
+    /// must outlive on top of its checkpoint.
+    pub fn longest_delay(&self) -> Duration {
+        match self {
+            RestartStrategy::None => Duration::ZERO,
+            RestartStrategy::FixedDelay { delay, .. } | RestartStrategy::FailureRate { delay, .. } => *delay,
+            RestartStrategy::ExponentialDelay { max_delay, jitter, .. } => max_delay.mul_f64(1.0 + jitter.clamp(0.0, 1.0)),
+        }
+    }
+
     /// Checks the parameters; the error says what to change.
     pub fn validate(&self) -> Result<()> {
         match self {

@@ -52,6 +52,24 @@ async fn start(s: &mut TransactionalKafkaSink, info: &SubtaskInfo, restored: &[(
     Ok(())
 }
 
+/// What the driver does at a restore: clean up what could hold the commits up, commit the
+/// restored committables, then abort what is left.
+async fn restore(s: &mut TransactionalKafkaSink, info: &SubtaskInfo, restored: &[(u64, KafkaCommittable)]) -> Result<()> {
+    s.open(info).await?;
+    let ctx = RecoveryContext {
+        info,
+        restored,
+        all_restored: restored,
+        is_restored: true,
+    };
+    s.abort_unneeded(&ctx).await?;
+    for (_, c) in restored {
+        s.commit(c).await?;
+    }
+    s.abort_lingering(&ctx).await?;
+    Ok(())
+}
+
 async fn txn(s: &mut TransactionalKafkaSink, id: u64, values: &[&str]) -> Result<KafkaTransaction> {
     let mut t = s.begin(id).await?;
     let records = values
@@ -307,5 +325,168 @@ async fn a_record_the_broker_refuses_fails_the_barrier_flush() -> Result<()> {
     };
     assert!(err.contains(&topic), "error names the topic: {err}");
     assert!(values(env, &topic)?.is_empty());
+    Ok(())
+}
+
+/// A committable whose transactional id the coordinator no longer knows (expired after
+/// `transactional.id.expiration.ms`, as for a week-old savepoint) is settled by its record: seen
+/// by read_committed readers → committed; in the log but skipped by them → aborted (lost).
+/// Before: TRANSACTIONAL_ID_NOT_FOUND was a retriable error, retried forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committable_whose_id_expired_is_settled_by_its_record() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let topic = unique("sink-expired");
+    create_topic(env, &topic, 1).await?;
+    let prefix = unique("expired");
+    let me = info(0, 1);
+    let mut s = sink(env, &topic, &prefix, 3, Duration::from_secs(120));
+    start(&mut s, &me, &[]).await?;
+    let t = txn(&mut s, 1, &["kept"]).await?;
+    let committed = prepared(&mut s, t, 1).await?;
+    s.commit(&committed).await?;
+    let t = txn(&mut s, 2, &["dropped"]).await?;
+    let aborted = prepared(&mut s, t, 2).await?;
+    exactly_kafka_sink::admin::abort_transaction(&env.kafka_bootstrap, &aborted.transactional_id, T).await?;
+    drop(s);
+    assert_eq!(values(env, &topic)?, ["kept"]);
+
+    // The same committables under an id the coordinator has never heard of.
+    let unknown = |c: &KafkaCommittable| KafkaCommittable {
+        transactional_id: unique("never-seen"),
+        ..c.clone()
+    };
+    let mut restarted = sink(env, &topic, &prefix, 3, Duration::from_secs(120));
+    restarted.open(&me).await?;
+    restarted.commit(&unknown(&committed)).await?;
+    match restarted.commit(&unknown(&aborted)).await {
+        Err(CommitError::Lost { source, .. }) => {
+            assert!(source.to_string().contains("no longer knows"), "{source}")
+        }
+        other => bail!("an aborted transaction must be reported lost, got {other:?}"),
+    }
+    assert_eq!(values(env, &topic)?, ["kept"]);
+    Ok(())
+}
+
+/// A committed transaction whose record retention removed cannot be checked any more: that is
+/// "unknown" (a warning), not "aborted → DATA LOST". Before: the probe consumer jumped to the end
+/// of the partition (librdkafka's default offset reset) and read the record as absent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_record_removed_by_retention_is_unknown_not_lost() -> Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+    let env = TestEnv::get().await?;
+    let topic = unique("sink-retention");
+    create_topic(env, &topic, 1).await?;
+    let prefix = unique("retention");
+    let me = info(0, 1);
+    let mut s = sink(env, &topic, &prefix, 2, Duration::from_secs(120));
+    start(&mut s, &me, &[]).await?;
+    let t = txn(&mut s, 1, &["old"]).await?;
+    let c = prepared(&mut s, t, 1).await?;
+    s.commit(&c).await?;
+    let t = txn(&mut s, 2, &["newer"]).await?;
+    let c2 = prepared(&mut s, t, 2).await?;
+    s.commit(&c2).await?;
+    drop(s);
+    // Retention (here DeleteRecords) removes everything up to the newer record.
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &env.kafka_bootstrap)
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    let newer = c2.probe.as_ref().expect("a probe").offset;
+    tpl.add_partition_offset(&topic, 0, Offset::Offset(newer))?;
+    for e in admin.delete_records(&tpl, &AdminOptions::new()).await?.elements() {
+        e.error()?;
+    }
+
+    // The restarted sink initialises its ids (new epoch): c is no longer the open transaction of
+    // its id, so only its record could tell, and it is gone.
+    let mut restarted = sink(env, &topic, &prefix, 2, Duration::from_secs(120));
+    start(&mut restarted, &me, &[]).await?;
+    restarted.commit(&c).await?;
+    assert_eq!(values(env, &topic)?, ["newer"]);
+    Ok(())
+}
+
+/// `exactly txn --prefix orders` must not touch `orders-eu-0-0`: ids are parsed, not prefix-matched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_by_prefix_parses_ids_instead_of_matching_their_start() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let topic = unique("sink-prefix");
+    create_topic(env, &topic, 1).await?;
+    let prefix = unique("orders");
+    let longer = format!("{prefix}-eu");
+    let me = info(0, 1);
+    let mut a = sink(env, &topic, &prefix, 1, T);
+    start(&mut a, &me, &[]).await?;
+    let _open_a = txn(&mut a, 1, &["a"]).await?;
+    let mut b = sink(env, &topic, &longer, 1, T);
+    start(&mut b, &me, &[]).await?;
+    let _open_b = txn(&mut b, 1, &["b"]).await?;
+    let listed = exactly_kafka_sink::admin::list_transactions(&env.kafka_bootstrap, &prefix).await?;
+    let ids: Vec<&str> = listed.iter().map(|t| t.transactional_id.as_str()).collect();
+    assert_eq!(ids, [format!("{prefix}-0-0")], "{ids:?}");
+    let listed = exactly_kafka_sink::admin::list_transactions(&env.kafka_bootstrap, &longer).await?;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    Ok(())
+}
+
+/// Waits until a read_uncommitted reader sees `value` in `topic` (the record is in the log).
+fn wait_in_log(env: &TestEnv, topic: &str, value: &str) -> Result<()> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &env.kafka_bootstrap)
+        .set("group.id", unique("uncommitted"))
+        .set("isolation.level", "read_uncommitted")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Beginning)?;
+    c.assign(&tpl)?;
+    let deadline = Instant::now() + T;
+    while Instant::now() < deadline {
+        if let Some(m) = c.poll(Duration::from_millis(200)) {
+            if m?.payload() == Some(value.as_bytes()) {
+                return Ok(());
+            }
+        }
+    }
+    bail!("{value} did not reach {topic} within {T:?}")
+}
+
+/// An open transaction no checkpoint needs is aborted *before* the restored committables are
+/// checked: otherwise it pins the partition's last stable offset, and the read_committed check of
+/// a restored transaction waits on it until the broker's timeout (here 2 min) aborts it. Before,
+/// the check gave up after 30 s and the commit was retried until then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unneeded_open_transaction_is_aborted_before_restored_ones_are_checked() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let topic = unique("sink-pin");
+    create_topic(env, &topic, 1).await?;
+    let prefix = unique("pin");
+    let me = info(0, 1);
+    let mut crashed = sink(env, &topic, &prefix, 3, Duration::from_secs(120));
+    start(&mut crashed, &me, &[]).await?;
+    let _linger = txn(&mut crashed, 1, &["linger"]).await?; // open when the process dies
+    wait_in_log(env, &topic, "linger")?; // in the log first: it pins the last stable offset below what follows
+    let t = txn(&mut crashed, 2, &["two"]).await?;
+    let c = prepared(&mut crashed, t, 2).await?;
+    crashed.commit(&c).await?;
+    drop(crashed);
+    assert!(values(env, &topic)?.is_empty(), "the open transaction pins the last stable offset");
+
+    // Restored under an id the coordinator does not know, so only its record can tell.
+    let restored = KafkaCommittable {
+        transactional_id: unique("forgotten"),
+        ..c
+    };
+    let mut restarted = sink(env, &topic, &prefix, 3, Duration::from_secs(120));
+    let started = Instant::now();
+    restore(&mut restarted, &me, &[(2, restored)]).await?;
+    eprintln!("restored in {:?}", started.elapsed());
+    assert_eq!(values(env, &topic)?, ["two"]);
     Ok(())
 }

@@ -706,3 +706,79 @@ async fn records_arrive_with_every_field_as_written() -> Result<()> {
     }
     Ok(())
 }
+
+/// Input in every compression codec Kafka ships (gzip, snappy, lz4, zstd) is read. Before, zstd
+/// input stalled the source: librdkafka was built without zstd, and the fetch error was only
+/// logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_compressed_with_every_kafka_codec_are_read() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let topic = unique("src-codecs");
+    create_topic(env, &topic, 1).await?;
+    let codecs = ["gzip", "snappy", "lz4", "zstd"];
+    let mut expected = Vec::new();
+    for codec in codecs {
+        let p: rdkafka::producer::BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", &env.kafka_bootstrap)
+            .set("compression.codec", codec)
+            .set("linger.ms", "20")
+            .create()?;
+        for i in 0..50 {
+            // Repetitive values compress, so the batches really are compressed.
+            let v = format!("{codec}-{i:03}-{}", "x".repeat(200));
+            p.send(BaseRecord::<str, str>::to(&topic).partition(0).payload(&v))
+                .map_err(|(e, _)| e)?;
+            expected.push(v);
+        }
+        p.flush(T)?;
+    }
+    expected.sort();
+    let got = run_until(env, &topic, StartPosition::Earliest, expected.len()).await?;
+    assert_eq!(got, expected);
+    Ok(())
+}
+
+/// A dead letter the broker refuses (larger than the dead-letter topic's `max.message.bytes`) fails
+/// the checkpoint: the job stops with the error instead of completing a checkpoint past a record
+/// that went nowhere. Before, the flush succeeded whatever the delivery reports said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_that_cannot_be_written_fails_the_checkpoint() -> Result<()> {
+    use rdkafka::admin::{NewTopic, TopicReplication};
+    let env = TestEnv::get().await?;
+    let topic = unique("src-dlq-refused-in");
+    create_topic(env, &topic, 1).await?;
+    let dlq = unique("src-dlq-refused");
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &env.kafka_bootstrap)
+        .create()?;
+    for r in admin
+        .create_topics(
+            &[NewTopic::new(&dlq, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "2000")],
+            &AdminOptions::new(),
+        )
+        .await?
+    {
+        r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
+    }
+    produce(env, &topic, &[("k".into(), "1".into()), ("k".into(), format!("not json {}", "x".repeat(10_000)))])?;
+
+    let dir = tempfile::tempdir()?;
+    let mut source = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));
+    source.on_deserialization_error = PoisonPolicy::DeadLetter { topic: dlq.clone() };
+    let out: Committed<serde_json::Value> = Arc::default();
+    let mut job = JobBuilder::new(job_config(dir.path(), Duration::from_millis(100)));
+    job.source("kafka", 1, move |_| KafkaSource::new(source.clone(), Json))
+        .sink("collect", {
+            let out = out.clone();
+            move |_| CommittingCollector::new(out.clone())
+        });
+    let h = job.build()?.start();
+    let ended = tokio::time::timeout(T, h.join()).await;
+    let err = match ended {
+        Ok(Err(e)) => format!("{e:?}"),
+        Ok(Ok(outcome)) => anyhow::bail!("the job ended normally: {outcome:?}"),
+        Err(_) => anyhow::bail!("the job kept running past a dead letter it could not write"),
+    };
+    assert!(err.contains("DeadLetter") && err.contains(&dlq), "{err}");
+    Ok(())
+}

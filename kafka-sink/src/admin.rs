@@ -8,7 +8,7 @@ use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::ClientConfig;
 
 use crate::error::{Result, SinkError};
-use crate::protocol::Wire;
+use crate::protocol::{TxnDescription, Wire};
 
 /// A transaction as its coordinator reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,12 +31,16 @@ pub struct TransactionInfo {
     pub topic_partitions: Vec<String>,
 }
 
-/// Describes one transactional id.
+/// Describes one transactional id (an id the coordinator does not know is an error).
 pub async fn describe_transaction(bootstrap: &str, transactional_id: &str) -> Result<TransactionInfo> {
     let d = Wire::new(bootstrap, Duration::from_secs(30))
         .describe(transactional_id)
         .await?;
-    Ok(TransactionInfo {
+    Ok(info(transactional_id, d))
+}
+
+fn info(transactional_id: &str, d: TxnDescription) -> TransactionInfo {
+    TransactionInfo {
         transactional_id: transactional_id.to_owned(),
         state: d.state,
         producer_id: d.producer_id,
@@ -45,7 +49,7 @@ pub async fn describe_transaction(bootstrap: &str, transactional_id: &str) -> Re
         timeout_ms: d.timeout_ms,
         partitions: d.partitions,
         topic_partitions: d.topic_partitions,
-    })
+    }
 }
 
 /// Aborts whatever transaction `transactional_id` has open, and fences its current producer: a
@@ -62,7 +66,8 @@ pub async fn abort_transaction(bootstrap: &str, transactional_id: &str, timeout:
         .map_err(|e| SinkError::kafka(format!("init_transactions for {transactional_id}"), e))
 }
 
-/// Every transactional id starting with `prefix` that the brokers know, described.
+/// Every transactional id of `prefix` (`{prefix}-{subtask}-{slot}`, parsed, so prefix `orders`
+/// does not take `orders-eu-0-0`) that the brokers know, described.
 pub async fn list_transactions(bootstrap: &str, prefix: &str) -> Result<Vec<TransactionInfo>> {
     let consumer: BaseConsumer<DefaultConsumerContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
@@ -78,8 +83,12 @@ pub async fn list_transactions(bootstrap: &str, prefix: &str) -> Result<Vec<Tran
     let wire = Wire::new(bootstrap, Duration::from_secs(30));
     let mut out = Vec::new();
     for t in wire.list(&brokers).await? {
-        if t.transactional_id.starts_with(prefix) {
-            out.push(describe_transaction(bootstrap, &t.transactional_id).await?);
+        if crate::transactional_id::parse(prefix, &t.transactional_id).is_none() {
+            continue;
+        }
+        // An id that expired since the listing is simply gone.
+        if let Some(d) = wire.describe_known(&t.transactional_id).await? {
+            out.push(info(&t.transactional_id, d));
         }
     }
     out.sort_by(|a, b| a.transactional_id.cmp(&b.transactional_id));

@@ -38,6 +38,16 @@ pub struct KafkaCommittable {
 /// Version written by this build.
 pub const COMMITTABLE_VERSION: u32 = 1;
 
+impl KafkaCommittable {
+    /// Whether the transaction a coordinator reports under this id (producer id, epoch, start
+    /// time) is this pre-committed one. With transaction version 1 the epoch is stable across
+    /// the transactions of one producer session, so the start time is what tells them apart.
+    /// The one definition of "the same transaction" (recovery, lingering clean-up, `exactly txn`).
+    pub fn is_same_transaction(&self, producer_id: i64, producer_epoch: i16, start_time_ms: i64) -> bool {
+        self.producer_id == producer_id && self.producer_epoch == producer_epoch && self.txn_start_ms == start_time_ms
+    }
+}
+
 impl std::fmt::Display for KafkaCommittable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(

@@ -129,27 +129,40 @@ impl KafkaSinkConfig {
                     "delivery.pool_size ({pool_size}) must be at least 2: one transaction open while another waits for its checkpoint"
                 ));
             }
-            if transaction_timeout.is_zero() {
-                return bad("delivery.transaction_timeout must be greater than 0".into());
+            if *transaction_timeout < Duration::from_secs(1) {
+                return bad(format!(
+                    "delivery.transaction_timeout ({}) must be at least 1s (librdkafka refuses less)",
+                    humantime::format_duration(*transaction_timeout)
+                ));
             }
         }
         Ok(())
     }
 
-    /// Checks the transaction timeout against the job's checkpointing: a transaction must outlive
-    /// the checkpoint that commits it.
-    pub fn validate_against_checkpoints(&self, interval: Duration, timeout: Duration) -> Result<()> {
+    /// Checks the transaction timeout against the job's checkpointing and restart strategy: a
+    /// transaction opens at the start of a checkpoint interval and must outlive the checkpoint
+    /// that commits it and, after a crash, the wait before the restart that commits it
+    /// (`restart_delay`: `RestartStrategy::longest_delay`) plus that restart's start-up.
+    pub fn validate_against_checkpoints(
+        &self,
+        interval: Duration,
+        timeout: Duration,
+        restart_delay: Duration,
+    ) -> Result<()> {
         if let DeliveryGuarantee::ExactlyOnce {
             transaction_timeout, ..
         } = &self.delivery
         {
-            let needed = interval + timeout;
+            let needed = interval + timeout + restart_delay + RESTART_ALLOWANCE;
             if *transaction_timeout <= needed {
                 return Err(SinkError::Config(format!(
-                    "delivery.transaction_timeout ({}) must exceed checkpoint interval + checkpoint timeout ({} + {} = {}), plus the time a restart takes; raise it (it may not exceed the broker's transaction.max.timeout.ms) or lower the checkpoint timeout",
+                    "delivery.transaction_timeout ({}) must exceed checkpoint interval + checkpoint timeout + the longest restart delay + {} for the restart itself ({} + {} + {} + {} = {}); raise it (it may not exceed the broker's transaction.max.timeout.ms, 15m by default), or lower the checkpoint timeout or the restart delay",
                     humantime::format_duration(*transaction_timeout),
+                    humantime::format_duration(RESTART_ALLOWANCE),
                     humantime::format_duration(interval),
                     humantime::format_duration(timeout),
+                    humantime::format_duration(restart_delay),
+                    humantime::format_duration(RESTART_ALLOWANCE),
                     humantime::format_duration(needed),
                 )));
             }
@@ -157,6 +170,9 @@ impl KafkaSinkConfig {
         Ok(())
     }
 }
+
+/// What a restart takes besides its delay (start-up, recovery commits), for the guardrail.
+const RESTART_ALLOWANCE: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {
@@ -179,15 +195,26 @@ mod tests {
         let c = eo(Duration::from_secs(60));
         c.validate().unwrap();
         let err = c
-            .validate_against_checkpoints(Duration::from_secs(30), Duration::from_secs(30))
+            .validate_against_checkpoints(Duration::from_secs(30), Duration::from_secs(30), Duration::ZERO)
             .unwrap_err();
         assert!(
             err.to_string()
-                .contains("must exceed checkpoint interval + checkpoint timeout"),
+                .contains("must exceed checkpoint interval + checkpoint timeout + the longest restart delay"),
             "{err}"
         );
-        c.validate_against_checkpoints(Duration::from_secs(10), Duration::from_secs(30))
+        c.validate_against_checkpoints(Duration::from_secs(10), Duration::from_secs(30), Duration::from_secs(1))
             .unwrap();
+        // The restart strategy's delay counts: a one-minute back-off outlives a one-minute timeout.
+        assert!(c
+            .validate_against_checkpoints(Duration::from_secs(1), Duration::from_secs(10), Duration::from_secs(60))
+            .is_err());
+    }
+
+    #[test]
+    fn a_timeout_librdkafka_refuses_is_refused_here() {
+        let err = eo(Duration::from_millis(201)).validate().unwrap_err().to_string();
+        assert!(err.contains("at least 1s"), "{err}");
+        eo(Duration::from_secs(1)).validate().unwrap();
     }
 
     #[test]

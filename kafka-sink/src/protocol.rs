@@ -28,6 +28,9 @@ pub(crate) mod code {
     pub(crate) const COORDINATOR_NOT_AVAILABLE: i16 = 15;
     pub(crate) const NOT_COORDINATOR: i16 = 16;
     pub(crate) const CONCURRENT_TRANSACTIONS: i16 = 51;
+    /// The coordinator does not know the id: it never existed, or it expired after
+    /// `transactional.id.expiration.ms` without a transaction.
+    pub(crate) const TRANSACTIONAL_ID_NOT_FOUND: i16 = 105;
 
     /// Worth retrying after finding the coordinator again.
     pub(crate) fn retriable(c: i16) -> bool {
@@ -153,8 +156,19 @@ impl Wire {
         )))
     }
 
-    /// Describes `transactional_id` at its coordinator.
+    /// Describes `transactional_id` at its coordinator; an id the coordinator does not know is
+    /// an error (use [`Wire::describe_known`] where that is an answer).
     pub(crate) async fn describe(&self, transactional_id: &str) -> Result<TxnDescription> {
+        self.describe_known(transactional_id).await?.ok_or_else(|| {
+            SinkError::Protocol(format!(
+                "DescribeTransactions of {transactional_id}: the coordinator does not know this id"
+            ))
+        })
+    }
+
+    /// Describes `transactional_id` at its coordinator; `None` when the coordinator does not know
+    /// the id (never used, or expired after `transactional.id.expiration.ms`).
+    pub(crate) async fn describe_known(&self, transactional_id: &str) -> Result<Option<TxnDescription>> {
         let coordinator = self.coordinator(transactional_id).await?;
         let req = DescribeTransactionsRequest::default().with_transactional_ids(vec![TransactionalId(
             StrBytes::from_string(transactional_id.to_owned()),
@@ -164,13 +178,16 @@ impl Wire {
             resp.transaction_states.into_iter().next().ok_or_else(|| {
                 SinkError::Protocol(format!("DescribeTransactions of {transactional_id}: empty answer"))
             })?;
+        if s.error_code == code::TRANSACTIONAL_ID_NOT_FOUND {
+            return Ok(None);
+        }
         if s.error_code != code::NONE {
             return Err(SinkError::Protocol(format!(
                 "DescribeTransactions of {transactional_id}: error code {}",
                 s.error_code
             )));
         }
-        Ok(TxnDescription {
+        Ok(Some(TxnDescription {
             state: s.transaction_state.as_str().to_owned(),
             producer_id: s.producer_id.0,
             producer_epoch: s.producer_epoch,
@@ -182,7 +199,7 @@ impl Wire {
                 .iter()
                 .flat_map(|t| t.partitions.iter().map(move |p| format!("{}-{p}", t.topic.as_str())))
                 .collect(),
-        })
+        }))
     }
 
     /// Sends EndTxn (commit or abort) for the given producer id and epoch; returns the error code.

@@ -4,15 +4,17 @@
 //! of one `init_transactions`, so EndTxn(id, producer id, epoch) names the *current* transaction
 //! of an id, not a particular one. Before committing a restored committable we therefore check
 //! with DescribeTransactions that the transaction open under that id is the one we pre-committed
-//! (same producer id, epoch and start time). If it is not, ours already ended: a read_committed
-//! read of one of its records tells whether it was committed (success) or aborted (data lost).
+//! (same producer id, epoch and start time), and after the EndTxn that it still is. If it is not
+//! (or the coordinator no longer knows the id), ours already ended: one of its records tells how.
+//! Seen by a read_committed reader: committed (success). In the log but skipped by read_committed
+//! readers: aborted (data lost). Gone from the log (retention, compaction): unknown, a warning.
 
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::committable::{KafkaCommittable, Probe};
 use crate::error::SinkError;
@@ -21,23 +23,22 @@ use exactly_twophase::CommitError;
 
 /// Commits a restored committable through the protocol. Already committed is success.
 pub(crate) async fn commit_recovered(wire: &Wire, bootstrap: &str, c: &KafkaCommittable) -> Result<(), CommitError> {
-    let desc = wire
-        .describe(&c.transactional_id)
-        .await
-        .map_err(|e| CommitError::Retriable(e.into()))?;
-    let ours = desc.producer_id == c.producer_id
-        && desc.producer_epoch == c.producer_epoch
-        && desc.start_time_ms == c.txn_start_ms;
-    if ours {
-        match desc.state.as_str() {
+    let retriable = |e: SinkError| CommitError::Retriable(e.into());
+    // An id the coordinator does not know (expired after `transactional.id.expiration.ms`, e.g.
+    // a week-old savepoint) has no open transaction: ours ended, the probe tells how.
+    let desc = wire.describe_known(&c.transactional_id).await.map_err(retriable)?;
+    let ours = desc
+        .as_ref()
+        .filter(|d| c.is_same_transaction(d.producer_id, d.producer_epoch, d.start_time_ms));
+    if let Some(d) = ours {
+        match d.state.as_str() {
             "Ongoing" | "PrepareCommit" => {
                 let result = wire
                     .end_txn(&c.transactional_id, c.producer_id, c.producer_epoch, true)
                     .await
-                    .map_err(|e| CommitError::Retriable(e.into()))?;
+                    .map_err(retriable)?;
                 if result == code::NONE {
-                    info!(committable = %c, "Committed a restored transaction.");
-                    return Ok(());
+                    return confirm_committed(wire, c).await;
                 }
                 if code::retriable(result) {
                     return Err(CommitError::Retriable(
@@ -50,81 +51,187 @@ pub(crate) async fn commit_recovered(wire: &Wire, bootstrap: &str, c: &KafkaComm
             "PrepareAbort" | "CompleteAbort" => {
                 return Err(CommitError::Lost {
                     what: c.to_string(),
-                    source: format!("the coordinator reports it {}", desc.state).into(),
+                    source: format!("the coordinator reports it {}", d.state).into(),
                 })
             }
             _ => {}
         }
     }
+    let now = match &desc {
+        Some(d) => format!("state {}, producer {}, epoch {}", d.state, d.producer_id, d.producer_epoch),
+        None => "the coordinator no longer knows the id".into(),
+    };
     let Some(probe) = &c.probe else {
         return Err(CommitError::Lost {
             what: c.to_string(),
-            source: format!(
-                "it is no longer the open transaction of its id (state {}, producer {}, epoch {}) and has no record to check",
-                desc.state, desc.producer_id, desc.producer_epoch
-            )
-            .into(),
+            source: format!("it is no longer the open transaction of its id ({now}) and has no record to check").into(),
         });
     };
     let bootstrap = bootstrap.to_owned();
     let probe2 = probe.clone();
-    let visible = tokio::task::spawn_blocking(move || probe_visible(&bootstrap, &probe2, Duration::from_secs(30)))
+    let outcome = tokio::task::spawn_blocking(move || probe_outcome(&bootstrap, &probe2, Duration::from_secs(30)))
         .await
         .map_err(|e| CommitError::Retriable(e.to_string().into()))?
-        .map_err(|e| CommitError::Retriable(e.into()))?;
-    if visible {
-        info!(committable = %c, "Restored transaction was already committed.");
-        Ok(())
-    } else {
-        Err(CommitError::Lost {
+        .map_err(retriable)?;
+    match outcome {
+        ProbeOutcome::Committed => {
+            info!(committable = %c, "Restored transaction was already committed.");
+            Ok(())
+        }
+        ProbeOutcome::Aborted => Err(CommitError::Lost {
             what: c.to_string(),
             source: format!(
-                "its record {}/{}@{} is not visible to read_committed readers: the transaction was aborted",
+                "its record {}/{}@{} is in the log but not visible to read_committed readers: the transaction was aborted ({now})",
                 probe.topic, probe.partition, probe.offset
             )
             .into(),
-        })
+        }),
+        ProbeOutcome::Unknown(why) => {
+            warn!(
+                committable = %c,
+                checkpoint_id = c.checkpoint_id,
+                probe = %format!("{}/{}@{}", probe.topic, probe.partition, probe.offset),
+                reason = %why,
+                "Cannot tell whether the restored transaction committed: it is no longer open ({now}) and its record is gone from the log. Continuing; check the output of this checkpoint if in doubt."
+            );
+            Ok(())
+        }
     }
 }
 
-/// Whether a read_committed reader sees the record at the probe's coordinates. Fails (to be
-/// retried) while the partition's last stable offset has not passed it.
-pub(crate) fn probe_visible(bootstrap: &str, probe: &Probe, timeout: Duration) -> Result<bool, SinkError> {
+/// After an EndTxn that answered success: the id must still show *our* transaction (committing
+/// or committed). If another transaction of the same producer and epoch replaced it between the
+/// describe and the EndTxn (a zombie of the crashed process), the EndTxn committed that one, and
+/// this must not pass as success.
+async fn confirm_committed(wire: &Wire, c: &KafkaCommittable) -> Result<(), CommitError> {
+    let after = wire
+        .describe_known(&c.transactional_id)
+        .await
+        .map_err(|e| CommitError::Retriable(e.into()))?;
+    match after {
+        Some(d) if c.is_same_transaction(d.producer_id, d.producer_epoch, d.start_time_ms) => {
+            info!(committable = %c, state = %d.state, "Committed a restored transaction.");
+            Ok(())
+        }
+        other => {
+            let now = other.map_or("unknown to the coordinator".to_owned(), |d| {
+                format!(
+                    "{} with producer {}, epoch {}, started at {} (ours started at {})",
+                    d.state, d.producer_id, d.producer_epoch, d.start_time_ms, c.txn_start_ms
+                )
+            });
+            error!(committable = %c, now = %now, "The transaction id changed under the recovery commit: another producer (a zombie of the crashed process?) used it.");
+            Err(CommitError::Fatal(
+                format!(
+                    "EndTxn for {c} answered success, but the id's transaction is now {now}: another producer with the same id and epoch (a zombie of the crashed process?) may have had its transaction committed instead. Stop every other process using this transactional id prefix, then check the output of checkpoint {}",
+                    c.checkpoint_id
+                )
+                .into(),
+            ))
+        }
+    }
+}
+
+/// What the log says about a probe record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ProbeOutcome {
+    /// A read_committed reader sees it: the transaction committed.
+    Committed,
+    /// It is in the log, but read_committed readers skip it: the transaction aborted.
+    Aborted,
+    /// It is gone from the log (retention or compaction): nobody can tell any more.
+    Unknown(String),
+}
+
+/// Reads the probe's record as a read_committed reader and, if that does not see it, as a
+/// read_uncommitted one: present for both = committed, only for the second = aborted, for
+/// neither = removed (unknown). Fails (to be retried) while an open transaction pins the
+/// partition's last stable offset below the record.
+pub(crate) fn probe_outcome(bootstrap: &str, probe: &Probe, timeout: Duration) -> Result<ProbeOutcome, SinkError> {
+    let deadline = Instant::now() + timeout;
+    match read_at(bootstrap, probe, true, deadline)? {
+        Seen::Record => Ok(ProbeOutcome::Committed),
+        Seen::Removed(why) => Ok(ProbeOutcome::Unknown(why)),
+        Seen::Skipped => match read_at(bootstrap, probe, false, deadline)? {
+            Seen::Record => Ok(ProbeOutcome::Aborted),
+            Seen::Skipped => Ok(ProbeOutcome::Unknown(
+                "the offset holds no record any more (removed by compaction)".into(),
+            )),
+            Seen::Removed(why) => Ok(ProbeOutcome::Unknown(why)),
+        },
+    }
+}
+
+enum Seen {
+    /// The record at the probe's offset.
+    Record,
+    /// The reader went past the offset without it.
+    Skipped,
+    /// The offset is below the partition's start (retention or DeleteRecords removed it).
+    Removed(String),
+}
+
+fn read_at(bootstrap: &str, probe: &Probe, committed: bool, deadline: Instant) -> Result<Seen, SinkError> {
+    let isolation = if committed { "read_committed" } else { "read_uncommitted" };
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "exactly-probe")
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
-        .set("isolation.level", "read_committed")
+        .set("isolation.level", isolation)
+        // An offset out of range must be an error we see, never a silent jump to the end (which
+        // would read as "absent", i.e. aborted).
+        .set("auto.offset.reset", "error")
         .create()
         .map_err(|e| SinkError::kafka("creating the probe consumer", e))?;
+    let (low, _) = consumer
+        .fetch_watermarks(&probe.topic, probe.partition, Duration::from_secs(10))
+        .map_err(|e| SinkError::kafka("probe watermarks", e))?;
+    let removed = |low: i64| {
+        Seen::Removed(format!(
+            "{}/{}@{} is below the partition's first offset {low} (removed by retention)",
+            probe.topic, probe.partition, probe.offset
+        ))
+    };
+    if probe.offset < low {
+        return Ok(removed(low));
+    }
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(&probe.topic, probe.partition, Offset::Offset(probe.offset))
         .map_err(|e| SinkError::kafka("probe assignment", e))?;
     consumer
         .assign(&tpl)
         .map_err(|e| SinkError::kafka("probe assignment", e))?;
-    let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) if m.offset() == probe.offset => return Ok(true),
-            Some(Ok(m)) if m.offset() > probe.offset => return Ok(false),
+            Some(Ok(m)) if m.offset() == probe.offset => return Ok(Seen::Record),
+            Some(Ok(m)) if m.offset() > probe.offset => return Ok(Seen::Skipped),
             Some(Ok(_)) | None => {}
             Some(Err(KafkaError::PartitionEOF(_))) => {
-                // At the last stable offset without seeing the record: aborted, if the stable
-                // offset is past it; otherwise an open transaction pins it: wait.
-                let (_, stable) = consumer
+                // At the end (for read_committed: the last stable offset) without the record:
+                // skipped if the end is past it; otherwise an open transaction pins it: wait.
+                let (_, end) = consumer
                     .fetch_watermarks(&probe.topic, probe.partition, Duration::from_secs(10))
                     .map_err(|e| SinkError::kafka("probe watermarks", e))?;
-                if stable > probe.offset {
-                    return Ok(false);
+                if end > probe.offset {
+                    return Ok(Seen::Skipped);
+                }
+            }
+            Some(Err(KafkaError::MessageConsumption(
+                RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange,
+            ))) => {
+                let (low, _) = consumer
+                    .fetch_watermarks(&probe.topic, probe.partition, Duration::from_secs(10))
+                    .map_err(|e| SinkError::kafka("probe watermarks", e))?;
+                if probe.offset < low {
+                    return Ok(removed(low));
                 }
             }
             Some(Err(e)) => return Err(SinkError::kafka("probe read", e)),
         }
     }
     Err(SinkError::Protocol(format!(
-        "could not decide within {timeout:?} whether {}/{}@{} is committed (an open transaction holds the partition's last stable offset)",
+        "could not decide before the deadline whether {}/{}@{} is committed (an open transaction holds the partition's last stable offset)",
         probe.topic, probe.partition, probe.offset
     )))
 }

@@ -371,6 +371,35 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         Ok(())
     }
 
+    async fn abort_unneeded(&mut self, ctx: &RecoveryContext<'_, KafkaCommittable>) -> exactly_core::Result<()> {
+        // An open transaction of ours that no restored committable is would pin the last stable
+        // offset of its partitions, and the read_committed check of a restored transaction would
+        // wait on it until the broker's timeout aborts it.
+        let me = ctx.info.index;
+        let parallelism = ctx.info.parallelism;
+        for t in self.wire.list(&self.brokers).await? {
+            let Some((subtask, _)) = parse(&self.prefix, &t.transactional_id) else {
+                continue;
+            };
+            let mine = subtask == me || (me == 0 && subtask >= parallelism);
+            if !mine || t.state != "Ongoing" {
+                continue;
+            }
+            let Some(d) = self.wire.describe_known(&t.transactional_id).await? else {
+                continue;
+            };
+            let needed = ctx.all_restored.iter().any(|(_, c)| {
+                c.transactional_id == t.transactional_id
+                    && c.is_same_transaction(d.producer_id, d.producer_epoch, d.start_time_ms)
+            });
+            if !needed {
+                warn!(transactional_id = %t.transactional_id, "Aborting an open transaction no checkpoint needs before recovering.");
+                self.fence_and_abort(&t.transactional_id)?;
+            }
+        }
+        Ok(())
+    }
+
     async fn abort_lingering(&mut self, ctx: &RecoveryContext<'_, KafkaCommittable>) -> exactly_core::Result<()> {
         let me = ctx.info.index;
         let parallelism = ctx.info.parallelism;
@@ -396,11 +425,8 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
                 continue;
             }
             if let Some(c) = pending.get(t.transactional_id.as_str()) {
-                let d = self.wire.describe(&t.transactional_id).await?;
-                if d.producer_id == c.producer_id
-                    && d.producer_epoch == c.producer_epoch
-                    && d.start_time_ms == c.txn_start_ms
-                {
+                let d = self.wire.describe_known(&t.transactional_id).await?;
+                if d.is_some_and(|d| c.is_same_transaction(d.producer_id, d.producer_epoch, d.start_time_ms)) {
                     continue;
                 }
             }

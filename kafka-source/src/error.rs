@@ -41,6 +41,29 @@ pub enum SourceError {
     /// its last checkpoint rather than read them out of order).
     #[error("kafka source: {0}")]
     Routing(String),
+    /// Fetching failed in a way the client does not retry (an unsupported codec, missing
+    /// authorization, a topic that disappeared): the attempt fails instead of stalling.
+    #[error("kafka source: fetching {what} failed: {code} ({fix})")]
+    Fetch {
+        /// The partition ("topic/partition") or "the cluster".
+        what: String,
+        /// librdkafka's error.
+        code: rdkafka::types::RDKafkaErrorCode,
+        /// What to do about it.
+        fix: &'static str,
+        /// Whether restarting can help (a topic may come back; permissions and codecs do not).
+        permanent: bool,
+    },
+    /// Dead letters could not be written: the checkpoint fails rather than complete past them.
+    #[error("kafka source: {failed} dead letter(s) could not be written to {topic:?} (first error: {first}); the checkpoint fails and the job restarts from the previous one")]
+    DeadLetter {
+        /// The dead-letter topic.
+        topic: String,
+        /// How many failed since the last checkpoint.
+        failed: u64,
+        /// The first delivery error.
+        first: String,
+    },
     /// Restored state could not be decoded.
     #[error("restored source state undecodable: {0}")]
     State(String),
@@ -55,10 +78,39 @@ impl SourceError {
     }
 }
 
+/// A fetch or consumer error the client will not get past by retrying: `Some` with the error to
+/// fail with, `None` for the transient ones (transport, leader changes, brokers down), which
+/// librdkafka retries itself.
+pub(crate) fn unretried(code: rdkafka::types::RDKafkaErrorCode, what: String) -> Option<SourceError> {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    let (fix, permanent) = match code {
+        C::NotImplemented | C::UnsupportedCompressionType | C::BadCompression => (
+            "the input uses a compression codec this build cannot read; exactly reads gzip, snappy, lz4 and zstd",
+            true,
+        ),
+        C::TopicAuthorizationFailed | C::ClusterAuthorizationFailed => {
+            ("grant the source's principal Read and Describe on the topic", true)
+        }
+        C::Authentication | C::SaslAuthenticationFailed => ("check the source's credentials", true),
+        C::UnknownTopic | C::UnknownTopicOrPartition => ("the topic was deleted or is not there any more", false),
+        _ => return None,
+    };
+    Some(SourceError::Fetch {
+        what,
+        code,
+        fix,
+        permanent,
+    })
+}
+
 impl From<SourceError> for CoreError {
     fn from(e: SourceError) -> Self {
         let class = match &e {
-            SourceError::Kafka { .. } | SourceError::Routing(_) => ErrorClass::Restart,
+            SourceError::Kafka { .. } | SourceError::Routing(_) | SourceError::DeadLetter { .. } => {
+                ErrorClass::Restart
+            }
+            SourceError::Fetch { permanent: false, .. } => ErrorClass::Restart,
+            SourceError::Fetch { permanent: true, .. } => ErrorClass::Fatal,
             SourceError::Config(_)
             | SourceError::Poison { .. }
             | SourceError::UnknownTopic(_)

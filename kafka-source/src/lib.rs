@@ -13,6 +13,7 @@
 
 mod assignment;
 mod config;
+mod dead_letters;
 mod deser;
 mod error;
 mod fetch;

@@ -9,14 +9,15 @@ use std::time::{Duration, Instant};
 use exactly_core::runtime::{InitContext, SnapshotContext, Source, SourceStatus, SourceWatermark, SubtaskInfo};
 use exactly_core::CheckpointId;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
-use rdkafka::message::{Header, Message, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::message::Message;
+
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use tracing::{debug, info, warn};
 
 use crate::assignment::subtask_for;
 use crate::config::{IsolationLevel, KafkaSourceConfig, OffsetCommitMode, PoisonPolicy, ResetPosition, StartPosition};
+use crate::dead_letters::DeadLetters;
 use crate::deser::{Deserializer, KafkaRecord};
 use crate::error::{Result, SourceError};
 use crate::fetch::{Batch, FetchQueue};
@@ -77,7 +78,7 @@ pub struct KafkaSource<T, D> {
     batch: Batch,
     fetch: Option<FetchQueue>,
     consumer: Option<BaseConsumer<SourceContext>>,
-    dead_letters: Option<ThreadedProducer<DefaultProducerContext>>,
+    dead_letters: Option<DeadLetters>,
     pattern: Option<regex::Regex>,
     /// Next offset to read, per partition this subtask owns (a short list: searched per record
     /// without allocating).
@@ -359,42 +360,8 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                 Ok(())
             }
             PoisonPolicy::DeadLetter { topic } => {
-                let producer = self.dead_letters.as_ref().expect("created with the policy");
-                let headers = record
-                    .headers
-                    .iter()
-                    .fold(OwnedHeaders::new(), |h, (k, v)| {
-                        h.insert(Header {
-                            key: k,
-                            value: v.as_deref(),
-                        })
-                    })
-                    .insert(Header {
-                        key: "exactly.source.topic",
-                        value: Some(record.topic.as_bytes()),
-                    })
-                    .insert(Header {
-                        key: "exactly.source.partition",
-                        value: Some(record.partition.to_string().as_bytes()),
-                    })
-                    .insert(Header {
-                        key: "exactly.source.offset",
-                        value: Some(record.offset.to_string().as_bytes()),
-                    })
-                    .insert(Header {
-                        key: "exactly.error",
-                        value: Some(reason.as_bytes()),
-                    });
-                let mut r: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).headers(headers);
-                if let Some(k) = &record.key {
-                    r = r.key(k.as_slice());
-                }
-                if let Some(v) = &record.value {
-                    r = r.payload(v.as_slice());
-                }
-                producer
-                    .send(r)
-                    .map_err(|(e, _)| SourceError::kafka("writing to the dead-letter topic", e))?;
+                let dead_letters = self.dead_letters.as_ref().expect("created with the policy");
+                dead_letters.send(topic, &record, &reason)?;
                 self.metrics.dead_lettered.fetch_add(1, Ordering::Relaxed);
                 warn!(topic = %record.topic, partition = record.partition, offset = record.offset, %reason, "Sent a record that does not deserialize to the dead-letter topic.");
                 Ok(())
@@ -416,12 +383,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         self.fetch = Some(FetchQueue::new(&consumer));
         self.consumer = Some(consumer);
         if let PoisonPolicy::DeadLetter { .. } = self.config.on_deserialization_error {
-            let producer = ClientConfig::new()
-                .set("bootstrap.servers", &self.config.bootstrap_servers)
-                .set("enable.idempotence", "true")
-                .create()
-                .map_err(|e| SourceError::kafka("creating the dead-letter producer", e))?;
-            self.dead_letters = Some(producer);
+            self.dead_letters = Some(DeadLetters::new(&self.config.bootstrap_servers)?);
         }
         let mut restored = BTreeMap::new();
         for entry in ctx.union_state(STATE) {
@@ -467,6 +429,12 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         match self.consumer().poll(Duration::ZERO) {
             None => Ok(()),
             Some(Err(error)) => {
+                if let Some(e) = error
+                    .rdkafka_error_code()
+                    .and_then(|c| crate::error::unretried(c, "the cluster".into()))
+                {
+                    return Err(e);
+                }
                 warn!(%error, "Consumer error (retried by the client).");
                 Ok(())
             }
@@ -489,6 +457,8 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         let fail_fast = matches!(self.config.on_deserialization_error, PoisonPolicy::Fail);
         let clocks = self.config.watermarks.is_some().then(Instant::now);
         let mut rejected: Vec<(KafkaRecord, String)> = Vec::new();
+        // An error librdkafka will not retry past: the attempt fails (never a silent stall).
+        let mut failed = None;
         let mut batch = std::mem::take(&mut self.batch);
         {
             let fetch = self.fetch.as_ref().expect("initialized");
@@ -499,6 +469,11 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             let deserializer = &self.deserializer;
             for m in batch.iter() {
                 if let Some(error) = m.error() {
+                    let what = format!("{}/{}", String::from_utf8_lossy(m.topic_bytes()), m.partition());
+                    if let Some(e) = crate::error::unretried(error, what) {
+                        failed = Some(e);
+                        break;
+                    }
                     warn!(
                         topic = %String::from_utf8_lossy(m.topic_bytes()),
                         partition = m.partition(),
@@ -559,6 +534,9 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         }
         batch.clear();
         self.batch = batch;
+        if let Some(e) = failed {
+            return Err(e);
+        }
         for (raw, reason) in rejected {
             self.poison(raw, reason)?;
         }
@@ -616,10 +594,9 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
                 parts.entry(tp).or_default().position = o;
             }
         });
-        if let Some(p) = &self.dead_letters {
+        if let (Some(d), PoisonPolicy::DeadLetter { topic }) = (&self.dead_letters, &self.config.on_deserialization_error) {
             // Dead letters before this barrier must be durable before the checkpoint is.
-            tokio::task::block_in_place(|| p.flush(TIMEOUT))
-                .map_err(|e| SourceError::kafka("flushing the dead-letter producer", e))?;
+            d.flush(topic, TIMEOUT)?;
         }
         Ok(())
     }

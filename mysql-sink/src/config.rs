@@ -94,6 +94,12 @@ impl MysqlSinkConfig {
                 return bad(format!("{what} {name:?} must be 1-64 letters, digits or underscores"));
             }
         }
+        if self.progress_table.len() > 56 {
+            return bad(format!(
+                "progress_table {:?} must be 56 characters at most (its summary table adds `_through`)",
+                self.progress_table
+            ));
+        }
         if let OnError::DeadLetter { table } = &self.on_error {
             if !identifier_ok(table) {
                 return bad(format!(

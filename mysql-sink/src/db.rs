@@ -9,7 +9,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlRow};
 use sqlx::{ConnectOptions, Connection, MySql, QueryBuilder};
 use tracing::warn;
 
-use crate::config::{MysqlSinkConfig, OnError};
+use crate::config::{Mode, MysqlSinkConfig, OnError};
 use crate::error::{MysqlSinkError, Result};
 use crate::mapping::SqlValue;
 use crate::SinkRecord;
@@ -53,6 +53,14 @@ pub(crate) fn ensure_tables<'a>(conn: &'a mut MySqlConnection, c: &'a MysqlSinkC
         exec(conn, progress)
             .await
             .map_err(|e| MysqlSinkError::db("creating the progress table", e))?;
+        let through = format!(
+            "CREATE TABLE IF NOT EXISTS `{}` (job VARCHAR(64) NOT NULL, sink VARCHAR(64) NOT NULL, subtask INT NOT NULL, \
+             committed_through BIGINT NOT NULL, PRIMARY KEY (job, sink, subtask)) ENGINE=InnoDB",
+            through_table(c)
+        );
+        exec(conn, through)
+            .await
+            .map_err(|e| MysqlSinkError::db("creating the progress summary table", e))?;
         if let OnError::DeadLetter { table } = &c.on_error {
             let ddl = format!(
             "CREATE TABLE IF NOT EXISTS `{table}` (id BIGINT AUTO_INCREMENT PRIMARY KEY, origin VARCHAR(255) NOT NULL, \
@@ -72,11 +80,26 @@ pub(crate) fn ensure_tables<'a>(conn: &'a mut MySqlConnection, c: &'a MysqlSinkC
     })
 }
 
+/// One statement's worth of a record, in input order.
+pub(crate) enum Op {
+    /// A row to insert (or upsert).
+    Row(Vec<SqlValue>),
+    /// The key columns' values of a row to delete (a tombstone, mode upsert).
+    Delete(Vec<SqlValue>),
+}
+
 /// What one batch of records became.
 #[derive(Default)]
 pub(crate) struct Converted {
-    pub(crate) rows: Vec<Vec<SqlValue>>,
+    pub(crate) ops: Vec<Op>,
     pub(crate) dead: Vec<(String, Vec<u8>, String)>,
+}
+
+impl Converted {
+    /// Records that became a statement or a dead letter.
+    pub(crate) fn len(&self) -> usize {
+        self.ops.len() + self.dead.len()
+    }
 }
 
 /// Rows of the records, applying the error policy; also advances `offsets` (next offset per
@@ -94,8 +117,19 @@ pub(crate) fn convert(
                 .or_insert(o.offset + 1);
             *e = (*e).max(o.offset + 1);
         }
-        match c.mapping.row(&r.payload) {
-            Ok(row) => out.rows.push(row),
+        let op = match (&r.tombstone, c.mode) {
+            (false, _) => c.mapping.row(&r.payload).map(Op::Row),
+            // Kafka Connect's JDBC sink with delete.enabled: a tombstone deletes its key's row.
+            (true, Mode::Upsert) => match &r.key {
+                Some(key) => c.mapping.key_values(key).map(Op::Delete),
+                None => Err("a tombstone without a key cannot say which row to delete".into()),
+            },
+            (true, Mode::Xa) => Err(
+                "a tombstone (a record without a value) has no row to insert in mode `xa`; mode `upsert` deletes its key's row".into(),
+            ),
+        };
+        match op {
+            Ok(op) => out.ops.push(op),
             Err(reason) => {
                 let origin = r.origin_text();
                 match &c.on_error {
@@ -112,7 +146,21 @@ pub(crate) fn convert(
     Ok(out)
 }
 
-/// Batched multi-row INSERT (or upsert) of `rows`, and the dead letters.
+fn bind<'q>(
+    q: sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>,
+    v: &SqlValue,
+) -> sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments> {
+    match v {
+        SqlValue::Null => q.bind(Option::<i64>::None),
+        SqlValue::Int(i) => q.bind(*i),
+        SqlValue::Float(f) => q.bind(*f),
+        SqlValue::Bool(x) => q.bind(*x),
+        SqlValue::Text(s) => q.bind(s.clone()),
+    }
+}
+
+/// Batched multi-row INSERT (or upsert) of the rows and the deletes, in input order, and the
+/// dead letters.
 pub(crate) fn insert<'a>(
     conn: &'a mut MySqlConnection,
     c: &'a MysqlSinkConfig,
@@ -129,10 +177,34 @@ pub(crate) fn insert<'a>(
             .map(|col| format!("`{0}` = VALUES(`{0}`)", col.name))
             .collect::<Vec<_>>()
             .join(", ");
-        for chunk in data.rows.chunks(per_statement) {
+        let keys: Vec<&str> = c.mapping.columns.iter().filter(|col| col.key).map(|col| col.name.as_str()).collect();
+        let mut ops = data.ops.into_iter().peekable();
+        while ops.peek().is_some() {
+            // Consecutive rows go in multi-row statements; a delete runs in its place in between.
+            let mut rows = Vec::new();
+            while rows.len() < per_statement {
+                match ops.next_if(|op| matches!(op, Op::Row(_))) {
+                    Some(Op::Row(row)) => rows.push(row),
+                    _ => break,
+                }
+            }
+            if rows.is_empty() {
+                if let Some(Op::Delete(values)) = ops.next() {
+                    let condition: Vec<String> = keys.iter().map(|k| format!("`{k}` = ?")).collect();
+                    let sql = format!("DELETE FROM `{}` WHERE {}", c.table, condition.join(" AND "));
+                    let mut q = sqlx::query(&sql);
+                    for v in &values {
+                        q = bind(q, v);
+                    }
+                    q.execute(&mut *conn)
+                        .await
+                        .map_err(|e| MysqlSinkError::db(format!("deleting from {}", c.table), e))?;
+                }
+                continue;
+            }
             let mut qb: QueryBuilder<'_, MySql> =
                 QueryBuilder::new(format!("INSERT INTO `{}` ({}) ", c.table, c.mapping.column_list()));
-            qb.push_values(chunk, |mut b, row| {
+            qb.push_values(&rows, |mut b, row| {
                 for v in row {
                     match v {
                         SqlValue::Null => b.push_bind(Option::<i64>::None),
@@ -202,7 +274,14 @@ pub(crate) fn progress<'a>(
     })
 }
 
-/// Whether the progress table has checkpoint `id` of `subtask` (i.e. its branch committed).
+/// The summary table beside the progress table: per subtask, the checkpoint through which every
+/// branch it prepared has been committed.
+pub(crate) fn through_table(c: &MysqlSinkConfig) -> String {
+    format!("{}_through", c.progress_table)
+}
+
+/// Whether checkpoint `id` of `subtask` committed: its progress row exists, or the subtask's
+/// summary says every branch through a later checkpoint committed.
 pub(crate) fn has_progress<'a>(
     conn: &'a mut MySqlConnection,
     c: &'a MysqlSinkConfig,
@@ -211,9 +290,15 @@ pub(crate) fn has_progress<'a>(
 ) -> BoxFut<'a, Result<bool>> {
     Box::pin(async move {
         let n: i64 = sqlx::query_scalar(&format!(
-            "SELECT COUNT(*) FROM `{}` WHERE job = ? AND sink = ? AND subtask = ? AND checkpoint_id = ?",
-            c.progress_table
+            "SELECT (SELECT COUNT(*) FROM `{}` WHERE job = ? AND sink = ? AND subtask = ? AND checkpoint_id = ?) \
+             + (SELECT COUNT(*) FROM `{}` WHERE job = ? AND sink = ? AND subtask = ? AND committed_through >= ?)",
+            c.progress_table,
+            through_table(c)
         ))
+        .bind(&c.job_id)
+        .bind(&c.sink_id)
+        .bind(subtask)
+        .bind(id)
         .bind(&c.job_id)
         .bind(&c.sink_id)
         .bind(subtask)
@@ -222,6 +307,46 @@ pub(crate) fn has_progress<'a>(
         .await
         .map_err(|e| MysqlSinkError::db("reading the progress table", e))?;
         Ok(n > 0)
+    })
+}
+
+/// After checkpoint `id` of `subtask` committed: every branch of the subtask through `id` has
+/// committed (the driver commits in checkpoint order, and a lost one stops the job), so the
+/// summary row moves to `id` and the per-checkpoint rows before it go. The table stays at about
+/// one row per subtask plus the branches in flight, however old a restored savepoint is.
+pub(crate) fn summarise_progress<'a>(
+    conn: &'a mut MySqlConnection,
+    c: &'a MysqlSinkConfig,
+    subtask: u32,
+    id: u64,
+) -> BoxFut<'a, Result<()>> {
+    Box::pin(async move {
+        sqlx::query(&format!(
+            "INSERT INTO `{}` (job, sink, subtask, committed_through) VALUES (?, ?, ?, ?) \
+             ON DUPLICATE KEY UPDATE committed_through = GREATEST(committed_through, VALUES(committed_through))",
+            through_table(c)
+        ))
+        .bind(&c.job_id)
+        .bind(&c.sink_id)
+        .bind(subtask)
+        .bind(id)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| MysqlSinkError::db("writing the progress summary", e))?;
+        // Strictly before `id`: the scan stops at row `id` (committed), never reaching the locked
+        // row of a branch still prepared.
+        sqlx::query(&format!(
+            "DELETE FROM `{}` WHERE job = ? AND sink = ? AND subtask = ? AND checkpoint_id < ?",
+            c.progress_table
+        ))
+        .bind(&c.job_id)
+        .bind(&c.sink_id)
+        .bind(subtask)
+        .bind(id)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| MysqlSinkError::db("pruning the progress table", e))?;
+        Ok(())
     })
 }
 

@@ -39,8 +39,14 @@ pub struct Origin {
 /// A record for the sink: a payload to map to a row, and where it came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SinkRecord {
-    /// JSON or delimited text.
+    /// JSON or delimited text (empty for a tombstone).
     pub payload: Vec<u8>,
+    /// The Kafka key; a tombstone's key names the row to delete.
+    pub key: Option<Vec<u8>>,
+    /// A Kafka tombstone (no value): mode `upsert` deletes the row of its key (the key columns'
+    /// values: one column from a plain key, several from a JSON object key); mode `xa` applies
+    /// `on_error` to it.
+    pub tombstone: bool,
     /// Kafka coordinates, when it came from Kafka.
     pub origin: Option<Origin>,
 }

@@ -195,6 +195,46 @@ impl Mapping {
             .join(", ")
     }
 
+    /// The key columns' values from a Kafka key: a JSON object gives each key column from its
+    /// field (as in a row); a plain key (text, a JSON string or number) gives the one key column.
+    pub fn key_values(&self, key: &[u8]) -> Result<Vec<SqlValue>, String> {
+        let keys: Vec<&Column> = self.columns.iter().filter(|c| c.key).collect();
+        if keys.is_empty() {
+            return Err("the mapping has no key column to delete by".into());
+        }
+        let parsed: Option<serde_json::Value> = serde_json::from_slice(key).ok();
+        if let Some(object @ serde_json::Value::Object(_)) = &parsed {
+            return keys
+                .iter()
+                .map(|c| {
+                    let path = c.field.as_deref().unwrap_or(&c.name);
+                    let mut cur = Some(object);
+                    for part in path.split('.') {
+                        cur = cur.and_then(|x| x.get(part));
+                    }
+                    match cur {
+                        None | Some(serde_json::Value::Null) => Err(format!("the tombstone's key has no field {path:?}")),
+                        Some(x) => json_value(c, x),
+                    }
+                })
+                .collect();
+        }
+        let [c] = keys.as_slice() else {
+            return Err(format!(
+                "the mapping has {} key columns: a tombstone's key must be a JSON object with their fields",
+                keys.len()
+            ));
+        };
+        match parsed {
+            Some(serde_json::Value::String(s)) => text_value(c, &s).map(|v| vec![v]),
+            Some(x @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => json_value(c, &x).map(|v| vec![v]),
+            _ => {
+                let text = std::str::from_utf8(key).map_err(|e| format!("the tombstone's key is not UTF-8: {e}"))?;
+                text_value(c, text).map(|v| vec![v])
+            }
+        }
+    }
+
     /// Converts a payload to a row, or says why it does not fit.
     pub fn row(&self, payload: &[u8]) -> Result<Vec<SqlValue>, String> {
         match &self.format {

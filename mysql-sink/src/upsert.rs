@@ -64,7 +64,7 @@ impl Sink<SinkRecord> for UpsertMysqlSink {
 
     async fn write(&mut self, records: Vec<SinkRecord>) -> exactly_core::Result<()> {
         let data = db::convert(&self.config, records, &mut self.offsets)?;
-        self.rows += (data.rows.len() + data.dead.len()) as u64;
+        self.rows += data.len() as u64;
         self.begin_if_needed().await?;
         let config = self.config.clone();
         let result = db::insert(self.conn().await?, &config, data, true).await;

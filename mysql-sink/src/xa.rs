@@ -92,6 +92,127 @@ impl XaMysqlSink {
     }
 }
 
+/// Refuses servers whose prepared XA branches do not survive a crash or a disconnect: MariaDB
+/// before 10.5 and MySQL before 8.0.30 (their binary log and XA recovery disagree after a crash).
+pub(crate) fn check_xa_safe(version: &str) -> Result<()> {
+    let mariadb = version.to_ascii_lowercase().contains("mariadb");
+    let numbers: Vec<u32> = version
+        .split(|c: char| !c.is_ascii_digit())
+        .take(3)
+        .map(|n| n.parse().unwrap_or(0))
+        .collect();
+    let v = (numbers.first().copied().unwrap_or(0), numbers.get(1).copied().unwrap_or(0), numbers.get(2).copied().unwrap_or(0));
+    // MariaDB's "5.5.5-10.x" compatibility prefix: the real version follows.
+    let v = if mariadb && v.0 == 5 && v.1 == 5 && v.2 == 5 {
+        let rest: Vec<u32> = version
+            .splitn(2, '-')
+            .nth(1)
+            .unwrap_or("")
+            .split(|c: char| !c.is_ascii_digit())
+            .take(3)
+            .map(|n| n.parse().unwrap_or(0))
+            .collect();
+        (rest.first().copied().unwrap_or(0), rest.get(1).copied().unwrap_or(0), rest.get(2).copied().unwrap_or(0))
+    } else {
+        v
+    };
+    let (ok, need) = if mariadb { (v >= (10, 5, 0), "MariaDB 10.5") } else { (v >= (8, 0, 30), "MySQL 8.0.30") };
+    if ok {
+        Ok(())
+    } else {
+        Err(MysqlSinkError::Config(format!(
+            "mode `xa` needs {need} or later, whose prepared XA transactions survive a server crash; the server is {version}. Upgrade it, or use mode `upsert`"
+        )))
+    }
+}
+
+/// XA COMMIT of a missing branch: how often XA RECOVER is consulted before "gone" is believed,
+/// and how long apart (the preparing session may still be detaching from it).
+const NOTA_CHECKS: u32 = 10;
+const NOTA_PAUSE: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// Errors of XA COMMIT that say nothing about the branch: lock wait timeout, deadlock, a server
+/// read-only during a failover, XAER_RMFAIL (the branch is busy), too many connections, a killed
+/// or interrupted query, a server shutting down. Lost connections are not database errors at all.
+fn transient(code: u16) -> bool {
+    matches!(code, 1205 | 1213 | 1290 | 1836 | 1399 | 1040 | 1053 | 1317 | 1927 | 3098)
+}
+
+impl XaMysqlSink {
+    /// Commits `c` on `conn`; already committed is success. XAER_NOTA is not proof of anything:
+    /// while XA RECOVER lists the branch it is alive (its preparing session may still be
+    /// detaching) and the commit is tried again; only a branch absent from XA RECOVER with no
+    /// progress row, after every check, was rolled back.
+    async fn commit_on(&self, conn: &mut MySqlConnection, c: &XaCommittable) -> Result<(), CommitError> {
+        let what = || format!("XA branch {} of checkpoint {}", c.bqual, c.checkpoint_id);
+        let classify = |e: sqlx::Error| match code(&e) {
+            None => CommitError::Retriable(e.into()),
+            Some(n) if transient(n) => CommitError::Retriable(e.into()),
+            Some(_) => CommitError::Fatal(e.into()),
+        };
+        for check in 1..=NOTA_CHECKS {
+            match self.xa(conn, "XA COMMIT", &c.bqual).await {
+                Ok(()) => return Ok(()),
+                Err(e) if code(&e) == Some(XAER_NOTA) => {}
+                Err(e) => return Err(classify(e)),
+            }
+            let listed = self.recover(conn).await.map_err(classify)?;
+            if listed.iter().any(|b| *b == c.bqual) {
+                warn!(bqual = %c.bqual, check, "XA COMMIT answered XAER_NOTA for a branch XA RECOVER lists; trying again.");
+            } else if db::has_progress(conn, &self.config, c.subtask, c.checkpoint_id)
+                .await
+                .map_err(|e| CommitError::Retriable(e.into()))?
+            {
+                return Ok(()); // committed earlier (before a crash or a lost answer)
+            }
+            tokio::time::sleep(NOTA_PAUSE).await;
+        }
+        if db::has_progress(conn, &self.config, c.subtask, c.checkpoint_id)
+            .await
+            .map_err(|e| CommitError::Retriable(e.into()))?
+        {
+            return Ok(());
+        }
+        if self.recover(conn).await.map_err(classify)?.iter().any(|b| *b == c.bqual) {
+            return Err(CommitError::Retriable(
+                format!("{} is prepared but the server keeps refusing XA COMMIT with XAER_NOTA", what()).into(),
+            ));
+        }
+        Err(CommitError::Lost {
+            what: what(),
+            source: format!(
+                "XA COMMIT answers XAER_NOTA, XA RECOVER does not list it and its progress row is absent after {NOTA_CHECKS} checks {NOTA_PAUSE:?} apart: it was rolled back"
+            )
+            .into(),
+        })
+    }
+
+    /// The branch qualifiers of this sink's prepared branches (XA RECOVER, filtered by gtrid).
+    async fn recover(&self, conn: &mut MySqlConnection) -> Result<Vec<String>, sqlx::Error> {
+        let rows = db::fetch(conn, "XA RECOVER".into()).await?;
+        let mut out = Vec::new();
+        for row in rows {
+            let data = row
+                .try_get::<Vec<u8>, _>("data")
+                .or_else(|_| row.try_get::<String, _>("data").map(String::into_bytes));
+            let (Ok(g), Ok(b), Ok(data)) = (
+                row.try_get::<i64, _>("gtrid_length"),
+                row.try_get::<i64, _>("bqual_length"),
+                data,
+            ) else {
+                warn!("An XA RECOVER row could not be read; skipping it.");
+                continue;
+            };
+            let (g, b) = (g as usize, b as usize);
+            if data.len() < g + b || &data[..g] != self.gtrid.as_bytes() {
+                continue;
+            }
+            out.push(String::from_utf8_lossy(&data[g..g + b]).into_owned());
+        }
+        Ok(out)
+    }
+}
+
 impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
     type Transaction = XaTransaction;
     type Committable = XaCommittable;
@@ -99,6 +220,19 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
     async fn open(&mut self, info: &SubtaskInfo) -> exactly_core::Result<()> {
         self.info = Some(info.clone());
         let mut conn = db::connect(&self.config.url).await?;
+        let version: String = sqlx::query_scalar("SELECT VERSION()")
+            .fetch_one(&mut conn)
+            .await
+            .map_err(|e| MysqlSinkError::db("reading the server version", e))?;
+        check_xa_safe(&version)?;
+        // MySQL 8 needs XA_RECOVER_ADMIN for recovery: find out now, not after a crash.
+        if let Err(e) = self.recover(&mut conn).await {
+            return Err(match code(&e) {
+                Some(ACCESS_DENIED) => MysqlSinkError::XaRecoverDenied(e.to_string()),
+                _ => MysqlSinkError::db("XA RECOVER", e),
+            }
+            .into());
+        }
         db::ensure_tables(&mut conn, &self.config).await?;
         db::close(conn).await;
         Ok(())
@@ -127,7 +261,7 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
 
     async fn write(&mut self, txn: &mut XaTransaction, records: Vec<SinkRecord>) -> exactly_core::Result<()> {
         let data = db::convert(&self.config, records, &mut txn.offsets)?;
-        txn.rows += (data.rows.len() + data.dead.len()) as u64;
+        txn.rows += data.len() as u64;
         // An error here loses the unprepared branch (the server rolls it back): fail the
         // attempt, the restart replays from the checkpoint.
         db::insert(&mut txn.conn, &self.config, data, false).await?;
@@ -178,36 +312,12 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
         let mut conn = db::connect(&self.config.url)
             .await
             .map_err(|e| CommitError::Retriable(e.into()))?;
-        let result = self.xa(&mut conn, "XA COMMIT", &c.bqual).await;
-        let outcome = match result {
-            Ok(()) => Ok(()),
-            Err(e) if code(&e) == Some(XAER_NOTA) => {
-                match db::has_progress(&mut conn, &self.config, c.subtask, c.checkpoint_id).await {
-                    Ok(true) => Ok(()), // committed earlier (before a crash or a lost answer)
-                    Ok(false) => Err(CommitError::Lost {
-                        what: format!("XA branch {} of checkpoint {}", c.bqual, c.checkpoint_id),
-                        source: "the server no longer has it and its progress row is absent: it was rolled back".into(),
-                    }),
-                    Err(e) => Err(CommitError::Retriable(e.into())),
-                }
-            }
-            Err(e) if e.as_database_error().is_none() => Err(CommitError::Retriable(e.into())),
-            Err(e) => Err(CommitError::Fatal(e.into())),
-        };
+        let outcome = self.commit_on(&mut conn, c).await;
         if outcome.is_ok() {
-            // Keep the progress table small: rows 100 checkpoints old are history.
-            let _ = db::exec(
-                &mut conn,
-                format!(
-                    "DELETE FROM `{}` WHERE job = '{}' AND sink = '{}' AND subtask = {} AND checkpoint_id < {}",
-                    self.config.progress_table,
-                    self.config.job_id,
-                    self.config.sink_id,
-                    c.subtask,
-                    c.checkpoint_id.saturating_sub(100)
-                ),
-            )
-            .await;
+            // Bounded progress table; a failure here loses nothing (the rows stay a while longer).
+            if let Err(e) = db::summarise_progress(&mut conn, &self.config, c.subtask, c.checkpoint_id).await {
+                warn!(error = %e, "Could not summarise the progress table; retried at the next commit.");
+            }
         }
         db::close(conn).await;
         outcome
@@ -224,8 +334,8 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
 
     async fn abort_lingering(&mut self, ctx: &RecoveryContext<'_, XaCommittable>) -> exactly_core::Result<()> {
         let mut conn = db::connect(&self.config.url).await?;
-        let rows = match db::fetch(&mut conn, "XA RECOVER".into()).await {
-            Ok(rows) => rows,
+        let listed = match self.recover(&mut conn).await {
+            Ok(listed) => listed,
             Err(e) if code(&e) == Some(ACCESS_DENIED) => {
                 return Err(MysqlSinkError::XaRecoverDenied(e.to_string()).into())
             }
@@ -234,23 +344,7 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
         let pending: Vec<&str> = ctx.all_restored.iter().map(|(_, c)| c.bqual.as_str()).collect();
         let me = ctx.info.index;
         let mut rolled_back = 0;
-        for row in rows {
-            let data = row
-                .try_get::<Vec<u8>, _>("data")
-                .or_else(|_| row.try_get::<String, _>("data").map(String::into_bytes));
-            let (Ok(g), Ok(b), Ok(data)) = (
-                row.try_get::<i64, _>("gtrid_length"),
-                row.try_get::<i64, _>("bqual_length"),
-                data,
-            ) else {
-                warn!("An XA RECOVER row could not be read; skipping it.");
-                continue;
-            };
-            let (g, b) = (g as usize, b as usize);
-            if data.len() < g + b || &data[..g] != self.gtrid.as_bytes() {
-                continue;
-            }
-            let bqual = String::from_utf8_lossy(&data[g..g + b]).into_owned();
+        for bqual in listed {
             let Some(subtask) = bqual.split(':').next().and_then(|s| s.parse::<u32>().ok()) else {
                 continue;
             };
@@ -269,5 +363,31 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
         }
         db::close(conn).await;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers_whose_xa_is_not_crash_safe_are_refused() {
+        for ok in ["10.11.6-MariaDB-0+deb12u1", "10.5.0-MariaDB", "5.5.5-10.6.12-MariaDB", "8.0.30", "8.4.2", "9.1.0"] {
+            assert!(check_xa_safe(ok).is_ok(), "{ok}");
+        }
+        for bad in ["10.4.32-MariaDB", "10.3.39-MariaDB-0+deb10u1", "5.5.5-10.4.1-MariaDB", "8.0.29", "5.7.44-log"] {
+            let err = check_xa_safe(bad).unwrap_err().to_string();
+            assert!(err.contains(bad) && err.contains("upsert"), "{err}");
+        }
+    }
+
+    #[test]
+    fn only_errors_that_say_nothing_about_the_branch_are_transient() {
+        for c in [1205, 1213, 1290, 1836, 1399, 1040] {
+            assert!(transient(c), "{c}");
+        }
+        for c in [XAER_NOTA, ACCESS_DENIED, 1045, 1146] {
+            assert!(!transient(c), "{c}");
+        }
     }
 }

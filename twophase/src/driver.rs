@@ -261,20 +261,21 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
                 "Committing transactions of the restored checkpoint."
             );
         }
-        // Before anything else may touch those transactions (a producer re-initialising an id
-        // would abort them).
+        let info = ctx.info.clone();
+        let recovery = RecoveryContext {
+            info: &info,
+            restored: &restored,
+            all_restored: &all,
+            is_restored: ctx.is_restored(),
+        };
+        // Open transactions nobody needs go first, so that checking a restored one never waits
+        // on them; the restored ones are committed before anything else may touch them (a
+        // producer re-initialising an id would abort them).
+        self.sink.abort_unneeded(&recovery).await?;
         for (id, c) in &restored {
             self.commit_one(*id, c).await?;
         }
-        let info = ctx.info.clone();
-        self.sink
-            .abort_lingering(&RecoveryContext {
-                info: &info,
-                restored: &restored,
-                all_restored: &all,
-                is_restored: ctx.is_restored(),
-            })
-            .await?;
+        self.sink.abort_lingering(&recovery).await?;
         self.current_id = all.iter().map(|(id, _)| id + 1).max().unwrap_or(1);
         Ok(())
     }

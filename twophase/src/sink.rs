@@ -78,6 +78,18 @@ pub trait TwoPhaseCommitSink<T>: Send + 'static {
     /// Aborts an open transaction (the job is stopping without committing it).
     fn abort(&mut self, txn: Self::Transaction) -> impl Future<Output = Result<()>> + Send;
 
+    /// Before restored committables are committed: aborts open transactions of this subtask that
+    /// no restored committable is (`ctx.all_restored`), when they could hold up those commits
+    /// (Kafka: an open transaction pins the last stable offset a read_committed check of a
+    /// restored transaction waits on). Must leave every restored committable's transaction alone.
+    /// The default does nothing; `abort_lingering` still runs after the commits.
+    fn abort_unneeded(
+        &mut self,
+        _ctx: &RecoveryContext<'_, Self::Committable>,
+    ) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+
     /// After restored committables are committed: aborts transactions this sink owns that no
     /// checkpoint needs (left by a crash), so readers are not blocked.
     fn abort_lingering(

@@ -619,7 +619,9 @@ pub(crate) async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64, report: &m
         let mut job = JobBuilder::new(job_config(dir.path()));
         job.source("in", 1, move |_| KafkaSource::new(source.clone(), RawBytes))
             .map(|r: KafkaRecord| SinkRecord {
+                tombstone: r.value.is_none(),
                 payload: r.value.unwrap_or_default(),
+                key: r.key,
                 origin: Some(Origin {
                     topic: r.topic.to_string(),
                     partition: r.partition,

@@ -14,6 +14,7 @@ use tracing::{info, warn};
 use super::chain::{BackendFactory, Notification};
 use super::graph::{PrepareInputs, Vertex};
 use super::metrics::JobMetrics;
+use super::restore::RestorePlan;
 use super::task::{Control, TaskContext, TaskEvent};
 use super::{FailoverStrategy, JobConfig, StateBackendConfig};
 use crate::coordinator::{Acknowledged, CheckpointConfig, CheckpointCoordinator, PendingCheckpoint};
@@ -198,28 +199,28 @@ impl Job {
         let mut attempt = 0u32;
         let mut last_id: CheckpointId = 0;
         let mut completed = 0u64;
+        // Fixed by the first attempt that picks a snapshot; later attempts follow it.
+        let mut plan: Option<RestorePlan> = None;
         loop {
-            let restore = self.pick_restore(storage.as_deref())?;
-            if let Some(r) = &restore {
-                info!(job = %self.config.name, checkpoint_id = r.meta.id, kind = ?r.meta.kind, attempt, "Restoring.");
-                self.metrics.update(|s| s.restored += 1);
-                last_id = last_id.max(r.meta.id);
-            }
-            if let Some(s) = &storage {
-                last_id = last_id.max(s.completed()?.last().copied().unwrap_or(0));
-            }
-            let end = self
-                .run_once(
-                    attempt,
-                    restore,
-                    storage.clone(),
-                    last_id + 1,
-                    &mut commands,
-                    &mut last_id,
-                    &mut completed,
-                    (&mut tracker, started),
-                )
-                .await;
+            // A failure to read storage (an outage) fails this attempt like any other: the restart
+            // strategy decides. A snapshot that cannot be trusted is fatal (see `restore.rs`).
+            let end = match self.pick_restore(storage.as_deref(), &mut plan, &mut last_id) {
+                Err(e) => RunEnd::Failed(e),
+                Ok(restore) => {
+                    self.run_once(
+                        attempt,
+                        restore,
+                        storage.clone(),
+                        last_id + 1,
+                        plan.as_ref().expect("set by pick_restore"),
+                        &mut commands,
+                        &mut last_id,
+                        &mut completed,
+                        (&mut tracker, started),
+                    )
+                    .await
+                }
+            };
             let outcome = |cancelled, restarts| JobOutcome {
                 checkpoints: completed,
                 restarts,
@@ -268,19 +269,30 @@ impl Job {
         }
     }
 
-    /// The newest of: the configured `restore_from`, and the latest verified checkpoint in storage.
-    fn pick_restore(&self, storage: Option<&LocalStorage>) -> Result<Option<Arc<Snapshot>>> {
-        let explicit = self
-            .config
-            .restore_from
-            .as_deref()
-            .map(LocalStorage::open_path)
-            .transpose()?;
-        let latest = storage.map(CheckpointStorage::latest).transpose()?.flatten();
-        let chosen = match (explicit, latest) {
-            (Some(e), Some(l)) => Some(if e.meta.id > l.meta.id { e } else { l }),
-            (e, l) => e.or(l),
+    /// What this attempt restores (see `restore.rs`); raises `last_id` past every stored id.
+    fn pick_restore(
+        &self,
+        storage: Option<&LocalStorage>,
+        plan: &mut Option<RestorePlan>,
+        last_id: &mut CheckpointId,
+    ) -> Result<Option<Arc<Snapshot>>> {
+        let chosen = match plan {
+            Some(p) => p.later(storage)?,
+            None => {
+                let (chosen, p) =
+                    RestorePlan::first(storage, self.config.restore_from.as_deref(), self.config.accept_replay)?;
+                *plan = Some(p);
+                chosen
+            }
         };
+        if let Some(s) = storage {
+            *last_id = (*last_id).max(s.completed()?.last().copied().unwrap_or(0));
+        }
+        if let Some(r) = &chosen {
+            info!(job = %self.config.name, checkpoint_id = r.meta.id, kind = ?r.meta.kind, "Restoring.");
+            self.metrics.update(|s| s.restored += 1);
+            *last_id = (*last_id).max(r.meta.id);
+        }
         if let Some(s) = &chosen {
             let unknown: Vec<String> = s
                 .meta
@@ -329,6 +341,7 @@ impl Job {
         restore: Option<Arc<Snapshot>>,
         storage: Option<Arc<LocalStorage>>,
         first_id: CheckpointId,
+        plan: &RestorePlan,
         commands: &mut mpsc::UnboundedReceiver<Command>,
         last_id: &mut CheckpointId,
         completed: &mut u64,
@@ -377,6 +390,7 @@ impl Job {
             attempt,
             region_restarts: 0,
             storage,
+            plan,
             coordinator: self
                 .config
                 .checkpointing
@@ -479,6 +493,7 @@ struct Run<'a> {
     attempt: u32,
     region_restarts: u32,
     storage: Option<Arc<LocalStorage>>,
+    plan: &'a RestorePlan,
     coordinator: Option<CheckpointCoordinator>,
     controls: Vec<mpsc::UnboundedSender<Control>>,
     sources: Vec<bool>,
@@ -663,30 +678,10 @@ impl Run<'_> {
             }
         }
         tokio::time::sleep(delay).await;
-        let restore = match &self.storage {
-            Some(s) => {
-                let s = s.clone();
-                match tokio::task::spawn_blocking(move || s.latest()).await {
-                    Ok(Ok(latest)) => latest.map(Arc::new),
-                    Ok(Err(e)) => return Err(RunEnd::Failed(e)),
-                    Err(e) => {
-                        return Err(RunEnd::Failed(CoreError::TaskLost {
-                            task: "storage".into(),
-                            reason: e.to_string(),
-                        }))
-                    }
-                }
-            }
-            None => None,
+        let restore = match self.plan.later_blocking(self.storage.clone()).await {
+            Ok(r) => r.map(Arc::new),
+            Err(e) => return Err(RunEnd::Failed(e)),
         };
-        let restore = restore.or_else(|| {
-            self.job
-                .config
-                .restore_from
-                .as_deref()
-                .and_then(|p| LocalStorage::open_path(p).ok())
-                .map(Arc::new)
-        });
         if let Some(r) = &restore {
             info!(region, checkpoint_id = r.meta.id, "Restoring the region.");
             self.job.metrics.update(|s| s.restored += 1);

@@ -11,6 +11,7 @@ mod chain;
 mod executor;
 mod graph;
 mod metrics;
+mod restore;
 mod task;
 
 use std::path::PathBuf;
@@ -71,9 +72,16 @@ pub struct JobConfig {
     /// Batches buffered per channel between stages.
     #[serde(default = "default_channel_capacity")]
     pub channel_capacity: usize,
-    /// Start from this checkpoint or savepoint directory.
+    /// Start from this checkpoint or savepoint directory. On the job's first attempt it is
+    /// authoritative (restored even if the checkpoint directory holds other checkpoints, see
+    /// `accept_replay`); later attempts restore the checkpoints this job completed since.
     #[serde(default)]
     pub restore_from: Option<PathBuf>,
+    /// Restore `restore_from` even when it is older than the newest completed checkpoint in the
+    /// checkpoint directory. The newer checkpoints' transactions may have committed output that the
+    /// restored job writes again: setting this acknowledges possible duplicates.
+    #[serde(default)]
+    pub accept_replay: bool,
     /// Allow the snapshot to hold state of operators this job does not have (it is dropped).
     #[serde(default)]
     pub allow_non_restored_state: bool,
@@ -147,6 +155,7 @@ impl JobConfig {
             max_parallelism: DEFAULT_MAX_PARALLELISM,
             channel_capacity: default_channel_capacity(),
             restore_from: None,
+            accept_replay: false,
             allow_non_restored_state: false,
             shutdown_timeout: default_shutdown_timeout(),
             subtasks: None,

@@ -4,10 +4,14 @@
 //! <root>/chk-<id>/_metadata     versioned, checksummed; written to a temporary name, fsynced, renamed
 //! <root>/chk-<id>/<file>        state files private to checkpoint <id>
 //! <root>/shared/<file>          immutable state files referenced by several checkpoints
-//! ```
 //!
 //! A savepoint or exported checkpoint is a directory with `_metadata` and every file it references.
-//! A checkpoint counts as completed once its `_metadata` exists; a corrupt one is skipped on restore.
+//! <root>/_has_checkpoints      marker: this directory has held a completed checkpoint
+//! ```
+//!
+//! A checkpoint counts as completed once its `_metadata` exists. Restore never guesses: a newest
+//! checkpoint that does not verify is an error (an older one could write again what the newer one's
+//! transactions committed), and so is a directory that held checkpoints and now holds none.
 
 use std::collections::BTreeSet;
 use std::fs::{self, File};
@@ -24,6 +28,7 @@ use crate::error::{CoreError, Result};
 use crate::message::CheckpointId;
 
 const METADATA_FILE: &str = "_metadata";
+const MARKER_FILE: &str = "_has_checkpoints";
 const MAGIC: &[u8; 4] = b"EXCK";
 const HEADER_LEN: usize = 4 + 4 + 4 + 8;
 
@@ -61,6 +66,26 @@ impl LocalStorage {
     /// The directory of checkpoint `id`.
     pub fn checkpoint_dir(&self, id: CheckpointId) -> PathBuf {
         self.root.join(format!("chk-{id}"))
+    }
+
+    /// Opens a checkpoint or savepoint directory given by path and checks that every file it
+    /// references is there with its recorded size (contents are verified as they are read).
+    pub fn open_verified(dir: &Path) -> Result<Snapshot> {
+        let s = Self::open_path(dir)?;
+        verify_files(&s)?;
+        Ok(s)
+    }
+
+    /// Records that this directory holds a completed checkpoint (idempotent).
+    fn mark_has_checkpoints(&self) -> Result<()> {
+        let marker = self.root.join(MARKER_FILE);
+        if marker.exists() {
+            return Ok(());
+        }
+        write_durably(
+            &marker,
+            b"This directory has held completed checkpoints; a restart finding none refuses to start over.\n",
+        )
     }
 
     /// Opens a checkpoint or savepoint directory given by path (`<root>/chk-N` or an exported one).
@@ -205,9 +230,17 @@ impl SnapshotReader for DirReader {
 
     fn check(&self, file: &FileHandle) -> Result<()> {
         let path = file_path(&self.dir, file);
-        let len = fs::metadata(&path)
-            .map_err(|e| CoreError::io("reading", &path, e))?
-            .len();
+        let len = match fs::metadata(&path) {
+            Ok(m) => m.len(),
+            // The metadata exists and names this file: its absence is damage, not a passing outage.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(CoreError::Corrupt {
+                    path,
+                    reason: "a file the checkpoint references is missing".into(),
+                })
+            }
+            Err(e) => return Err(CoreError::io("reading", &path, e)),
+        };
         if len != file.size {
             return Err(CoreError::Corrupt {
                 path,
@@ -285,7 +318,8 @@ impl CheckpointStorage for LocalStorage {
     fn commit(&self, meta: &CheckpointMetadata) -> Result<()> {
         let dir = self.checkpoint_dir(meta.id);
         fs::create_dir_all(&dir).map_err(|e| CoreError::io("creating", &dir, e))?;
-        write_new_durably(&dir.join(METADATA_FILE), &encode_metadata(meta)?)
+        write_new_durably(&dir.join(METADATA_FILE), &encode_metadata(meta)?)?;
+        self.mark_has_checkpoints()
     }
 
     fn abort(&self, id: CheckpointId) -> Result<()> {
@@ -325,17 +359,35 @@ impl CheckpointStorage for LocalStorage {
     }
 
     fn latest(&self) -> Result<Option<Snapshot>> {
-        for id in self.completed()?.into_iter().rev() {
-            match self.open(id).and_then(|s| verify_files(&s).map(|()| s)) {
-                Ok(s) => return Ok(Some(s)),
-                Err(error) => tracing::warn!(
-                    checkpoint_id = id,
-                    %error,
-                    "Checkpoint does not verify; falling back to the previous one."
-                ),
+        let ids = self.completed()?;
+        let Some(&newest) = ids.last() else {
+            if self.root.join(MARKER_FILE).exists() {
+                return Err(CoreError::CheckpointsVanished(self.root.clone()));
             }
+            return Ok(None);
+        };
+        match self.open(newest).and_then(|s| verify_files(&s).map(|()| s)) {
+            Ok(s) => {
+                // Directories written before the marker existed get it on their first restore.
+                self.mark_has_checkpoints()?;
+                Ok(Some(s))
+            }
+            Err(CoreError::Corrupt { path, reason }) => {
+                let older: Vec<String> = ids[..ids.len() - 1].iter().rev().take(5).map(u64::to_string).collect();
+                Err(CoreError::NewestCheckpointUnusable {
+                    id: newest,
+                    dir: self.root.clone(),
+                    reason: format!("{}: {reason}", path.display()),
+                    older: if older.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (older checkpoints here: {})", older.join(", "))
+                    },
+                })
+            }
+            // I/O (EIO, ESTALE, permissions, an outage): the attempt fails and is retried.
+            Err(e) => Err(e),
         }
-        Ok(None)
     }
 
     fn retain(&self, keep: usize) -> Result<Vec<CheckpointId>> {
@@ -378,6 +430,13 @@ impl CheckpointStorage for LocalStorage {
             let dir = self.checkpoint_dir(id);
             let _ = fs::remove_file(dir.join(METADATA_FILE));
             fs::remove_dir_all(&dir).map_err(|e| CoreError::io("removing", &dir, e))?;
+        }
+        // Deleted on purpose (retention on cancel): the next start begins anew.
+        let marker = self.root.join(MARKER_FILE);
+        if let Err(e) = fs::remove_file(&marker) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                return Err(CoreError::io("removing", &marker, e));
+            }
         }
         let shared = self.root.join("shared");
         fs::remove_dir_all(&shared).map_err(|e| CoreError::io("removing", &shared, e))?;

@@ -64,26 +64,93 @@ fn committed_checkpoints_are_listed_and_verified() {
     assert!(!storage.checkpoint_dir(2).exists());
 }
 
+fn flip_last_byte(path: &Path) {
+    let mut bytes = fs::read(path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    fs::write(path, bytes).unwrap();
+}
+
 #[test]
-fn corrupt_newest_checkpoint_falls_back_to_previous() {
+fn a_corrupt_newest_checkpoint_is_an_error_that_names_it_never_a_fallback() {
     let dir = tempfile::tempdir().unwrap();
     let storage = LocalStorage::new(dir.path()).unwrap();
     checkpoint(&storage, 1, &["a.sst"]);
     checkpoint(&storage, 2, &["a.sst", "b.sst"]);
     checkpoint(&storage, 3, &["c.sst"]);
-    // 3: flip a byte of the metadata payload; 2: truncate a shared file it needs.
-    let md = storage.checkpoint_dir(3).join(METADATA_FILE);
-    let mut bytes = fs::read(&md).unwrap();
-    let last = bytes.len() - 1;
-    bytes[last] ^= 0xff;
-    fs::write(&md, bytes).unwrap();
-    fs::write(dir.path().join("shared/b.sst"), "short").unwrap();
+    flip_last_byte(&storage.checkpoint_dir(3).join(METADATA_FILE));
     assert!(matches!(storage.open(3), Err(CoreError::Corrupt { .. })));
-    assert_eq!(storage.latest().unwrap().unwrap().meta.id, 1);
+    let err = storage.latest().unwrap_err();
+    assert!(
+        matches!(err, CoreError::NewestCheckpointUnusable { id: 3, ref older, .. } if older.contains("2, 1")),
+        "{err}"
+    );
+    assert_eq!(err.class(), crate::ErrorClass::Fatal);
+    let text = err.to_string();
+    assert!(text.contains("checksum") && text.contains("--accept-replay"), "{text}");
+}
+
+#[test]
+fn a_truncated_or_missing_state_file_of_the_newest_checkpoint_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(dir.path()).unwrap();
+    checkpoint(&storage, 1, &["a.sst"]);
+    checkpoint(&storage, 2, &["a.sst", "b.sst"]);
+    fs::write(dir.path().join("shared/b.sst"), "short").unwrap();
+    assert!(matches!(storage.latest(), Err(CoreError::NewestCheckpointUnusable { id: 2, .. })));
+    fs::remove_file(dir.path().join("shared/b.sst")).unwrap();
+    let err = storage.latest().unwrap_err();
+    assert!(
+        matches!(err, CoreError::NewestCheckpointUnusable { id: 2, ref reason, .. } if reason.contains("missing")),
+        "{err}"
+    );
     // A corrupt file's content is caught on read, too.
-    let s2 = storage.open(2).unwrap();
-    let b = s2.meta.files().find(|f| f.name == "b.sst").unwrap().clone();
-    assert!(matches!(s2.reader.read(&b), Err(CoreError::Corrupt { .. })));
+    let s1 = storage.open(1).unwrap();
+    fs::write(dir.path().join("shared/a.sst"), "content of a.ss!").unwrap();
+    let a = s1.meta.files().find(|f| f.name == "a.sst").unwrap().clone();
+    assert!(matches!(s1.reader.read(&a), Err(CoreError::Corrupt { .. })));
+}
+
+#[test]
+fn an_unreadable_newest_checkpoint_is_a_retriable_io_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(dir.path()).unwrap();
+    checkpoint(&storage, 1, &[]);
+    checkpoint(&storage, 2, &[]);
+    // A directory where the metadata file should be: reading it fails with an I/O error (as EIO,
+    // ESTALE or a permission error would; root ignores permission bits, so they cannot stand in).
+    let md = storage.checkpoint_dir(2).join(METADATA_FILE);
+    fs::remove_file(&md).unwrap();
+    fs::create_dir(&md).unwrap();
+    let err = storage.latest().unwrap_err();
+    assert!(matches!(err, CoreError::Io { .. }), "{err}");
+    assert_eq!(err.class(), crate::ErrorClass::Restart);
+}
+
+#[test]
+fn a_directory_that_held_checkpoints_and_holds_none_refuses_to_start_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(dir.path()).unwrap();
+    assert!(storage.latest().unwrap().is_none(), "a new directory starts empty");
+    checkpoint(&storage, 1, &[]);
+    fs::remove_dir_all(storage.checkpoint_dir(1)).unwrap();
+    let err = storage.latest().unwrap_err();
+    assert!(matches!(err, CoreError::CheckpointsVanished(ref d) if d == dir.path()), "{err}");
+    assert!(err.to_string().contains(&dir.path().display().to_string()), "{err}");
+    // Discarding on purpose (retention on cancel) starts anew.
+    checkpoint(&storage, 2, &[]);
+    storage.discard_all().unwrap();
+    assert!(storage.latest().unwrap().is_none());
+}
+
+#[test]
+fn a_directory_from_before_the_marker_gets_it_on_restore() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(dir.path()).unwrap();
+    checkpoint(&storage, 1, &[]);
+    fs::remove_file(dir.path().join(MARKER_FILE)).unwrap();
+    assert_eq!(storage.latest().unwrap().unwrap().meta.id, 1);
+    assert!(dir.path().join(MARKER_FILE).exists());
 }
 
 #[test]

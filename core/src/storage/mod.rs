@@ -63,7 +63,10 @@ pub trait CheckpointStorage: Send + Sync {
     fn completed(&self) -> Result<Vec<CheckpointId>>;
     /// Opens and verifies checkpoint `id`.
     fn open(&self, id: CheckpointId) -> Result<Snapshot>;
-    /// The newest checkpoint that verifies; a corrupt or partial newer one is skipped with a warning.
+    /// The newest completed checkpoint, verified. Never a silent fallback: a newest one that does
+    /// not verify is [`CoreError::NewestCheckpointUnusable`](crate::CoreError) (fatal), an I/O error
+    /// is returned as such (the attempt is retried), and a directory that has held checkpoints but
+    /// holds none is [`CoreError::CheckpointsVanished`](crate::CoreError).
     fn latest(&self) -> Result<Option<Snapshot>>;
     /// Keeps the newest `keep` checkpoints, deleting older ones and shared files only they used.
     /// Returns the deleted ids.

@@ -56,7 +56,7 @@ async fn main() -> Result<()> {
             transaction_timeout: Duration::from_secs(120),
         },
     );
-    sink.validate_against_checkpoints(interval, timeout)?;
+    sink.validate_against_checkpoints(interval, timeout, config.restart.longest_delay())?;
     let mut job = JobBuilder::new(config);
     job.source("kafka-in", parallelism, move |_| {
         KafkaSource::new(source.clone(), RawBytes)

@@ -78,7 +78,9 @@ async fn main() -> Result<()> {
         KafkaSource::new(source.clone(), RawBytes)
     })
     .map(|r: KafkaRecord| SinkRecord {
+        tombstone: r.value.is_none(),
         payload: r.value.unwrap_or_default(),
+        key: r.key,
         origin: Some(Origin {
             topic: r.topic.to_string(),
             partition: r.partition,

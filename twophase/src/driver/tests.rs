@@ -86,6 +86,10 @@ impl TwoPhaseCommitSink<u32> for Fake {
         s.aborted.push(txn.0);
         Ok(())
     }
+    async fn abort_unneeded(&mut self, ctx: &RecoveryContext<'_, u64>) -> exactly_core::Result<()> {
+        self.0.lock().unwrap().log.push(format!("abort unneeded (restored {:?})", ctx.all_restored));
+        Ok(())
+    }
     async fn abort_lingering(&mut self, ctx: &RecoveryContext<'_, u64>) -> exactly_core::Result<()> {
         let mut s = self.0.lock().unwrap();
         s.log.push(format!("abort lingering (restored {:?})", ctx.restored));
@@ -176,7 +180,8 @@ async fn restore_commits_restored_before_cleaning_up() {
     assert_eq!(s.committed, vec![(1, vec![7])]);
     let commit = s.log.iter().position(|l| l == "commit 1").unwrap();
     let cleanup = s.log.iter().rposition(|l| l.starts_with("abort lingering")).unwrap();
-    assert!(commit < cleanup, "{:?}", s.log);
+    let unneeded = s.log.iter().rposition(|l| l.starts_with("abort unneeded")).unwrap();
+    assert!(unneeded < commit && commit < cleanup, "{:?}", s.log);
     assert_eq!(s.aborted, vec![2]);
 }
 

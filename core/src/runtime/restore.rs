@@ -1,0 +1,94 @@
+//! Which snapshot a run restores. Never a guess: every choice here either follows from what the
+//! user asked for or is an error that says what to do.
+//!
+//! - First attempt with an explicit `restore_from`: that snapshot, even if the checkpoint
+//!   directory holds others. If the directory holds a *newer* completed checkpoint, restoring an
+//!   older snapshot writes again what the newer one's transactions may have committed, so it needs
+//!   `accept_replay`.
+//! - Every other attempt (and a first one without `restore_from`): the newest checkpoint in the
+//!   job's directory, strictly (`CheckpointStorage::latest`: corrupt → fatal, I/O → retried,
+//!   vanished → fatal). After an explicit restore, the checkpoints that predate it are never
+//!   restored: until the job completes one of its own, restarts restore the explicit snapshot again.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{CoreError, Result};
+use crate::message::CheckpointId;
+use crate::storage::{CheckpointStorage, LocalStorage, Snapshot};
+
+/// The part of the restore decision that is fixed by the job's first successful pick.
+#[derive(Debug, Clone)]
+pub(super) struct RestorePlan {
+    /// The explicit snapshot and the newest checkpoint id its directory held when it was chosen
+    /// (those and older ones are never restored by this job).
+    explicit: Option<(PathBuf, CheckpointId)>,
+}
+
+impl RestorePlan {
+    /// The first attempt's choice, and the plan for later attempts.
+    pub(super) fn first(
+        storage: Option<&LocalStorage>,
+        restore_from: Option<&Path>,
+        accept_replay: bool,
+    ) -> Result<(Option<Snapshot>, RestorePlan)> {
+        let Some(path) = restore_from else {
+            let latest = storage.map(CheckpointStorage::latest).transpose()?.flatten();
+            return Ok((latest, RestorePlan { explicit: None }));
+        };
+        let snapshot = LocalStorage::open_verified(path)?;
+        let newest = match storage {
+            Some(s) => s.completed()?.last().copied().unwrap_or(0),
+            None => 0,
+        };
+        if newest > snapshot.meta.id && !accept_replay {
+            return Err(CoreError::RestoreOlderThanNewest {
+                path: path.to_path_buf(),
+                restore_id: snapshot.meta.id,
+                newest,
+                dir: storage.map(|s| s.root().to_path_buf()).unwrap_or_default(),
+            });
+        }
+        if newest > snapshot.meta.id {
+            tracing::warn!(
+                restore = %path.display(),
+                restore_id = snapshot.meta.id,
+                newest,
+                "Restoring an older snapshot than the newest checkpoint, as accepted: output after it may be written again."
+            );
+        }
+        let plan = RestorePlan {
+            explicit: Some((path.to_path_buf(), newest)),
+        };
+        Ok((Some(snapshot), plan))
+    }
+
+    /// The choice of every later attempt (job or region restart).
+    pub(super) fn later(&self, storage: Option<&LocalStorage>) -> Result<Option<Snapshot>> {
+        match (&self.explicit, storage) {
+            (None, Some(s)) => s.latest(),
+            (None, None) => Ok(None),
+            (Some((path, floor)), storage) => {
+                let own = match storage {
+                    Some(s) => s.completed()?.last().is_some_and(|id| id > floor),
+                    None => false,
+                };
+                match storage {
+                    Some(s) if own => s.latest(),
+                    _ => LocalStorage::open_verified(path).map(Some),
+                }
+            }
+        }
+    }
+
+    /// [`Self::later`] off the async runtime (storage calls block).
+    pub(super) async fn later_blocking(&self, storage: Option<Arc<LocalStorage>>) -> Result<Option<Snapshot>> {
+        let plan = self.clone();
+        tokio::task::spawn_blocking(move || plan.later(storage.as_deref()))
+            .await
+            .map_err(|e| CoreError::TaskLost {
+                task: "checkpoint storage".into(),
+                reason: e.to_string(),
+            })?
+    }
+}
