@@ -420,17 +420,18 @@ async fn listing_by_prefix_parses_ids_instead_of_matching_their_start() -> Resul
     let prefix = unique("orders");
     let longer = format!("{prefix}-eu");
     let me = info(0, 1);
-    let mut a = sink(env, &topic, &prefix, 1, T);
+    let mut a = sink(env, &topic, &prefix, 2, T);
     start(&mut a, &me, &[]).await?;
     let _open_a = txn(&mut a, 1, &["a"]).await?;
-    let mut b = sink(env, &topic, &longer, 1, T);
+    let mut b = sink(env, &topic, &longer, 2, T);
     start(&mut b, &me, &[]).await?;
     let _open_b = txn(&mut b, 1, &["b"]).await?;
     let listed = exactly_kafka_sink::admin::list_transactions(&env.kafka_bootstrap, &prefix).await?;
     let ids: Vec<&str> = listed.iter().map(|t| t.transactional_id.as_str()).collect();
-    assert_eq!(ids, [format!("{prefix}-0-0")], "{ids:?}");
+    assert_eq!(ids, [format!("{prefix}-0-0"), format!("{prefix}-0-1")], "{ids:?}");
     let listed = exactly_kafka_sink::admin::list_transactions(&env.kafka_bootstrap, &longer).await?;
-    assert_eq!(listed.len(), 1, "{listed:?}");
+    let ids: Vec<&str> = listed.iter().map(|t| t.transactional_id.as_str()).collect();
+    assert_eq!(ids, [format!("{longer}-0-0"), format!("{longer}-0-1")], "{ids:?}");
     Ok(())
 }
 

@@ -179,7 +179,7 @@ async fn tombstones_delete_their_row_in_upsert_mode_and_follow_on_error_in_xa_mo
     )
     .await?;
     let mut conn = connect_mysql(env).await?;
-    let rows: Vec<(i64, String)> = sqlx::query_as(&format!("SELECT id, name FROM `{table}` ORDER BY id"))
+    let rows: Vec<(i64, String)> = sqlx::query_as(&format!("SELECT id, CAST(name AS CHAR) FROM `{table}` ORDER BY id"))
         .fetch_all(&mut conn)
         .await?;
     assert_eq!(rows, [(1, "again".to_owned()), (3, "c".to_owned())]);
