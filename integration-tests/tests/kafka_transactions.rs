@@ -164,3 +164,69 @@ async fn offsets_sent_to_a_transaction_are_visible_only_after_commit() -> Result
     assert_eq!(values(&read_committed(env, &output, T)?), ["committed"]);
     Ok(())
 }
+
+/// Keeps librdkafka's log lines.
+#[derive(Default)]
+struct Logs(std::sync::Mutex<Vec<String>>);
+
+impl rdkafka::ClientContext for Logs {
+    fn log(&self, _level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        self.0.lock().unwrap().push(format!("{fac}: {message}"));
+    }
+}
+
+impl rdkafka::producer::ProducerContext for Logs {
+    type DeliveryOpaque = ();
+    fn delivery(&self, _: &rdkafka::producer::DeliveryResult<'_>, _: ()) {}
+}
+
+/// The recovery EndTxn must be of the transaction version the producer's transactions are (the
+/// broker infers it from the request version): pins that the EndTxn version librdkafka sends and
+/// the one `exactly`'s recovery client sends are both below EndTxn v5 (transaction version 2), so
+/// a librdkafka upgrade that brings KIP-890 fails here instead of in a recovery.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_recovery_end_txn_speaks_the_producers_transaction_version() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let topic = unique("txn-version");
+    create_topic(env, &topic, 1).await?;
+    let producer: rdkafka::producer::BaseProducer<Logs> = ClientConfig::new()
+        .set("bootstrap.servers", &env.kafka_bootstrap)
+        .set("transactional.id", unique("tx-version"))
+        .set("debug", "protocol")
+        .set_log_level(rdkafka::config::RDKafkaLogLevel::Debug)
+        .create_with_context(Logs::default())?;
+    producer.init_transactions(T)?;
+    producer.begin_transaction()?;
+    producer
+        .send(BaseRecord::<str, str>::to(&topic).partition(0).payload("v"))
+        .map_err(|(e, _)| e)?;
+    producer.flush(T)?;
+    producer.commit_transaction(T)?;
+    // Log lines travel through the client's queue: serve it until the EndTxn line is there.
+    let deadline = std::time::Instant::now() + T;
+    while std::time::Instant::now() < deadline
+        && !producer.context().0.lock().unwrap().iter().any(|l| l.contains("EndTxnRequest"))
+    {
+        producer.poll(Duration::from_millis(100));
+    }
+    let logs = producer.context().0.lock().unwrap().clone();
+    let sent: Vec<i16> = logs
+        .iter()
+        .filter_map(|l| {
+            let rest = l.split("Sent EndTxnRequest (v").nth(1)?;
+            rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+        })
+        .collect();
+    let endtxn: Vec<&String> = logs.iter().filter(|l| l.contains("EndTxn")).collect();
+    eprintln!("{endtxn:?}");
+    assert!(!sent.is_empty(), "no EndTxn request in librdkafka's protocol log: {endtxn:?} of {} lines", logs.len());
+    for v in sent {
+        assert!(
+            v < exactly_kafka_sink::END_TXN_TV2_VERSION,
+            "librdkafka sent EndTxn v{v}: transaction version 2, which the recovery client (EndTxn v{}) does not speak",
+            exactly_kafka_sink::END_TXN_VERSION
+        );
+    }
+    assert!(exactly_kafka_sink::END_TXN_VERSION < exactly_kafka_sink::END_TXN_TV2_VERSION);
+    Ok(())
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut, BytesMut};
 use kafka_protocol::messages::{
-    describe_transactions_request::DescribeTransactionsRequest, end_txn_request::EndTxnRequest,
+    api_versions_request::ApiVersionsRequest, describe_transactions_request::DescribeTransactionsRequest, end_txn_request::EndTxnRequest,
     find_coordinator_request::FindCoordinatorRequest, list_transactions_request::ListTransactionsRequest, ApiKey,
     ProducerId, RequestHeader, ResponseHeader, TransactionalId,
 };
@@ -49,7 +49,17 @@ pub(crate) mod code {
 /// EndTxn version used for recovery. librdkafka speaks transaction version 1, whose EndTxn
 /// versions are 0..=4 (version 5 marks transaction version 2, KIP-890); the broker infers the
 /// version family from the request, so the commit must stay in the family that opened it.
-pub(crate) const END_TXN_VERSION: i16 = 3;
+pub const END_TXN_VERSION: i16 = 3;
+
+/// The version of every request this client sends. Checked against the broker's ApiVersions when
+/// a sink opens ([`Wire::check_versions`]), so a broker that cannot take one fails at start with a
+/// clear message rather than at recovery.
+pub(crate) const FIND_COORDINATOR_VERSION: i16 = 3;
+pub(crate) const DESCRIBE_TRANSACTIONS_VERSION: i16 = 0;
+pub(crate) const LIST_TRANSACTIONS_VERSION: i16 = 0;
+/// The first EndTxn version of transaction version 2 (KIP-890): a recovery EndTxn must stay below
+/// it while the producer speaks transaction version 1.
+pub const END_TXN_TV2_VERSION: i16 = 5;
 
 /// A transaction as its coordinator describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,6 +148,47 @@ impl Wire {
         Ok(decoded)
     }
 
+    /// Asks a bootstrap broker which request versions it supports (ApiVersions) and fails, naming
+    /// the request and both ranges, if one this client sends is not among them (Kafka before 3.0
+    /// has no DescribeTransactions; a future broker might drop a version).
+    pub(crate) async fn check_versions(&self) -> Result<()> {
+        let req = ApiVersionsRequest::default()
+            .with_client_software_name(StrBytes::from_static_str("exactly"))
+            .with_client_software_version(StrBytes::from_static_str(env!("CARGO_PKG_VERSION")));
+        let mut last = String::from("no bootstrap server");
+        for addr in &self.bootstrap {
+            let resp = match self.send(addr, &req, 3).await {
+                Ok(r) if r.error_code == code::NONE => r,
+                Ok(r) => {
+                    last = format!("{addr}: ApiVersions error code {}", r.error_code);
+                    continue;
+                }
+                Err(e) => {
+                    last = e.to_string();
+                    continue;
+                }
+            };
+            let needed = [
+                (ApiKey::FindCoordinator, FIND_COORDINATOR_VERSION),
+                (ApiKey::DescribeTransactions, DESCRIBE_TRANSACTIONS_VERSION),
+                (ApiKey::ListTransactions, LIST_TRANSACTIONS_VERSION),
+                (ApiKey::EndTxn, END_TXN_VERSION),
+            ];
+            for (api, version) in needed {
+                let supported = resp.api_keys.iter().find(|k| k.api_key == api as i16);
+                let ok = supported.is_some_and(|k| (k.min_version..=k.max_version).contains(&version));
+                if !ok {
+                    let range = supported.map_or("none".to_owned(), |k| format!("{}..={}", k.min_version, k.max_version));
+                    return Err(SinkError::Protocol(format!(
+                        "the broker at {addr} does not support {api:?} version {version} (it supports {range}); exactly's transaction recovery needs Kafka 3.0 or later with transaction version 1 requests"
+                    )));
+                }
+            }
+            return Ok(());
+        }
+        Err(SinkError::Protocol(format!("asking for the broker's API versions: {last}")))
+    }
+
     /// `host:port` of the transaction coordinator of `transactional_id`.
     pub(crate) async fn coordinator(&self, transactional_id: &str) -> Result<String> {
         let req = FindCoordinatorRequest::default()
@@ -145,7 +196,7 @@ impl Wire {
             .with_key_type(1);
         let mut last = String::from("no bootstrap server");
         for addr in &self.bootstrap {
-            match self.send(addr, &req, 3).await {
+            match self.send(addr, &req, FIND_COORDINATOR_VERSION).await {
                 Ok(r) if r.error_code == code::NONE => return Ok(format!("{}:{}", r.host.as_str(), r.port)),
                 Ok(r) => last = format!("FindCoordinator error code {}", r.error_code),
                 Err(e) => last = e.to_string(),
@@ -173,7 +224,7 @@ impl Wire {
         let req = DescribeTransactionsRequest::default().with_transactional_ids(vec![TransactionalId(
             StrBytes::from_string(transactional_id.to_owned()),
         )]);
-        let resp = self.send(&coordinator, &req, 0).await?;
+        let resp = self.send(&coordinator, &req, DESCRIBE_TRANSACTIONS_VERSION).await?;
         let s =
             resp.transaction_states.into_iter().next().ok_or_else(|| {
                 SinkError::Protocol(format!("DescribeTransactions of {transactional_id}: empty answer"))
@@ -223,7 +274,9 @@ impl Wire {
     pub(crate) async fn list(&self, brokers: &[String]) -> Result<Vec<ListedTxn>> {
         let mut out = Vec::new();
         for addr in brokers {
-            let resp = self.send(addr, &ListTransactionsRequest::default(), 0).await?;
+            let resp = self
+                .send(addr, &ListTransactionsRequest::default(), LIST_TRANSACTIONS_VERSION)
+                .await?;
             if resp.error_code != code::NONE {
                 return Err(SinkError::Protocol(format!(
                     "ListTransactions at {addr}: error code {}",

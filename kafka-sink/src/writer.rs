@@ -217,6 +217,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
     type Committable = KafkaCommittable;
 
     async fn open(&mut self, info: &SubtaskInfo) -> exactly_core::Result<()> {
+        self.wire.check_versions().await?;
         let facts = broker_facts(&self.config).await?;
         if let Some(max) = facts.max_transaction_timeout {
             if self.transaction_timeout > max {
