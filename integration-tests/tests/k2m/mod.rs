@@ -110,6 +110,12 @@ pub(crate) async fn drain_and_verify(env: &TestEnv, s: &Setup, program: &str) ->
     // Let the progress rows of the last checkpoints land, then stop.
     tokio::time::sleep(Duration::from_secs(1)).await;
     job.kill();
+    let log = job.tail(100_000);
+    assert!(
+        !log.contains("Duplicate entry") && !log.contains("restarting"),
+        "the recovering job met a duplicate or restarted:\n{}",
+        job.tail(40)
+    );
     let rows = query_i64(&mut conn, &format!("SELECT COUNT(*) FROM `{}`", s.table)).await?;
     let distinct = query_i64(&mut conn, &format!("SELECT COUNT(DISTINCT id) FROM `{}`", s.table)).await?;
     let wrong = query_i64(
