@@ -249,6 +249,12 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                 outcome.restarts,
                 if outcome.cancelled { ", cancelled" } else { "" }
             );
+            if outcome.cancelled {
+                // No final checkpoint: the next start replays what followed the latest one and
+                // aborts the open transactions. Say so in the exit status, for supervisors.
+                tracing::error!("The job was cancelled without a final checkpoint (exit status 3).");
+                return Ok(ExitCode::from(3));
+            }
         }
         Command::Check { job } => match Job::load(&job) {
             Ok(j) => println!(

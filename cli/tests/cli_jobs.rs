@@ -439,6 +439,11 @@ async fn a_second_sigterm_cancels_and_logs_can_be_json() -> Result<()> {
     std::thread::sleep(Duration::from_millis(300));
     signal(job.pid(), "TERM")?;
     wait_exit(&mut job, Duration::from_secs(30))?;
+    assert_eq!(
+        job.exit_code(),
+        Some(3),
+        "a job ending without its final checkpoint exits non-zero"
+    );
     let log = job.tail(200);
     assert!(log.contains("Aborting: no final checkpoint"), "{log}");
     assert!(log.contains("\"cancelled\":true"), "{log}");
@@ -547,7 +552,10 @@ async fn a_corrupt_or_vanished_checkpoint_stops_the_job_instead_of_replaying() -
     // Every checkpoint gone: refuse rather than start from the beginning of the topic.
     for e in std::fs::read_dir(&checkpoints)? {
         let p = e?.path();
-        if p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("chk-")) {
+        if p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("chk-"))
+        {
             std::fs::remove_dir_all(p)?;
         }
     }

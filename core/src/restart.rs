@@ -78,7 +78,9 @@ impl RestartStrategy {
         match self {
             RestartStrategy::None => Duration::ZERO,
             RestartStrategy::FixedDelay { delay, .. } | RestartStrategy::FailureRate { delay, .. } => *delay,
-            RestartStrategy::ExponentialDelay { max_delay, jitter, .. } => max_delay.mul_f64(1.0 + jitter.clamp(0.0, 1.0)),
+            RestartStrategy::ExponentialDelay { max_delay, jitter, .. } => {
+                max_delay.mul_f64(1.0 + jitter.clamp(0.0, 1.0))
+            }
         }
     }
 

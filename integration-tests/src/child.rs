@@ -72,6 +72,11 @@ impl ChildJob {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// The exit code once the child has exited (`None` while it runs or if a signal ended it).
+    pub fn exit_code(&mut self) -> Option<i32> {
+        self.child.try_wait().ok().flatten().and_then(|s| s.code())
+    }
+
     /// SIGKILL, and wait for it to be gone.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -54,7 +54,11 @@ async fn start(s: &mut TransactionalKafkaSink, info: &SubtaskInfo, restored: &[(
 
 /// What the driver does at a restore: clean up what could hold the commits up, commit the
 /// restored committables, then abort what is left.
-async fn restore(s: &mut TransactionalKafkaSink, info: &SubtaskInfo, restored: &[(u64, KafkaCommittable)]) -> Result<()> {
+async fn restore(
+    s: &mut TransactionalKafkaSink,
+    info: &SubtaskInfo,
+    restored: &[(u64, KafkaCommittable)],
+) -> Result<()> {
     s.open(info).await?;
     let ctx = RecoveryContext {
         info,
@@ -272,8 +276,8 @@ async fn a_transaction_timeout_above_the_brokers_maximum_is_refused_at_start() -
 /// snapshot both fail, naming the topic, rather than let the checkpoint complete without it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_the_broker_refuses_fails_the_barrier_flush() -> Result<()> {
-    use exactly_core::SnapshotKind;
     use exactly_core::runtime::{InitContext, Sink, SnapshotContext};
+    use exactly_core::SnapshotKind;
     use exactly_kafka_sink::KafkaSink;
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     use rdkafka::client::DefaultClientContext;
@@ -315,7 +319,8 @@ async fn a_record_the_broker_refuses_fails_the_barrier_flush() -> Result<()> {
         DeliveryGuarantee::AtLeastOnce,
     ))?;
     w.initialize_state(&InitContext::new(&i, None)).await?;
-    w.write(vec![ProducerRecord::keyed(b"k".as_slice(), big.as_slice())]).await?;
+    w.write(vec![ProducerRecord::keyed(b"k".as_slice(), big.as_slice())])
+        .await?;
     let err = match w
         .snapshot_state(&mut SnapshotContext::new(1, SnapshotKind::Checkpoint, 0))
         .await
@@ -477,7 +482,10 @@ async fn an_unneeded_open_transaction_is_aborted_before_restored_ones_are_checke
     let c = prepared(&mut crashed, t, 2).await?;
     crashed.commit(&c).await?;
     drop(crashed);
-    assert!(values(env, &topic)?.is_empty(), "the open transaction pins the last stable offset");
+    assert!(
+        values(env, &topic)?.is_empty(),
+        "the open transaction pins the last stable offset"
+    );
 
     // Restored under an id the coordinator does not know, so only its record can tell.
     let restored = KafkaCommittable {

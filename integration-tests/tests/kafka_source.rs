@@ -640,7 +640,13 @@ async fn records_arrive_with_every_field_as_written() -> Result<()> {
     let p: rdkafka::producer::BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", &env.kafka_bootstrap)
         .create()?;
-    type Expected = (i32, Option<Vec<u8>>, Option<Vec<u8>>, i64, Vec<(String, Option<Vec<u8>>)>);
+    type Expected = (
+        i32,
+        Option<Vec<u8>>,
+        Option<Vec<u8>>,
+        i64,
+        Vec<(String, Option<Vec<u8>>)>,
+    );
     let mut expected: Vec<Expected> = Vec::new();
     for i in 0..300i64 {
         let partition = (i % 3) as i32;
@@ -684,7 +690,12 @@ async fn records_arrive_with_every_field_as_written() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let source = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));
     let out: Committed<KafkaRecord> = Arc::default();
-    let handle = start_job(job_config(dir.path(), Duration::from_millis(100)), source, 1, out.clone());
+    let handle = start_job(
+        job_config(dir.path(), Duration::from_millis(100)),
+        source,
+        1,
+        out.clone(),
+    );
     eventually("records", T, || count(&out) >= expected.len()).await?;
     handle.stop().await?;
     handle.join().await?;
@@ -697,7 +708,10 @@ async fn records_arrive_with_every_field_as_written() -> Result<()> {
         assert_eq!(ours.len(), theirs.len(), "partition {partition}");
         for (offset, (r, e)) in ours.iter().zip(theirs).enumerate() {
             assert_eq!(&*r.topic, topic.as_str());
-            assert_eq!(r.offset, offset as i64, "partition {partition}: records in offset order");
+            assert_eq!(
+                r.offset, offset as i64,
+                "partition {partition}: records in offset order"
+            );
             assert_eq!(r.key, e.1, "key at {partition}@{offset}");
             assert_eq!(r.value, e.2, "value at {partition}@{offset}");
             assert_eq!(r.timestamp, Some(e.3), "timestamp at {partition}@{offset}");
@@ -760,7 +774,14 @@ async fn a_dead_letter_that_cannot_be_written_fails_the_checkpoint() -> Result<(
     {
         r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
     }
-    produce(env, &topic, &[("k".into(), "1".into()), ("k".into(), format!("not json {}", "x".repeat(10_000)))])?;
+    produce(
+        env,
+        &topic,
+        &[
+            ("k".into(), "1".into()),
+            ("k".into(), format!("not json {}", "x".repeat(10_000))),
+        ],
+    )?;
 
     let dir = tempfile::tempdir()?;
     let mut source = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));

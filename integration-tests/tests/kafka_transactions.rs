@@ -205,7 +205,13 @@ async fn the_recovery_end_txn_speaks_the_producers_transaction_version() -> Resu
     // Log lines travel through the client's queue: serve it until the EndTxn line is there.
     let deadline = std::time::Instant::now() + T;
     while std::time::Instant::now() < deadline
-        && !producer.context().0.lock().unwrap().iter().any(|l| l.contains("EndTxnRequest"))
+        && !producer
+            .context()
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("EndTxnRequest"))
     {
         producer.poll(Duration::from_millis(100));
     }
@@ -219,7 +225,11 @@ async fn the_recovery_end_txn_speaks_the_producers_transaction_version() -> Resu
         .collect();
     let endtxn: Vec<&String> = logs.iter().filter(|l| l.contains("EndTxn")).collect();
     eprintln!("{endtxn:?}");
-    assert!(!sent.is_empty(), "no EndTxn request in librdkafka's protocol log: {endtxn:?} of {} lines", logs.len());
+    assert!(
+        !sent.is_empty(),
+        "no EndTxn request in librdkafka's protocol log: {endtxn:?} of {} lines",
+        logs.len()
+    );
     for v in sent {
         assert!(
             v < exactly_kafka_sink::END_TXN_TV2_VERSION,
@@ -227,6 +237,5 @@ async fn the_recovery_end_txn_speaks_the_producers_transaction_version() -> Resu
             exactly_kafka_sink::END_TXN_VERSION
         );
     }
-    assert!(exactly_kafka_sink::END_TXN_VERSION < exactly_kafka_sink::END_TXN_TV2_VERSION);
     Ok(())
 }

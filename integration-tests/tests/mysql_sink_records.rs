@@ -189,7 +189,10 @@ async fn tombstones_delete_their_row_in_upsert_mode_and_follow_on_error_in_xa_mo
     let table = c.table.clone();
     let mut sink = MysqlSink::new(c)?;
     run_one_checkpoint(&mut sink, vec![record(1, r#"{"id":1,"name":"a"}"#), tombstone(2, "1")]).await?;
-    assert_eq!(query_i64(&mut conn, &format!("SELECT COUNT(*) FROM `{table}`")).await?, 1);
+    assert_eq!(
+        query_i64(&mut conn, &format!("SELECT COUNT(*) FROM `{table}`")).await?,
+        1
+    );
     assert_eq!(
         query_i64(
             &mut conn,
@@ -215,7 +218,8 @@ async fn an_old_savepoints_branches_still_read_as_committed_and_progress_stays_b
     sink.initialize_state(&InitContext::new(&info, None)).await?;
     let mut savepoint = None;
     for id in 1..=120u64 {
-        sink.write(vec![record(id as i64, &format!(r#"{{"id":{id},"name":"n"}}"#))]).await?;
+        sink.write(vec![record(id as i64, &format!(r#"{{"id":{id},"name":"n"}}"#))])
+            .await?;
         let mut ctx = SnapshotContext::new(id, SnapshotKind::Checkpoint, 0);
         sink.snapshot_state(&mut ctx).await?;
         if id == 2 {
@@ -225,14 +229,45 @@ async fn an_old_savepoints_branches_still_read_as_committed_and_progress_stays_b
     }
     sink.close().await?;
     let mut conn = connect_mysql(env).await?;
-    assert_eq!(query_i64(&mut conn, &format!("SELECT COUNT(*) FROM `{table}`")).await?, 120);
+    assert_eq!(
+        query_i64(&mut conn, &format!("SELECT COUNT(*) FROM `{table}`")).await?,
+        120
+    );
     let rows = query_i64(&mut conn, &format!("SELECT COUNT(*) FROM `{progress}`")).await?;
     assert!(rows <= 2, "{rows} progress rows after 120 checkpoints");
 
     // The savepoint of checkpoint 2, restored: its branch is committed (not lost), nothing twice.
     let mut restored = MysqlSink::new(c)?;
     let savepoint = savepoint.expect("taken");
-    restored.initialize_state(&InitContext::new(&info, Some(&savepoint))).await?;
-    assert_eq!(query_i64(&mut conn, &format!("SELECT COUNT(*) FROM `{table}`")).await?, 120);
+    restored
+        .initialize_state(&InitContext::new(&info, Some(&savepoint)))
+        .await?;
+    assert_eq!(
+        query_i64(&mut conn, &format!("SELECT COUNT(*) FROM `{table}`")).await?,
+        120
+    );
+    Ok(())
+}
+
+/// A database that refuses the user, or does not exist, stops the job at once with the server's
+/// message: a restart cannot cure it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_refuses_the_user_or_lacks_the_database_is_a_permanent_error() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let mut c = config(env, Mode::Upsert, OnError::Fail);
+    let (scheme, rest) = env.mysql_url.split_once("://").expect("a URL");
+    let host = rest.split_once('@').map_or(rest, |(_, h)| h);
+    c.url = format!("{scheme}://exactly:wrong-password@{host}");
+    let mut sink = MysqlSink::new(c.clone())?;
+    let err = run_one_checkpoint(&mut sink, vec![]).await.unwrap_err();
+    assert_eq!(err.class(), exactly_core::ErrorClass::Fatal, "{err:?}");
+    assert!(format!("{err:?}").contains("1045"), "{err:?}");
+
+    let mut c = config(env, Mode::Xa, OnError::Fail);
+    let base = env.mysql_url.rsplit_once('/').expect("a database in the URL").0;
+    c.url = format!("{base}/no_such_database_{}", unique("db").replace('-', "_"));
+    let mut sink = MysqlSink::new(c)?;
+    let err = run_one_checkpoint(&mut sink, vec![]).await.unwrap_err();
+    assert_eq!(err.class(), exactly_core::ErrorClass::Fatal, "{err:?}");
     Ok(())
 }

@@ -30,8 +30,8 @@ mod writer;
 pub use committable::{KafkaCommittable, Probe, COMMITTABLE_VERSION};
 pub use config::{DeliveryGuarantee, KafkaSinkConfig, PartitionerKind, OWNED_KEYS};
 pub use error::{Result, SinkError};
-pub use protocol::{END_TXN_TV2_VERSION, END_TXN_VERSION};
 pub use partitioner::{murmur2, to_positive, FixedPartitioner, KeyHashPartitioner, Partitioner, RoundRobinPartitioner};
+pub use protocol::{END_TXN_TV2_VERSION, END_TXN_VERSION};
 pub use transactional_id::{parse as parse_transactional_id, transactional_id};
 pub use writer::{KafkaSink, KafkaTransaction, KafkaWriter, TransactionalKafkaSink};
 

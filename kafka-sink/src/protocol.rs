@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut, BytesMut};
 use kafka_protocol::messages::{
-    api_versions_request::ApiVersionsRequest, describe_transactions_request::DescribeTransactionsRequest, end_txn_request::EndTxnRequest,
-    find_coordinator_request::FindCoordinatorRequest, list_transactions_request::ListTransactionsRequest, ApiKey,
-    ProducerId, RequestHeader, ResponseHeader, TransactionalId,
+    api_versions_request::ApiVersionsRequest, describe_transactions_request::DescribeTransactionsRequest,
+    end_txn_request::EndTxnRequest, find_coordinator_request::FindCoordinatorRequest,
+    list_transactions_request::ListTransactionsRequest, ApiKey, ProducerId, RequestHeader, ResponseHeader,
+    TransactionalId,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -60,6 +61,10 @@ pub(crate) const LIST_TRANSACTIONS_VERSION: i16 = 0;
 /// The first EndTxn version of transaction version 2 (KIP-890): a recovery EndTxn must stay below
 /// it while the producer speaks transaction version 1.
 pub const END_TXN_TV2_VERSION: i16 = 5;
+const _: () = assert!(
+    END_TXN_VERSION < END_TXN_TV2_VERSION,
+    "the recovery EndTxn must speak transaction version 1"
+);
 
 /// A transaction as its coordinator describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,7 +183,8 @@ impl Wire {
                 let supported = resp.api_keys.iter().find(|k| k.api_key == api as i16);
                 let ok = supported.is_some_and(|k| (k.min_version..=k.max_version).contains(&version));
                 if !ok {
-                    let range = supported.map_or("none".to_owned(), |k| format!("{}..={}", k.min_version, k.max_version));
+                    let range =
+                        supported.map_or("none".to_owned(), |k| format!("{}..={}", k.min_version, k.max_version));
                     return Err(SinkError::Protocol(format!(
                         "the broker at {addr} does not support {api:?} version {version} (it supports {range}); exactly's transaction recovery needs Kafka 3.0 or later with transaction version 1 requests"
                     )));
@@ -186,7 +192,9 @@ impl Wire {
             }
             return Ok(());
         }
-        Err(SinkError::Protocol(format!("asking for the broker's API versions: {last}")))
+        Err(SinkError::Protocol(format!(
+            "asking for the broker's API versions: {last}"
+        )))
     }
 
     /// `host:port` of the transaction coordinator of `transactional_id`.

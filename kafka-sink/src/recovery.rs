@@ -58,7 +58,10 @@ pub(crate) async fn commit_recovered(wire: &Wire, bootstrap: &str, c: &KafkaComm
         }
     }
     let now = match &desc {
-        Some(d) => format!("state {}, producer {}, epoch {}", d.state, d.producer_id, d.producer_epoch),
+        Some(d) => format!(
+            "state {}, producer {}, epoch {}",
+            d.state, d.producer_id, d.producer_epoch
+        ),
         None => "the coordinator no longer knows the id".into(),
     };
     let Some(probe) = &c.probe else {
@@ -172,7 +175,11 @@ enum Seen {
 }
 
 fn read_at(bootstrap: &str, probe: &Probe, committed: bool, deadline: Instant) -> Result<Seen, SinkError> {
-    let isolation = if committed { "read_committed" } else { "read_uncommitted" };
+    let isolation = if committed {
+        "read_committed"
+    } else {
+        "read_uncommitted"
+    };
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "exactly-probe")

@@ -106,9 +106,7 @@ pub(crate) fn unretried(code: rdkafka::types::RDKafkaErrorCode, what: String) ->
 impl From<SourceError> for CoreError {
     fn from(e: SourceError) -> Self {
         let class = match &e {
-            SourceError::Kafka { .. } | SourceError::Routing(_) | SourceError::DeadLetter { .. } => {
-                ErrorClass::Restart
-            }
+            SourceError::Kafka { .. } | SourceError::Routing(_) | SourceError::DeadLetter { .. } => ErrorClass::Restart,
             SourceError::Fetch { permanent: false, .. } => ErrorClass::Restart,
             SourceError::Fetch { permanent: true, .. } => ErrorClass::Fatal,
             SourceError::Config(_)

@@ -110,9 +110,7 @@ impl Batch {
         let len = self.messages.len();
         // SAFETY: the spare capacity holds at least `max` pointers; librdkafka writes at most
         // `max` and returns how many (or -1 on error, counted as none).
-        let n = unsafe {
-            rd::rd_kafka_consume_batch_queue(queue.ptr, 0, self.messages.as_mut_ptr().add(len), max)
-        };
+        let n = unsafe { rd::rd_kafka_consume_batch_queue(queue.ptr, 0, self.messages.as_mut_ptr().add(len), max) };
         let n = usize::try_from(n).unwrap_or(0).min(max);
         // SAFETY: the first `n` spare slots were initialised by librdkafka.
         unsafe { self.messages.set_len(len + n) };
@@ -121,7 +119,10 @@ impl Batch {
 
     /// The messages, in queue order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = RawMessage<'_>> {
-        self.messages.iter().map(|&ptr| RawMessage { ptr, _batch: PhantomData })
+        self.messages.iter().map(|&ptr| RawMessage {
+            ptr,
+            _batch: PhantomData,
+        })
     }
 
     /// Destroys the messages, keeping the allocation.

@@ -594,7 +594,9 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
                 parts.entry(tp).or_default().position = o;
             }
         });
-        if let (Some(d), PoisonPolicy::DeadLetter { topic }) = (&self.dead_letters, &self.config.on_deserialization_error) {
+        if let (Some(d), PoisonPolicy::DeadLetter { topic }) =
+            (&self.dead_letters, &self.config.on_deserialization_error)
+        {
             // Dead letters before this barrier must be durable before the checkpoint is.
             d.flush(topic, TIMEOUT)?;
         }

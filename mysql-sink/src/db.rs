@@ -177,7 +177,13 @@ pub(crate) fn insert<'a>(
             .map(|col| format!("`{0}` = VALUES(`{0}`)", col.name))
             .collect::<Vec<_>>()
             .join(", ");
-        let keys: Vec<&str> = c.mapping.columns.iter().filter(|col| col.key).map(|col| col.name.as_str()).collect();
+        let keys: Vec<&str> = c
+            .mapping
+            .columns
+            .iter()
+            .filter(|col| col.key)
+            .map(|col| col.name.as_str())
+            .collect();
         let mut ops = data.ops.into_iter().peekable();
         while ops.peek().is_some() {
             // Consecutive rows go in multi-row statements; a delete runs in its place in between.

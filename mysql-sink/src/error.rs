@@ -40,9 +40,21 @@ impl MysqlSinkError {
     }
 }
 
+/// Errors a restart cannot cure: the server refuses the user (1045 access denied, 1044 no access
+/// to the database, 1142/1143 a privilege missing), or the database or table does not exist
+/// (1049, 1146). They stop the job with the server's message instead of restarting it forever.
+fn permanent(e: &sqlx::Error) -> bool {
+    let code = e
+        .as_database_error()
+        .and_then(|d| d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+        .map(|d| d.number());
+    matches!(code, Some(1044 | 1045 | 1049 | 1142 | 1143 | 1146))
+}
+
 impl From<MysqlSinkError> for CoreError {
     fn from(e: MysqlSinkError) -> Self {
         let class = match &e {
+            MysqlSinkError::Database { source, .. } if permanent(source) => ErrorClass::Fatal,
             MysqlSinkError::Database { .. } => ErrorClass::Restart,
             _ => ErrorClass::Fatal,
         };

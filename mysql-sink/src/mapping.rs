@@ -213,7 +213,9 @@ impl Mapping {
                         cur = cur.and_then(|x| x.get(part));
                     }
                     match cur {
-                        None | Some(serde_json::Value::Null) => Err(format!("the tombstone's key has no field {path:?}")),
+                        None | Some(serde_json::Value::Null) => {
+                            Err(format!("the tombstone's key has no field {path:?}"))
+                        }
                         Some(x) => json_value(c, x),
                     }
                 })

@@ -96,27 +96,22 @@ impl XaMysqlSink {
 /// before 10.5 and MySQL before 8.0.30 (their binary log and XA recovery disagree after a crash).
 pub(crate) fn check_xa_safe(version: &str) -> Result<()> {
     let mariadb = version.to_ascii_lowercase().contains("mariadb");
-    let numbers: Vec<u32> = version
-        .split(|c: char| !c.is_ascii_digit())
-        .take(3)
-        .map(|n| n.parse().unwrap_or(0))
-        .collect();
-    let v = (numbers.first().copied().unwrap_or(0), numbers.get(1).copied().unwrap_or(0), numbers.get(2).copied().unwrap_or(0));
-    // MariaDB's "5.5.5-10.x" compatibility prefix: the real version follows.
-    let v = if mariadb && v.0 == 5 && v.1 == 5 && v.2 == 5 {
-        let rest: Vec<u32> = version
-            .splitn(2, '-')
-            .nth(1)
-            .unwrap_or("")
+    let triple = |s: &str| {
+        let mut n = s
             .split(|c: char| !c.is_ascii_digit())
-            .take(3)
-            .map(|n| n.parse().unwrap_or(0))
-            .collect();
-        (rest.first().copied().unwrap_or(0), rest.get(1).copied().unwrap_or(0), rest.get(2).copied().unwrap_or(0))
-    } else {
-        v
+            .map(|n| n.parse::<u32>().unwrap_or(0));
+        (n.next().unwrap_or(0), n.next().unwrap_or(0), n.next().unwrap_or(0))
     };
-    let (ok, need) = if mariadb { (v >= (10, 5, 0), "MariaDB 10.5") } else { (v >= (8, 0, 30), "MySQL 8.0.30") };
+    // MariaDB's "5.5.5-10.x" compatibility prefix: the real version follows it.
+    let v = match (mariadb, triple(version), version.split_once('-')) {
+        (true, (5, 5, 5), Some((_, rest))) => triple(rest),
+        (_, v, _) => v,
+    };
+    let (ok, need) = if mariadb {
+        (v >= (10, 5, 0), "MariaDB 10.5")
+    } else {
+        (v >= (8, 0, 30), "MySQL 8.0.30")
+    };
     if ok {
         Ok(())
     } else {
@@ -135,7 +130,10 @@ const NOTA_PAUSE: std::time::Duration = std::time::Duration::from_millis(300);
 /// read-only during a failover, XAER_RMFAIL (the branch is busy), too many connections, a killed
 /// or interrupted query, a server shutting down. Lost connections are not database errors at all.
 fn transient(code: u16) -> bool {
-    matches!(code, 1205 | 1213 | 1290 | 1836 | 1399 | 1040 | 1053 | 1317 | 1927 | 3098)
+    matches!(
+        code,
+        1205 | 1213 | 1290 | 1836 | 1399 | 1040 | 1053 | 1317 | 1927 | 3098
+    )
 }
 
 impl XaMysqlSink {
@@ -157,7 +155,7 @@ impl XaMysqlSink {
                 Err(e) => return Err(classify(e)),
             }
             let listed = self.recover(conn).await.map_err(classify)?;
-            if listed.iter().any(|b| *b == c.bqual) {
+            if listed.contains(&c.bqual) {
                 warn!(bqual = %c.bqual, check, "XA COMMIT answered XAER_NOTA for a branch XA RECOVER lists; trying again.");
             } else if db::has_progress(conn, &self.config, c.subtask, c.checkpoint_id)
                 .await
@@ -173,9 +171,13 @@ impl XaMysqlSink {
         {
             return Ok(());
         }
-        if self.recover(conn).await.map_err(classify)?.iter().any(|b| *b == c.bqual) {
+        if self.recover(conn).await.map_err(classify)?.contains(&c.bqual) {
             return Err(CommitError::Retriable(
-                format!("{} is prepared but the server keeps refusing XA COMMIT with XAER_NOTA", what()).into(),
+                format!(
+                    "{} is prepared but the server keeps refusing XA COMMIT with XAER_NOTA",
+                    what()
+                )
+                .into(),
             ));
         }
         Err(CommitError::Lost {
@@ -372,10 +374,23 @@ mod tests {
 
     #[test]
     fn servers_whose_xa_is_not_crash_safe_are_refused() {
-        for ok in ["10.11.6-MariaDB-0+deb12u1", "10.5.0-MariaDB", "5.5.5-10.6.12-MariaDB", "8.0.30", "8.4.2", "9.1.0"] {
+        for ok in [
+            "10.11.6-MariaDB-0+deb12u1",
+            "10.5.0-MariaDB",
+            "5.5.5-10.6.12-MariaDB",
+            "8.0.30",
+            "8.4.2",
+            "9.1.0",
+        ] {
             assert!(check_xa_safe(ok).is_ok(), "{ok}");
         }
-        for bad in ["10.4.32-MariaDB", "10.3.39-MariaDB-0+deb10u1", "5.5.5-10.4.1-MariaDB", "8.0.29", "5.7.44-log"] {
+        for bad in [
+            "10.4.32-MariaDB",
+            "10.3.39-MariaDB-0+deb10u1",
+            "5.5.5-10.4.1-MariaDB",
+            "8.0.29",
+            "5.7.44-log",
+        ] {
             let err = check_xa_safe(bad).unwrap_err().to_string();
             assert!(err.contains(bad) && err.contains("upsert"), "{err}");
         }

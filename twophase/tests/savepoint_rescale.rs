@@ -142,7 +142,11 @@ fn job(config: JobConfig, total: u64, sinks: u32, ext: &Ext, pause: Duration) ->
 /// Every record 0..total committed exactly once, and no transaction left prepared.
 fn assert_exactly_once(ext: &Ext, total: u64) {
     let e = ext.0.lock().unwrap();
-    assert!(e.prepared.is_empty(), "transactions never committed: {:?}", e.prepared.keys());
+    assert!(
+        e.prepared.is_empty(),
+        "transactions never committed: {:?}",
+        e.prepared.keys()
+    );
     let mut seen = vec![0u32; total as usize];
     for rows in e.committed.values() {
         for &r in rows {

@@ -327,10 +327,9 @@ async fn k2k_run(bootstrap: &str, mode: K2k, n: u64, size: usize, rate: u64, sec
     // written in transactions not yet committed: the final commit waits for the next checkpoint,
     // up to one interval, which the committed figure below includes).
     let (b, o) = (bootstrap.to_owned(), output.clone());
-    let written = tokio::task::spawn_blocking(move || {
-        verify(&b, &o, n, n, false, &AtomicU64::new(0), Duration::from_secs(600))
-    })
-    .await??;
+    let written =
+        tokio::task::spawn_blocking(move || verify(&b, &o, n, n, false, &AtomicU64::new(0), Duration::from_secs(600)))
+            .await??;
     let startup_ms = written.first.duration_since(start).as_millis();
     let written = (n - 1) as f64 / written.marked.duration_since(written.first).as_secs_f64();
     // Paced phase: records stamped at send time. It starts once the read_committed reader has the
@@ -451,7 +450,10 @@ pub(crate) async fn bench_k2k(
                 report.row(
                     "k2k",
                     &format!("{size} B median {name}"),
-                    &[("written_ratio_to_plain", written), ("committed_ratio_to_plain", committed)],
+                    &[
+                        ("written_ratio_to_plain", written),
+                        ("committed_ratio_to_plain", committed),
+                    ],
                 );
             }
         }

@@ -149,8 +149,7 @@ impl Sink<(String, u64)> for StagingSink {
         // entry comes back to whichever subtask the list state hands it to, and the savepoint's
         // own staged output was already committed by its origin when the savepoint completed.
         for entry in ctx.list_state("staged") {
-            let (origin, chk, rows): (u32, CheckpointId, Vec<(String, u64)>) =
-                serde_json::from_slice(&entry).unwrap();
+            let (origin, chk, rows): (u32, CheckpointId, Vec<(String, u64)>) = serde_json::from_slice(&entry).unwrap();
             self.committed.lock().unwrap().insert((origin, chk), rows);
         }
         Ok(())
@@ -682,18 +681,33 @@ async fn an_explicit_older_savepoint_needs_accept_replay_and_then_wins_over_newe
     let replayed: Committed = Arc::default();
     again(true, replayed.clone()).run().await.unwrap();
     let rows = committed_rows(&replayed);
-    assert!(!rows.is_empty(), "the savepoint's position was restored, not the end of input");
-    assert!(rows.len() < total as usize, "not from the beginning: {} rows", rows.len());
+    assert!(
+        !rows.is_empty(),
+        "the savepoint's position was restored, not the end of input"
+    );
+    assert!(
+        rows.len() < total as usize,
+        "not from the beginning: {} rows",
+        rows.len()
+    );
     // And a restart of that job later restores its own checkpoints, not those from before.
     let mut cfg = config(dir.path(), StateBackendConfig::Memory);
     cfg.restore_from = Some(savepoint.clone());
     cfg.accept_replay = true;
     let fail = FailPlan::new(1);
     let restarted: Committed = Arc::default();
-    let outcome = word_count(cfg, total, 1, 1, fail.clone(), restarted.clone(), Duration::from_millis(1))
-        .run()
-        .await
-        .unwrap();
+    let outcome = word_count(
+        cfg,
+        total,
+        1,
+        1,
+        fail.clone(),
+        restarted.clone(),
+        Duration::from_millis(1),
+    )
+    .run()
+    .await
+    .unwrap();
     assert_eq!(fail.remaining.load(Ordering::SeqCst), 0, "the failure happened");
     assert!(outcome.restarts >= 1);
     let mut rows = committed_rows(&restarted);
@@ -701,5 +715,9 @@ async fn an_explicit_older_savepoint_needs_accept_replay_and_then_wins_over_newe
     let before = rows.len();
     rows.dedup();
     assert_eq!(rows.len(), before, "the restarted attempt did not write anything twice");
-    assert_eq!(rows.len(), committed_rows(&replayed).len(), "same output as the failure-free replay");
+    assert_eq!(
+        rows.len(),
+        committed_rows(&replayed).len(),
+        "same output as the failure-free replay"
+    );
 }

@@ -97,7 +97,10 @@ fn a_truncated_or_missing_state_file_of_the_newest_checkpoint_is_an_error() {
     checkpoint(&storage, 1, &["a.sst"]);
     checkpoint(&storage, 2, &["a.sst", "b.sst"]);
     fs::write(dir.path().join("shared/b.sst"), "short").unwrap();
-    assert!(matches!(storage.latest(), Err(CoreError::NewestCheckpointUnusable { id: 2, .. })));
+    assert!(matches!(
+        storage.latest(),
+        Err(CoreError::NewestCheckpointUnusable { id: 2, .. })
+    ));
     fs::remove_file(dir.path().join("shared/b.sst")).unwrap();
     let err = storage.latest().unwrap_err();
     assert!(
@@ -135,7 +138,10 @@ fn a_directory_that_held_checkpoints_and_holds_none_refuses_to_start_over() {
     checkpoint(&storage, 1, &[]);
     fs::remove_dir_all(storage.checkpoint_dir(1)).unwrap();
     let err = storage.latest().unwrap_err();
-    assert!(matches!(err, CoreError::CheckpointsVanished(ref d) if d == dir.path()), "{err}");
+    assert!(
+        matches!(err, CoreError::CheckpointsVanished(ref d) if d == dir.path()),
+        "{err}"
+    );
     assert!(err.to_string().contains(&dir.path().display().to_string()), "{err}");
     // Discarding on purpose (retention on cancel) starts anew.
     checkpoint(&storage, 2, &[]);

@@ -87,7 +87,11 @@ impl TwoPhaseCommitSink<u32> for Fake {
         Ok(())
     }
     async fn abort_unneeded(&mut self, ctx: &RecoveryContext<'_, u64>) -> exactly_core::Result<()> {
-        self.0.lock().unwrap().log.push(format!("abort unneeded (restored {:?})", ctx.all_restored));
+        self.0
+            .lock()
+            .unwrap()
+            .log
+            .push(format!("abort unneeded (restored {:?})", ctx.all_restored));
         Ok(())
     }
     async fn abort_lingering(&mut self, ctx: &RecoveryContext<'_, u64>) -> exactly_core::Result<()> {
