@@ -600,7 +600,9 @@ impl Run<'_> {
     }
 
     /// After task `task` failed with `error`: restarts its region (region failover), or returns
-    /// how the run ends (full restart, or giving up).
+    /// how the run ends (full restart, or giving up). Regions whose tasks fail while this one
+    /// stops or waits for its restart delay (an outage of a shared service fails them all) join
+    /// it: they restart together, as one restart of the restart strategy, from one restore.
     async fn restart_region(
         &mut self,
         set: &mut JoinSet<(usize, Result<()>)>,
@@ -650,46 +652,65 @@ impl Run<'_> {
                 let _ = tokio::task::spawn_blocking(move || s.abort(id)).await;
             }
         }
-        // Stop the region's other tasks and wait for every one of them to be gone.
-        let members: BTreeSet<usize> = (0..self.places.len()).filter(|t| self.places[*t].1 == region).collect();
-        for t in &members {
-            let _ = self.controls[*t].send(Control::Shutdown);
-        }
+        // Stop the failed regions' other tasks, wait for every one of them to be gone and for the
+        // restart delay; a failure elsewhere meanwhile adds its region.
+        let mut regions: BTreeSet<u32> = BTreeSet::new();
+        let mut members: BTreeSet<usize> = BTreeSet::new();
         let mut gone: BTreeSet<usize> = BTreeSet::from([task]);
+        self.add_region(region, &mut regions, &mut members);
         let deadline = tokio::time::sleep(self.job.config.shutdown_timeout);
         tokio::pin!(deadline);
-        while gone.len() < members.len() {
-            tokio::select! {
-                joined = set.join_next() => match joined {
-                    None => break,
-                    Some(Ok((t, _))) if members.contains(&t) => { gone.insert(t); }
+        let waited = tokio::time::sleep(delay);
+        tokio::pin!(waited);
+        let mut delay_over = false;
+        while gone.len() < members.len() || !delay_over {
+            let failed: Option<(usize, CoreError)> = tokio::select! {
+                joined = set.join_next(), if gone.len() < members.len() || !set.is_empty() => match joined {
+                    None => { gone.extend(members.iter().copied()); None }
+                    Some(Ok((t, _))) if members.contains(&t) => { gone.insert(t); None }
                     Some(Err(e)) if self.tokio_ids.get(&e.id()).is_some_and(|t| members.contains(t)) => {
                         gone.insert(self.tokio_ids[&e.id()]);
+                        None
                     }
-                    Some(Ok((_, Err(e)))) => return Err(RunEnd::Failed(e)),
+                    Some(Ok((t, Err(e)))) => Some((t, e)),
                     Some(Ok((_, Ok(())))) => {
                         return Err(RunEnd::Failed(CoreError::TaskLost { task: "a task".into(), reason: "ended during a region restart".into() }));
                     }
-                    Some(Err(e)) => return Err(RunEnd::Failed(CoreError::TaskLost { task: "a task".into(), reason: e.to_string() })),
+                    Some(Err(e)) => match self.tokio_ids.get(&e.id()).copied() {
+                        Some(t) => Some((t, CoreError::TaskLost { task: "a task".into(), reason: e.to_string() })),
+                        None => return Err(RunEnd::Failed(CoreError::TaskLost { task: "a task".into(), reason: e.to_string() })),
+                    },
                 },
-                _ = &mut deadline => {
-                    return Err(RunEnd::Failed(CoreError::TaskLost { task: format!("region {region}"), reason: "did not stop in time for its restart".into() }));
+                _ = &mut deadline, if gone.len() < members.len() => {
+                    return Err(RunEnd::Failed(CoreError::TaskLost { task: format!("regions {regions:?}"), reason: "did not stop in time for their restart".into() }));
                 }
+                _ = &mut waited, if !delay_over => { delay_over = true; None }
+            };
+            if let Some((t, e)) = failed {
+                if e.class() == ErrorClass::Fatal {
+                    return Err(RunEnd::Failed(e));
+                }
+                let other = self.places[t].1;
+                warn!(job = %self.job.config.name, region = other, cause = %e, "Task failed; its region restarts together with the others failing now.");
+                self.add_region(other, &mut regions, &mut members);
+                gone.insert(t);
             }
         }
-        tokio::time::sleep(delay).await;
         let restore = match self.plan.later_blocking(self.storage.clone()).await {
             Ok(r) => r.map(Arc::new),
             Err(e) => return Err(RunEnd::Failed(e)),
         };
         if let Some(r) = &restore {
-            info!(region, checkpoint_id = r.meta.id, "Restoring the region.");
+            info!(regions = ?regions, checkpoint_id = r.meta.id, "Restoring the regions.");
             self.job.metrics.update(|s| s.restored += 1);
         }
-        for p in &self.job.inputs {
-            p.prepare_one(self.job.config.channel_capacity, region);
+        for region in &regions {
+            for p in &self.job.inputs {
+                p.prepare_one(self.job.config.channel_capacity, *region);
+            }
         }
-        // Upstream tasks before downstream ones, as at the start of a run.
+        // Upstream tasks before downstream ones, as at the start of a run (task ids follow the
+        // stages' order).
         for t in members {
             let (vi, index) = self.places[t];
             match self
@@ -705,6 +726,17 @@ impl Run<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Adds `region` to a restart: its tasks become members and are told to stop.
+    fn add_region(&self, region: u32, regions: &mut BTreeSet<u32>, members: &mut BTreeSet<usize>) {
+        if !regions.insert(region) {
+            return;
+        }
+        for t in (0..self.places.len()).filter(|t| self.places[*t].1 == region) {
+            members.insert(t);
+            let _ = self.controls[t].send(Control::Shutdown);
+        }
     }
 
     fn next_wake(&self) -> Instant {

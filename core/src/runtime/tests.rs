@@ -2,7 +2,7 @@
 //! automatically must produce exactly the output of a failure-free run, on both state backends;
 //! savepoints restore with another parallelism; unknown state is refused.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -720,4 +720,59 @@ async fn an_explicit_older_savepoint_needs_accept_replay_and_then_wins_over_newe
         committed_rows(&replayed).len(),
         "same output as the failure-free replay"
     );
+}
+
+/// An outage of a shared service fails several regions at once: they restart together, as one
+/// restart, while the healthy region keeps running. Before, the second failure arriving while the
+/// first region stopped failed the whole run (every region restarted, two restarts counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regions_failing_together_restart_together_as_one_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), StateBackendConfig::Memory);
+    // Long enough that the second failure (milliseconds after the first) lands within it.
+    cfg.restart = crate::restart::RestartStrategy::FixedDelay {
+        attempts: 10,
+        delay: Duration::from_secs(1),
+    };
+    let total = 9_000;
+    let committed: Committed = Arc::default();
+    let inits: Arc<Mutex<BTreeMap<u32, u32>>> = Arc::default();
+    // Subtask 0 fails at n = 1 500; subtask 2 fails at its next record after that (the outage).
+    let outage = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let failed = Arc::new(Mutex::new(BTreeSet::<u32>::new()));
+    let mut job = JobBuilder::new(cfg);
+    let gen = gen_source(total, Duration::from_millis(1));
+    let (i2, c2) = (inits.clone(), committed.clone());
+    job.source("numbers", 3, move |info| Counted {
+        inner: gen(info),
+        index: info.index,
+        inits: i2.clone(),
+    })
+    .flat_map(move |n: u64, out| {
+        let subtask = (n % 3) as u32;
+        let hit = match subtask {
+            0 => n >= 1_500,
+            2 => outage.load(Ordering::SeqCst),
+            _ => false,
+        };
+        if hit && failed.lock().unwrap().insert(subtask) {
+            outage.store(true, Ordering::SeqCst);
+            return Err(CoreError::operator("check", ErrorClass::Restart, "injected outage"));
+        }
+        out.emit((word(n), n))
+    })
+    .sink("out", move |info| StagingSink {
+        subtask: info.index,
+        current: Vec::new(),
+        staged: BTreeMap::new(),
+        committed: c2.clone(),
+    });
+    let outcome = job.build().unwrap().run().await.unwrap();
+    assert_eq!(outcome.restarts, 1, "one restart for both regions");
+    assert_eq!(
+        *inits.lock().unwrap(),
+        BTreeMap::from([(0, 2), (1, 1), (2, 2)]),
+        "regions 0 and 2 restarted together, region 1 kept running"
+    );
+    assert_each_once("two regions", &committed, total);
 }
