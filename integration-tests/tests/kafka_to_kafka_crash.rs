@@ -3,52 +3,14 @@
 //! arriving throughout. An independent read_committed consumer then finds every input record
 //! exactly once in the output, in order per key.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+mod k2k;
+
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{bail, Result};
-use exactly_integration_tests::{create_topic, produce, read_committed, unique, ChildJob, TestEnv};
-
-const KEYS: usize = 20;
-
-struct Feeder {
-    stop: Arc<AtomicBool>,
-    handle: std::thread::JoinHandle<Result<usize>>,
-}
-
-/// Produces `key:seq` records in small batches until stopped; returns how many per key it sent.
-fn feed(env: &TestEnv, topic: &str, next: Arc<std::sync::Mutex<Vec<usize>>>) -> Feeder {
-    let stop = Arc::new(AtomicBool::new(false));
-    let (env, topic, flag) = (env.clone(), topic.to_owned(), stop.clone());
-    let handle = std::thread::spawn(move || {
-        let mut sent = 0;
-        while !flag.load(Ordering::SeqCst) {
-            let batch: Vec<(String, String)> = {
-                let mut next = next.lock().unwrap();
-                (0..KEYS)
-                    .map(|k| {
-                        next[k] += 1;
-                        (format!("k{k}"), format!("k{k}:{}", next[k]))
-                    })
-                    .collect()
-            };
-            produce(&env, &topic, &batch)?;
-            sent += batch.len();
-            std::thread::sleep(Duration::from_millis(40));
-        }
-        Ok(sent)
-    });
-    Feeder { stop, handle }
-}
-
-impl Feeder {
-    fn finish(self) -> Result<usize> {
-        self.stop.store(true, Ordering::SeqCst);
-        self.handle.join().map_err(|_| anyhow::anyhow!("feeder panicked"))?
-    }
-}
+use anyhow::Result;
+use exactly_integration_tests::{create_topic, unique, ChildJob, TestEnv};
+use k2k::{drain_and_verify, feed, job_args, KEYS};
 
 fn job_still_failed_by_timing(e: &anyhow::Error) -> bool {
     e.to_string().contains("did not reach")
@@ -62,29 +24,7 @@ async fn kafka_to_kafka_is_exactly_once_across_sigkills_at_every_protocol_step()
     create_topic(env, &input, 3).await?;
     create_topic(env, &output, 3).await?;
     let checkpoints = tempfile::tempdir()?;
-    let args: Vec<String> = [
-        "--bootstrap",
-        &env.kafka_bootstrap,
-        "--input",
-        &input,
-        "--output",
-        &output,
-        "--group",
-        &unique("k2k-group"),
-        "--prefix",
-        &unique("k2k"),
-        "--checkpoints",
-        &checkpoints.path().display().to_string(),
-        "--parallelism",
-        "2",
-        "--interval",
-        "200ms",
-        "--checkpoint-timeout",
-        "500ms",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = job_args(env, &input, &output, checkpoints.path());
     let program = env!("CARGO_BIN_EXE_exactly-k2k");
     let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
 
@@ -131,67 +71,7 @@ async fn kafka_to_kafka_is_exactly_once_across_sigkills_at_every_protocol_step()
         }
     }
 
-    // A last run without fail points drains the input.
-    let expected: usize = next.lock().unwrap().iter().sum();
-    let mut job = ChildJob::spawn(program, &args, "")?;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let seen = loop {
-        let seen = read_committed(env, &output, Duration::from_secs(30))?;
-        if seen.len() >= expected {
-            break seen;
-        }
-        if !job.running() || Instant::now() > deadline {
-            bail!("output has {} of {expected} records:\n{}", seen.len(), job.tail(40));
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
-    // Give a duplicate, if any, the chance to show up, then stop the job.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    job.kill();
-    let seen = if read_committed(env, &output, Duration::from_secs(30))?.len() != seen.len() {
-        read_committed(env, &output, Duration::from_secs(30))?
-    } else {
-        seen
-    };
-
-    let mut count: BTreeMap<String, usize> = BTreeMap::new();
-    let mut last_seq: BTreeMap<(String, i32), usize> = BTreeMap::new();
-    for r in &seen {
-        let v = r.value_str();
-        *count.entry(v.clone()).or_default() += 1;
-        let (key, seq) = v.split_once(':').expect("key:seq");
-        let seq: usize = seq.parse()?;
-        let prev = last_seq.insert((key.to_owned(), r.partition), seq);
-        assert!(
-            prev.is_none_or(|p| p < seq),
-            "{key}: {seq} after {prev:?} (order per key)"
-        );
-    }
-    let duplicates: Vec<_> = count.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        duplicates.is_empty(),
-        "duplicates: {:?}",
-        &duplicates[..duplicates.len().min(10)]
-    );
-    let next = next.lock().unwrap();
-    let mut missing = Vec::new();
-    for (k, n) in next.iter().enumerate() {
-        for seq in 1..=*n {
-            if !count.contains_key(&format!("k{k}:{seq}")) {
-                missing.push(format!("k{k}:{seq}"));
-            }
-        }
-    }
-    assert!(
-        missing.is_empty(),
-        "{} missing, e.g. {:?}",
-        missing.len(),
-        &missing[..missing.len().min(10)]
-    );
-    assert_eq!(seen.len(), expected);
-    eprintln!(
-        "{kills} kills; {expected} records in, {} out, 0 duplicates, 0 missing",
-        seen.len()
-    );
+    let out = drain_and_verify(env, program, &args, &output, &next).await?;
+    eprintln!("{kills} kills; {out} records out, 0 duplicates, 0 missing");
     Ok(())
 }
