@@ -405,3 +405,54 @@ async fn progress(registry: Arc<Registry>, terminal: bool) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(key: &str, value: Option<&str>) -> KafkaRecord {
+        KafkaRecord {
+            topic: Arc::from("orders"),
+            partition: 0,
+            offset: 7,
+            timestamp: None,
+            key: Some(key.as_bytes().to_vec()),
+            value: value.map(|v| v.as_bytes().to_vec()),
+            headers: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_tombstone_passes_the_transforms_as_a_tombstone_with_its_key() {
+        let prepare = Prepare {
+            transforms: Arc::new(vec![
+                Transform::Filter {
+                    field: "status".into(),
+                    equals: Some(serde_json::json!("paid")),
+                    not_equals: None,
+                    one_of: None,
+                    exists: None,
+                },
+                Transform::Key {
+                    field: "customer".into(),
+                },
+            ]),
+            registry: Registry::new("t", 1, "all".into()),
+        };
+        let t = prepare
+            .deserialize(record("42", None))
+            .unwrap()
+            .expect("not filtered out");
+        assert_eq!((t.key.as_deref(), t.value.as_deref()), (Some(&b"42"[..]), None));
+        // A record with a value still meets the transforms.
+        let paid = prepare
+            .deserialize(record("1", Some(r#"{"status":"paid","customer":"c9"}"#)))
+            .unwrap()
+            .expect("paid");
+        assert_eq!(paid.key.as_deref(), Some(&b"c9"[..]));
+        assert!(prepare
+            .deserialize(record("2", Some(r#"{"status":"open"}"#)))
+            .unwrap()
+            .is_none());
+    }
+}

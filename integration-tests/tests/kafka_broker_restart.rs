@@ -64,7 +64,18 @@ async fn broker_killed_and_restarted_mid_run_loses_and_doubles_nothing() -> Resu
     }
     feeder.finish()?;
     if !job.running() {
-        bail!("the job did not survive the broker restarts:\n{}", job.tail(60));
+        // Its error and log lines, without the backtrace under them.
+        let log: Vec<String> = job
+            .tail(100_000)
+            .lines()
+            .filter(|l| !l.starts_with(' '))
+            .map(str::to_owned)
+            .collect();
+        bail!(
+            "the job did not survive the broker restarts (exit code {:?}):\n{}",
+            job.exit_code(),
+            log[log.len().saturating_sub(40)..].join("\n")
+        );
     }
     job.kill();
 

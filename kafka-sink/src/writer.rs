@@ -217,8 +217,10 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
     type Committable = KafkaCommittable;
 
     async fn open(&mut self, info: &SubtaskInfo) -> exactly_core::Result<()> {
-        self.wire.check_versions().await?;
+        // The metadata request waits for the cluster (a broker restarting); the version check
+        // then finds it up.
         let facts = broker_facts(&self.config).await?;
+        self.wire.check_versions().await?;
         if let Some(max) = facts.max_transaction_timeout {
             if self.transaction_timeout > max {
                 return Err(SinkError::Config(format!(
