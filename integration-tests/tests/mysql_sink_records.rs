@@ -271,3 +271,28 @@ async fn a_server_that_refuses_the_user_or_lacks_the_database_is_a_permanent_err
     assert_eq!(err.class(), exactly_core::ErrorClass::Fatal, "{err:?}");
     Ok(())
 }
+
+/// Identifiers reach SQL only as bound parameters (ids) or validated names (tables): a job id
+/// with quotes in it works in both modes, progress row and commit included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_id_with_quotes_works() -> Result<()> {
+    let env = TestEnv::get().await?;
+    for mode in [Mode::Xa, Mode::Upsert] {
+        let mut c = config(env, mode, OnError::Fail);
+        c.job_id = format!("{}'; \"x", unique("job"));
+        let (table, progress, job) = (c.table.clone(), c.progress_table.clone(), c.job_id.clone());
+        let mut sink = MysqlSink::new(c)?;
+        run_one_checkpoint(&mut sink, vec![record(1, r#"{"id":1,"name":"a"}"#)]).await?;
+        let mut conn = connect_mysql(env).await?;
+        assert_eq!(
+            query_i64(&mut conn, &format!("SELECT COUNT(*) FROM `{table}`")).await?,
+            1
+        );
+        let n: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM `{progress}` WHERE job = ?"))
+            .bind(&job)
+            .fetch_one(&mut conn)
+            .await?;
+        assert_eq!(n, 1, "{mode:?}: the progress row under the quoted job id");
+    }
+    Ok(())
+}

@@ -41,8 +41,8 @@ pub enum SourceError {
     /// its last checkpoint rather than read them out of order).
     #[error("kafka source: {0}")]
     Routing(String),
-    /// Fetching failed in a way the client does not retry (an unsupported codec, missing
-    /// authorization, a topic that disappeared): the attempt fails instead of stalling.
+    /// Fetching failed in a way retrying cannot cure (an unsupported codec, missing authorization
+    /// or credentials): the job stops with it instead of stalling.
     #[error("kafka source: fetching {what} failed: {code} ({fix})")]
     Fetch {
         /// The partition ("topic/partition") or "the cluster".
@@ -51,8 +51,6 @@ pub enum SourceError {
         code: rdkafka::types::RDKafkaErrorCode,
         /// What to do about it.
         fix: &'static str,
-        /// Whether restarting can help (a topic may come back; permissions and codecs do not).
-        permanent: bool,
     },
     /// Dead letters could not be written: the checkpoint fails rather than complete past them.
     #[error("kafka source: {failed} dead letter(s) could not be written to {topic:?} (first error: {first}); the checkpoint fails and the job restarts from the previous one")]
@@ -79,39 +77,32 @@ impl SourceError {
 }
 
 /// A fetch or consumer error the client will not get past by retrying: `Some` with the error to
-/// fail with, `None` for the transient ones (transport, leader changes, brokers down), which
-/// librdkafka retries itself.
+/// fail with, `None` for the transient ones (transport, leader changes, brokers down, and unknown
+/// topic or partition, which a fetch right after a topic's creation can report and librdkafka
+/// retries after refreshing its metadata), which librdkafka retries itself.
 pub(crate) fn unretried(code: rdkafka::types::RDKafkaErrorCode, what: String) -> Option<SourceError> {
     use rdkafka::types::RDKafkaErrorCode as C;
-    let (fix, permanent) = match code {
-        C::NotImplemented | C::UnsupportedCompressionType | C::BadCompression => (
-            "the input uses a compression codec this build cannot read; exactly reads gzip, snappy, lz4 and zstd",
-            true,
-        ),
-        C::TopicAuthorizationFailed | C::ClusterAuthorizationFailed => {
-            ("grant the source's principal Read and Describe on the topic", true)
+    let fix = match code {
+        C::NotImplemented | C::UnsupportedCompressionType | C::BadCompression => {
+            "the input uses a compression codec this build cannot read; exactly reads gzip, snappy, lz4 and zstd"
         }
-        C::Authentication | C::SaslAuthenticationFailed => ("check the source's credentials", true),
-        C::UnknownTopic | C::UnknownTopicOrPartition => ("the topic was deleted or is not there any more", false),
+        C::TopicAuthorizationFailed | C::ClusterAuthorizationFailed => {
+            "grant the source's principal Read and Describe on the topic"
+        }
+        C::Authentication | C::SaslAuthenticationFailed => "check the source's credentials",
         _ => return None,
     };
-    Some(SourceError::Fetch {
-        what,
-        code,
-        fix,
-        permanent,
-    })
+    Some(SourceError::Fetch { what, code, fix })
 }
 
 impl From<SourceError> for CoreError {
     fn from(e: SourceError) -> Self {
         let class = match &e {
             SourceError::Kafka { .. } | SourceError::Routing(_) | SourceError::DeadLetter { .. } => ErrorClass::Restart,
-            SourceError::Fetch { permanent: false, .. } => ErrorClass::Restart,
-            SourceError::Fetch { permanent: true, .. } => ErrorClass::Fatal,
             SourceError::Config(_)
             | SourceError::Poison { .. }
             | SourceError::UnknownTopic(_)
+            | SourceError::Fetch { .. }
             | SourceError::State(_) => ErrorClass::Fatal,
         };
         CoreError::operator("kafka source", class, e)
