@@ -33,11 +33,19 @@ impl CommittedRecord {
 
 /// Creates `topic` with `partitions` partitions (replication 1) and waits until its metadata shows.
 pub async fn create_topic(env: &TestEnv, topic: &str, partitions: i32) -> Result<()> {
+    create_topic_with(env, topic, partitions, &[]).await
+}
+
+/// [`create_topic`] with topic configuration (e.g. `max.message.bytes`).
+pub async fn create_topic_with(env: &TestEnv, topic: &str, partitions: i32, config: &[(&str, &str)]) -> Result<()> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", &env.kafka_bootstrap)
         .create()
         .context("creating an admin client")?;
-    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let new = config.iter().fold(
+        NewTopic::new(topic, partitions, TopicReplication::Fixed(1)),
+        |t, (k, v)| t.set(k, v),
+    );
     let results = admin
         .create_topics(
             &[new],

@@ -20,5 +20,8 @@ pub use child::{signal, ChildJob};
 pub use env::{TestEnv, HOW_TO_START};
 pub use ids::unique;
 pub use jobs::{eventually, Committed, CommittingCollector};
-pub use kafka::{create_topic, produce, read_committed, transactional_producer, wait_for_committed, CommittedRecord};
+pub use kafka::{
+    create_topic, create_topic_with, produce, read_committed, transactional_producer, wait_for_committed,
+    CommittedRecord,
+};
 pub use mysql::{connect_mysql, query_i64};

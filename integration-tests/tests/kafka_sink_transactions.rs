@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use exactly_core::runtime::SubtaskInfo;
-use exactly_integration_tests::{create_topic, read_committed, unique, TestEnv};
+use exactly_integration_tests::{create_topic, create_topic_with, read_committed, unique, TestEnv};
 use exactly_kafka_sink::admin::describe_transaction;
 use exactly_kafka_sink::{
     DeliveryGuarantee, KafkaCommittable, KafkaSinkConfig, KafkaTransaction, KeyHashPartitioner, ProducerRecord,
@@ -279,24 +279,9 @@ async fn a_record_the_broker_refuses_fails_the_barrier_flush() -> Result<()> {
     use exactly_core::runtime::{InitContext, Sink, SnapshotContext};
     use exactly_core::SnapshotKind;
     use exactly_kafka_sink::KafkaSink;
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    use rdkafka::client::DefaultClientContext;
-    use rdkafka::ClientConfig;
-
     let env = TestEnv::get().await?;
     let topic = unique("sink-refused");
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &env.kafka_bootstrap)
-        .create()?;
-    for r in admin
-        .create_topics(
-            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "2000")],
-            &AdminOptions::new(),
-        )
-        .await?
-    {
-        r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
-    }
+    create_topic_with(env, &topic, 1, &[("max.message.bytes", "2000")]).await?;
     let big = vec![b'x'; 10_000];
 
     // Exactly-once: the pre-commit flushes and fails.

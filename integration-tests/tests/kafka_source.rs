@@ -12,8 +12,8 @@ use exactly_core::coordinator::CheckpointConfig;
 use exactly_core::restart::RestartStrategy;
 use exactly_core::runtime::{JobBuilder, JobConfig, JobHandle};
 use exactly_integration_tests::{
-    create_topic, eventually, produce, read_committed, transactional_producer, unique, Committed, CommittingCollector,
-    TestEnv,
+    create_topic, create_topic_with, eventually, produce, read_committed, transactional_producer, unique, Committed,
+    CommittingCollector, TestEnv,
 };
 use exactly_kafka_source::{
     Json, KafkaRecord, KafkaSource, KafkaSourceConfig, PoisonPolicy, RawBytes, ResetPosition, StartPosition,
@@ -757,23 +757,11 @@ async fn records_compressed_with_every_kafka_codec_are_read() -> Result<()> {
 /// that went nowhere. Before, the flush succeeded whatever the delivery reports said.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_that_cannot_be_written_fails_the_checkpoint() -> Result<()> {
-    use rdkafka::admin::{NewTopic, TopicReplication};
     let env = TestEnv::get().await?;
     let topic = unique("src-dlq-refused-in");
     create_topic(env, &topic, 1).await?;
     let dlq = unique("src-dlq-refused");
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &env.kafka_bootstrap)
-        .create()?;
-    for r in admin
-        .create_topics(
-            &[NewTopic::new(&dlq, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "2000")],
-            &AdminOptions::new(),
-        )
-        .await?
-    {
-        r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
-    }
+    create_topic_with(env, &dlq, 1, &[("max.message.bytes", "2000")]).await?;
     produce(
         env,
         &topic,
