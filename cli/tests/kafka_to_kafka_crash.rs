@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use exactly_integration_tests::{create_topic, unique, ChildJob, TestEnv};
-use k2k::{drain_and_verify, feed, job_args, KEYS};
+use k2k::{drain_and_verify, exactly, feed, job_args, KEYS};
 
 fn job_still_failed_by_timing(e: &anyhow::Error) -> bool {
     e.to_string().contains("did not reach")
@@ -23,9 +23,9 @@ async fn kafka_to_kafka_is_exactly_once_across_sigkills_at_every_protocol_step()
     let output = unique("k2k-out");
     create_topic(env, &input, 3).await?;
     create_topic(env, &output, 3).await?;
-    let checkpoints = tempfile::tempdir()?;
-    let args = job_args(env, &input, &output, checkpoints.path());
-    let program = env!("CARGO_BIN_EXE_exactly-k2k");
+    let dir = tempfile::tempdir()?;
+    let args = job_args(env, &input, &output, dir.path());
+    let program = exactly();
     let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
 
     let steps: &[(&str, &str)] = &[
@@ -71,7 +71,7 @@ async fn kafka_to_kafka_is_exactly_once_across_sigkills_at_every_protocol_step()
         }
     }
 
-    let out = drain_and_verify(env, program, &args, &output, &next).await?;
+    let out = drain_and_verify(env, &args, &output, &next).await?;
     eprintln!("{kills} kills; {out} records out, 0 duplicates, 0 missing");
     Ok(())
 }

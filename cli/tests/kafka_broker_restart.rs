@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use exactly_integration_tests::{create_topic, read_committed, unique, ChildJob, TestEnv};
-use k2k::{drain_and_verify, feed, job_args, KEYS};
+use k2k::{drain_and_verify, exactly, feed, job_args, KEYS};
 
 fn services(env: &TestEnv, command: &str) -> Result<()> {
     let Some(script) = env.services_script.clone() else {
@@ -31,9 +31,9 @@ async fn broker_killed_and_restarted_mid_run_loses_and_doubles_nothing() -> Resu
     let output = unique("bk-out");
     create_topic(env, &input, 3).await?;
     create_topic(env, &output, 3).await?;
-    let checkpoints = tempfile::tempdir()?;
-    let args = job_args(env, &input, &output, checkpoints.path());
-    let program = env!("CARGO_BIN_EXE_exactly-k2k");
+    let dir = tempfile::tempdir()?;
+    let args = job_args(env, &input, &output, dir.path());
+    let program = exactly();
     let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
 
     // 1. Between pre-commit and commit: the job freezes after a pre-commit, the broker dies and
@@ -79,7 +79,7 @@ async fn broker_killed_and_restarted_mid_run_loses_and_doubles_nothing() -> Resu
     }
     job.kill();
 
-    let out = drain_and_verify(env, program, &args, &output, &next).await?;
+    let out = drain_and_verify(env, &args, &output, &next).await?;
     eprintln!("3 broker restarts; {out} records out, 0 duplicates, 0 missing");
     Ok(())
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use exactly_integration_tests::{connect_mysql, create_topic, query_i64, ChildJob, TestEnv};
-use k2m::{drain_and_verify, feed, setup, stop_feed};
+use k2m::{drain_and_verify, exactly, feed, setup, stop_feed};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_killed_and_restarted_mid_run_loses_and_doubles_nothing() -> Result<()> {
@@ -19,9 +19,9 @@ async fn mariadb_killed_and_restarted_mid_run_loses_and_doubles_nothing() -> Res
         );
     };
     let dir = tempfile::tempdir()?;
-    let s = setup(env, "xa", &dir.path().display().to_string());
+    let s = setup(env, "xa", dir.path());
     create_topic(env, &s.input, 2).await?;
-    let program = env!("CARGO_BIN_EXE_exactly-k2m");
+    let program = exactly();
     let feeder = feed(env, &s);
     let mut job = ChildJob::spawn(program, &s.args, "")?;
     let mut conn = connect_mysql(env).await?;
@@ -52,5 +52,5 @@ async fn mariadb_killed_and_restarted_mid_run_loses_and_doubles_nothing() -> Res
         job.tail(30)
     );
     job.kill();
-    drain_and_verify(env, &s, program).await
+    drain_and_verify(env, &s).await
 }

@@ -11,15 +11,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use exactly_integration_tests::{connect_mysql, create_topic, unique, ChildJob, TestEnv};
-use k2m::{drain_and_verify, feed, setup, stop_feed};
+use k2m::{drain_and_verify, exactly, feed, setup, stop_feed, write_job};
 use sqlx::Row;
 
 async fn killed_at_every_step(mode: &str, steps: &[(&str, &str)]) -> Result<()> {
     let env = TestEnv::get().await?;
     let dir = tempfile::tempdir()?;
-    let s = setup(env, mode, &dir.path().display().to_string());
+    let s = setup(env, mode, dir.path());
     create_topic(env, &s.input, 2).await?;
-    let program = env!("CARGO_BIN_EXE_exactly-k2m");
+    let program = exactly();
     for round in 0..2 {
         for (point, spec) in steps {
             let feeder = feed(env, &s);
@@ -32,7 +32,7 @@ async fn killed_at_every_step(mode: &str, steps: &[(&str, &str)]) -> Result<()> 
             eprintln!("{mode} round {round}: killed at {point}");
         }
     }
-    drain_and_verify(env, &s, program).await
+    drain_and_verify(env, &s).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -66,9 +66,9 @@ async fn kafka_to_mysql_upsert_is_exactly_once_across_sigkills() -> Result<()> {
 async fn prepared_branches_of_a_job_killed_for_good_are_rolled_back_by_the_next_start() -> Result<()> {
     let env = TestEnv::get().await?;
     let dir = tempfile::tempdir()?;
-    let s = setup(env, "xa", &dir.path().display().to_string());
+    let s = setup(env, "xa", dir.path());
     create_topic(env, &s.input, 2).await?;
-    let program = env!("CARGO_BIN_EXE_exactly-k2m");
+    let program = exactly();
     let feeder = feed(env, &s);
     let mut job = ChildJob::spawn(program, &s.args, "sink.after_pre_commit=freeze@2")?;
     job.wait_for_failpoint("sink.after_pre_commit", Duration::from_secs(60))?;
@@ -105,13 +105,9 @@ async fn prepared_branches_of_a_job_killed_for_good_are_rolled_back_by_the_next_
 
     // The next start of the job (fresh state, same job id) rolls them back.
     let fresh = tempfile::tempdir()?;
-    let mut args = s.args.clone();
-    let i = args.iter().position(|a| a == "--checkpoints").unwrap();
-    args[i + 1] = fresh.path().display().to_string();
-    let i = args.iter().position(|a| a == "--input").unwrap();
     let unused = unique("k2m-unused");
     create_topic(env, &unused, 1).await?;
-    args[i + 1] = unused;
+    let args = write_job(env, "xa", fresh.path(), &unused, &s.table, &s.progress, &s.job, "fresh");
     let mut next = ChildJob::spawn(program, &args, "")?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {

@@ -1,10 +1,14 @@
 //! Helpers of the Kafka-to-Kafka scenarios (shared by several test binaries): a feeder of
-//! `key:seq` records, the job's arguments, and the drain that checks the read_committed output
+//! `key:seq` records, the job file run by the `exactly` binary, and the drain that checks the read_committed output
 //! has every record once, in order per key.
+
+// Each test binary uses some of these helpers.
+#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -49,45 +53,108 @@ impl Feeder {
     }
 }
 
-/// The arguments of the `exactly-k2k` job for these topics.
-pub(crate) fn job_args(env: &TestEnv, input: &str, output: &str, checkpoints: &std::path::Path) -> Vec<String> {
-    [
-        "--bootstrap",
-        &env.kafka_bootstrap,
-        "--input",
-        input,
-        "--output",
-        output,
-        "--group",
-        &unique("k2k-group"),
-        "--prefix",
-        &unique("k2k"),
-        "--checkpoints",
-        &checkpoints.display().to_string(),
-        "--parallelism",
-        "2",
-        "--interval",
-        "200ms",
-        "--checkpoint-timeout",
-        "500ms",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+/// The `exactly` binary under test.
+pub(crate) fn exactly() -> &'static str {
+    env!("CARGO_BIN_EXE_exactly")
+}
+
+/// Settings of the crash tests' Kafka-to-Kafka job file (what a user would write: no transforms,
+/// every record passed through with its key, value, timestamp and headers).
+pub(crate) struct Job<'a> {
+    pub(crate) input: &'a str,
+    pub(crate) output: &'a str,
+    pub(crate) group: String,
+    pub(crate) prefix: String,
+    pub(crate) parallelism: u32,
+    pub(crate) interval: &'a str,
+    pub(crate) checkpoint_timeout: &'a str,
+    /// `false`: `[restart] type = "none"` (the job ends at its first failure).
+    pub(crate) restart: bool,
+}
+
+impl<'a> Job<'a> {
+    /// Two subtasks, checkpoints every 200 ms that time out after 500 ms (so a slow pre-commit
+    /// leaves two transactions for one completion), restarts, a fresh group and prefix.
+    pub(crate) fn new(input: &'a str, output: &'a str) -> Self {
+        Job {
+            input,
+            output,
+            group: unique("k2k-group"),
+            prefix: unique("k2k"),
+            parallelism: 2,
+            interval: "200ms",
+            checkpoint_timeout: "500ms",
+            restart: true,
+        }
+    }
+
+    /// Writes job `k2k` into `DIR/FILE.toml` (checkpoints in `DIR/checkpoints`, shared by the job files of one
+    /// directory) and returns the arguments of `exactly run` for it.
+    pub(crate) fn write(&self, env: &TestEnv, dir: &Path, file: &str) -> Vec<String> {
+        let restart = if self.restart {
+            "type = \"fixed_delay\"\nattempts = 20\ndelay = \"200ms\""
+        } else {
+            "type = \"none\""
+        };
+        let text = format!(
+            r#"
+[job]
+name = "k2k"
+parallelism = {parallelism}
+
+[checkpoints]
+dir = "{checkpoints}"
+interval = "{interval}"
+timeout = "{timeout}"
+retained = 2
+tolerable_failures = 100
+
+[restart]
+{restart}
+
+[source]
+bootstrap_servers = "{bootstrap}"
+topics = ["{input}"]
+group_id = "{group}"
+
+[sink.kafka]
+bootstrap_servers = "{bootstrap}"
+topic = "{output}"
+delivery = {{ type = "exactly_once", transactional_id_prefix = "{prefix}", pool_size = 3, transaction_timeout = "2m" }}
+"#,
+            parallelism = self.parallelism,
+            checkpoints = dir.join("checkpoints").display(),
+            interval = self.interval,
+            timeout = self.checkpoint_timeout,
+            bootstrap = env.kafka_bootstrap,
+            input = self.input,
+            group = self.group,
+            output = self.output,
+            prefix = self.prefix,
+        );
+        let path = dir.join(format!("{file}.toml"));
+        std::fs::write(&path, text).expect("write job file");
+        vec!["run".to_owned(), path.display().to_string()]
+    }
+}
+
+/// The arguments of `exactly run` for the crash tests' job on these topics (job file written
+/// into `dir`).
+pub(crate) fn job_args(env: &TestEnv, input: &str, output: &str, dir: &Path) -> Vec<String> {
+    Job::new(input, output).write(env, dir, "k2k")
 }
 
 /// Runs the job without fail points until the output has every record fed, then checks it:
 /// every record once, in order per key. Returns how many records came out.
 pub(crate) async fn drain_and_verify(
     env: &TestEnv,
-    program: &str,
     args: &[String],
     output: &str,
     next: &Arc<std::sync::Mutex<Vec<usize>>>,
 ) -> Result<usize> {
     // A last run without fail points drains the input.
     let expected: usize = next.lock().unwrap().iter().sum();
-    let mut job = ChildJob::spawn(program, args, "")?;
+    let mut job = ChildJob::spawn(exactly(), args, "")?;
     let deadline = Instant::now() + Duration::from_secs(120);
     let seen = loop {
         let seen = read_committed(env, output, Duration::from_secs(30))?;

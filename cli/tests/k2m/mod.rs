@@ -1,7 +1,12 @@
-//! Helpers of the Kafka-to-MySQL scenarios (shared by several test binaries).
+//! Helpers of the Kafka-to-MySQL scenarios (shared by several test binaries): the job file run
+//! by the `exactly` binary, a feeder of `id,key,seq` records, and the SQL check of the table.
+
+// Each test binary uses some of these helpers.
+#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,47 +16,30 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 use sqlx::Row;
 
+/// The `exactly` binary under test.
+pub(crate) fn exactly() -> &'static str {
+    env!("CARGO_BIN_EXE_exactly")
+}
+
 pub(crate) struct Setup {
     pub(crate) input: String,
     pub(crate) table: String,
     pub(crate) progress: String,
     pub(crate) job: String,
+    /// `exactly run JOBFILE`.
     pub(crate) args: Vec<String>,
     pub(crate) next_id: Arc<AtomicU64>,
 }
 
-pub(crate) fn setup(env: &TestEnv, mode: &str, dir: &str) -> Setup {
+/// The crash tests' Kafka-to-MySQL job file, written into `dir` (checkpoints in
+/// `dir/checkpoints`): reads delimited `id,key,seq` records from a fresh topic with two subtasks,
+/// checkpoints every 200 ms, and writes rows in `mode` (xa or upsert).
+pub(crate) fn setup(env: &TestEnv, mode: &str, dir: &Path) -> Setup {
     let input = unique("k2m-in");
     let table = unique("k2m_rows").replace('-', "_");
     let progress = unique("k2m_progress").replace('-', "_");
     let job = unique("k2m");
-    let args = [
-        "--bootstrap",
-        &env.kafka_bootstrap,
-        "--input",
-        &input,
-        "--group",
-        &unique("g"),
-        "--mysql",
-        &env.mysql_url,
-        "--table",
-        &table,
-        "--progress",
-        &progress,
-        "--mode",
-        mode,
-        "--job",
-        &job,
-        "--checkpoints",
-        dir,
-        "--parallelism",
-        "2",
-        "--interval",
-        "200ms",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = write_job(env, mode, dir, &input, &table, &progress, &job, "k2m");
     Setup {
         input,
         table,
@@ -60,6 +48,73 @@ pub(crate) fn setup(env: &TestEnv, mode: &str, dir: &str) -> Setup {
         args,
         next_id: Arc::new(AtomicU64::new(0)),
     }
+}
+
+/// Writes `dir/FILE.toml` and returns the arguments of `exactly run` for it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn write_job(
+    env: &TestEnv,
+    mode: &str,
+    dir: &Path,
+    input: &str,
+    table: &str,
+    progress: &str,
+    job: &str,
+    file: &str,
+) -> Vec<String> {
+    // Upsert needs its key. XA writes plain INSERTs: without a primary key on `id`, a record
+    // written twice is a second row the test sees, not a "Duplicate entry" error and a restart
+    // loop that would hide it.
+    let id_key = if mode == "upsert" { ", key = true" } else { "" };
+    let text = format!(
+        r#"
+[job]
+name = "k2m"
+parallelism = 2
+
+[checkpoints]
+dir = "{checkpoints}"
+interval = "200ms"
+timeout = "10s"
+retained = 2
+tolerable_failures = 100
+
+[restart]
+type = "fixed_delay"
+attempts = 50
+delay = "500ms"
+
+[source]
+bootstrap_servers = "{bootstrap}"
+topics = ["{input}"]
+group_id = "{group}"
+
+[sink.mysql]
+url = "{url}"
+table = "{table}"
+mode = "{mode}"
+job_id = "{job}"
+sink_id = "rows"
+batch_size = 200
+create_table = true
+progress_table = "{progress}"
+
+[sink.mysql.mapping]
+format = {{ type = "delimited", delimiter = "," }}
+columns = [
+  {{ name = "id", type = "bigint"{id_key} }},
+  {{ name = "k", type = "varchar", length = 64 }},
+  {{ name = "seq", type = "bigint" }},
+]
+"#,
+        checkpoints = dir.join("checkpoints").display(),
+        bootstrap = env.kafka_bootstrap,
+        group = unique("g"),
+        url = env.mysql_url,
+    );
+    let path = dir.join(format!("{file}.toml"));
+    std::fs::write(&path, text).expect("write job file");
+    vec!["run".to_owned(), path.display().to_string()]
 }
 
 /// A running feeder: its stop flag and thread.
@@ -90,9 +145,9 @@ pub(crate) fn stop_feed(f: Feeder) -> Result<()> {
     f.1.join().map_err(|_| anyhow::anyhow!("feeder panicked"))?
 }
 
-pub(crate) async fn drain_and_verify(env: &TestEnv, s: &Setup, program: &str) -> Result<()> {
+pub(crate) async fn drain_and_verify(env: &TestEnv, s: &Setup) -> Result<()> {
     let expected = s.next_id.load(Ordering::SeqCst) as i64;
-    let mut job = ChildJob::spawn(program, &s.args, "")?;
+    let mut job = ChildJob::spawn(exactly(), &s.args, "")?;
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut conn = connect_mysql(env).await?;
     loop {

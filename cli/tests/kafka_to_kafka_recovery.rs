@@ -2,6 +2,8 @@
 //! replacement started cannot commit anything; a job killed and never restarted leaves open
 //! transactions that the next start with the same prefix aborts, so stuck readers move on.
 
+mod k2k;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -9,34 +11,19 @@ use anyhow::{bail, Result};
 use exactly_integration_tests::{
     create_topic, produce, read_committed, signal, transactional_producer, unique, ChildJob, TestEnv,
 };
+use k2k::{exactly, Job};
 use rdkafka::producer::{BaseRecord, Producer};
 
 const T: Duration = Duration::from_secs(30);
 
-fn args(env: &TestEnv, input: &str, output: &str, group: &str, prefix: &str, dir: &str) -> Vec<String> {
-    [
-        "--bootstrap",
-        &env.kafka_bootstrap,
-        "--input",
-        input,
-        "--output",
-        output,
-        "--group",
-        group,
-        "--prefix",
-        prefix,
-        "--checkpoints",
-        dir,
-        "--parallelism",
-        "2",
-        "--interval",
-        "200ms",
-        "--checkpoint-timeout",
-        "2s",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+/// The crash tests' job with checkpoints that may take 2 s, a given group and prefix.
+fn job<'a>(input: &'a str, output: &'a str, prefix: &str) -> Job<'a> {
+    Job {
+        group: unique("g"),
+        prefix: prefix.to_owned(),
+        checkpoint_timeout: "2s",
+        ..Job::new(input, output)
+    }
 }
 
 fn batch(from: usize, n: usize) -> Vec<(String, String)> {
@@ -78,19 +65,13 @@ async fn a_resumed_zombie_cannot_commit_after_its_replacement_started() -> Resul
     create_topic(env, &input, 2).await?;
     create_topic(env, &output, 2).await?;
     let dir = tempfile::tempdir()?;
-    let a = args(
-        env,
-        &input,
-        &output,
-        &unique("g"),
-        &unique("zombie"),
-        &dir.path().display().to_string(),
-    );
-    let program = env!("CARGO_BIN_EXE_exactly-k2k");
+    let j = job(&input, &output, &unique("zombie"));
+    let a = j.write(env, dir.path(), "replacement");
+    // The old process ends at its first failure instead of restarting; same checkpoints.
+    let old_args = Job { restart: false, ..j }.write(env, dir.path(), "replacement-no-restart");
+    let program = exactly();
 
     produce(env, &input, &batch(0, 200))?;
-    let mut old_args = a.clone();
-    old_args.push("--no-restart".into());
     let mut old = ChildJob::spawn(program, &old_args, "")?;
     wait_for_output(env, &output, 200, &mut old).await?;
     produce(env, &input, &batch(200, 200))?;
@@ -129,16 +110,9 @@ async fn a_job_killed_for_good_leaves_transactions_the_next_start_aborts() -> Re
     create_topic(env, &input, 2).await?;
     create_topic(env, &output, 2).await?;
     let prefix = unique("linger");
-    let program = env!("CARGO_BIN_EXE_exactly-k2k");
+    let program = exactly();
     let dir = tempfile::tempdir()?;
-    let a = args(
-        env,
-        &input,
-        &output,
-        &unique("g"),
-        &prefix,
-        &dir.path().display().to_string(),
-    );
+    let a = job(&input, &output, &prefix).write(env, dir.path(), "dead");
 
     produce(env, &input, &batch(0, 100))?;
     // Frozen with records in an open transaction, then killed: never restarted.
@@ -162,16 +136,10 @@ async fn a_job_killed_for_good_leaves_transactions_the_next_start_aborts() -> Re
     );
 
     // A new job with the same prefix (fresh state) aborts them on start.
+    let unused = unique("unused-in");
+    create_topic(env, &unused, 1).await?;
     let fresh = tempfile::tempdir()?;
-    let b = args(
-        env,
-        &unique("unused-in"),
-        &output,
-        &unique("g"),
-        &prefix,
-        &fresh.path().display().to_string(),
-    );
-    create_topic(env, &b[3], 1).await?;
+    let b = job(&unused, &output, &prefix).write(env, fresh.path(), "fresh");
     let mut next = ChildJob::spawn(program, &b, "")?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
