@@ -60,6 +60,10 @@ pub struct JobSection {
     /// How long a graceful stop waits for tasks.
     #[serde(default, with = "humantime_serde")]
     pub shutdown_timeout: Option<Duration>,
+    /// Failed attempts to start (before the first completed checkpoint) after which the job
+    /// gives up, whatever `[restart]` allows (default 5; 0: no limit).
+    #[serde(default)]
+    pub startup_attempts: Option<u32>,
 }
 
 /// `[sink.kafka]` or `[sink.mysql]` (exactly one).

@@ -196,6 +196,9 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
     if let Some(t) = f.job.shutdown_timeout {
         config.shutdown_timeout = t;
     }
+    if let Some(n) = f.job.startup_attempts {
+        config.startup_attempts = (n > 0).then_some(n);
+    }
     config.restore_from = opts.from.clone();
     config.accept_replay = opts.accept_replay;
     config.subtasks = opts.subtasks;

@@ -320,3 +320,49 @@ fn bench_core_prints_both_rates_and_writes_json() {
     );
     assert!(on > 0.0 && off > 0.0 && (ratio - on / off).abs() < 1e-9, "{row}");
 }
+
+#[test]
+fn a_job_that_cannot_start_gives_up_after_its_startup_attempts_naming_the_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    // A restart strategy that would retry 1000 times: the start-up bound ends it first.
+    let base = GOOD
+        .replace("/tmp/exactly-cli-args", &dir.path().join("chk").display().to_string())
+        .replace("parallelism = 2", "parallelism = 1\nstartup_attempts = 3")
+        .replace(
+            "[source]",
+            "[restart]\ntype = \"fixed_delay\"\nattempts = 1000\ndelay = \"100ms\"\n\n[source]",
+        );
+    for (bootstrap, expected) in [
+        (
+            "nosuchhost.invalid:9092".to_owned(),
+            "nosuchhost.invalid:9092 does not resolve".to_owned(),
+        ),
+        (
+            format!("127.0.0.1:{closed_port}"),
+            format!("127.0.0.1:{closed_port} refuses connections"),
+        ),
+    ] {
+        let p = job_file(dir.path(), &base.replace("127.0.0.1:19092", &bootstrap));
+        let out = exactly()
+            .arg("run")
+            .arg(&p)
+            .timeout(std::time::Duration::from_secs(120))
+            .assert()
+            .failure()
+            .code(1)
+            .get_output()
+            .stderr
+            .clone();
+        let err = String::from_utf8_lossy(&out);
+        assert!(
+            err.contains("the job did not start: 3 attempts failed before its first checkpoint"),
+            "{err}"
+        );
+        assert!(err.contains(&expected), "{err}");
+        assert!(!err.contains("restart=3"), "the third failure ends it:\n{err}");
+    }
+}

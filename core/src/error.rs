@@ -154,6 +154,14 @@ pub enum CoreError {
         /// The failure that ended the job.
         last: Box<CoreError>,
     },
+    /// The job failed every attempt to start (before its first completed checkpoint).
+    #[error("the job did not start: {attempts} attempts failed before its first checkpoint (startup_attempts); last failure: {last}")]
+    StartupFailed {
+        /// Attempts made.
+        attempts: u32,
+        /// The failure that ended the job.
+        last: Box<CoreError>,
+    },
     /// A task ended unexpectedly (a panic in user code, a dropped channel).
     #[error("task {task} ended unexpectedly: {reason}")]
     TaskLost {
@@ -183,7 +191,8 @@ impl CoreError {
             | CoreError::UnknownOperatorState { .. }
             | CoreError::Config(_)
             | CoreError::InvalidJob(_)
-            | CoreError::RestartsExhausted { .. } => ErrorClass::Fatal,
+            | CoreError::RestartsExhausted { .. }
+            | CoreError::StartupFailed { .. } => ErrorClass::Fatal,
         }
     }
 

@@ -20,6 +20,7 @@ pub mod coordinator;
 pub mod error;
 pub mod failpoint;
 pub mod message;
+pub mod net;
 pub mod restart;
 pub mod runtime;
 pub mod state;

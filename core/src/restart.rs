@@ -117,7 +117,15 @@ pub enum RestartDecision {
     Restart(Duration),
     /// Stop the job.
     GiveUp,
+    /// Stop the job: it failed this many times in a row while starting (see
+    /// [`RestartTracker::with_startup_attempts`]); a wrong address, a refused login or a missing
+    /// topic will not fix itself.
+    StartupFailed(u32),
 }
+
+/// A run that lasts this long without failing counts as started, even before its first checkpoint
+/// (a job without checkpointing has no other sign).
+pub const STARTED_AFTER: Duration = Duration::from_secs(60);
 
 /// Applies a strategy to a job's failures. Times are durations since any fixed origin.
 #[derive(Debug)]
@@ -128,6 +136,9 @@ pub struct RestartTracker {
     consecutive: u32,
     last_failure: Option<Duration>,
     rng: StdRng,
+    startup_attempts: Option<u32>,
+    started: bool,
+    startup_failures: u32,
 }
 
 impl RestartTracker {
@@ -145,7 +156,23 @@ impl RestartTracker {
             consecutive: 0,
             last_failure: None,
             rng: StdRng::seed_from_u64(seed),
+            startup_attempts: None,
+            started: false,
+            startup_failures: 0,
         }
+    }
+
+    /// Bounds the attempts to start: until the job has started ([`RestartTracker::mark_started`],
+    /// or a run that lasted [`STARTED_AFTER`]), the `attempts`-th failure ends it with
+    /// [`RestartDecision::StartupFailed`] whatever the strategy allows. `None`: no bound.
+    pub fn with_startup_attempts(mut self, attempts: Option<u32>) -> Self {
+        self.startup_attempts = attempts;
+        self
+    }
+
+    /// The job has started (a checkpoint completed): from now on only the strategy decides.
+    pub fn mark_started(&mut self) {
+        self.started = true;
     }
 
     /// Restarts granted so far.
@@ -155,6 +182,16 @@ impl RestartTracker {
 
     /// Records a failure at `now` and decides.
     pub fn on_failure(&mut self, now: Duration) -> RestartDecision {
+        if !self.started && now.saturating_sub(self.last_failure.unwrap_or_default()) >= STARTED_AFTER {
+            self.started = true;
+        }
+        if !self.started {
+            self.startup_failures += 1;
+            if self.startup_attempts.is_some_and(|n| self.startup_failures >= n) {
+                self.last_failure = Some(now);
+                return RestartDecision::StartupFailed(self.startup_failures);
+            }
+        }
         let decision = match &self.strategy {
             RestartStrategy::None => RestartDecision::GiveUp,
             RestartStrategy::FixedDelay { attempts, delay } => {
@@ -230,6 +267,32 @@ mod tests {
     }
 
     #[test]
+    fn startup_attempts_bound_failures_before_the_job_started() {
+        let strategy = RestartStrategy::FixedDelay {
+            attempts: 100,
+            delay: s(1),
+        };
+        let mut t = RestartTracker::new(strategy.clone()).with_startup_attempts(Some(3));
+        assert_eq!(t.on_failure(s(1)), RestartDecision::Restart(s(1)));
+        assert_eq!(t.on_failure(s(5)), RestartDecision::Restart(s(1)));
+        assert_eq!(t.on_failure(s(9)), RestartDecision::StartupFailed(3));
+
+        // Started (a checkpoint completed): only the strategy decides.
+        let mut t = RestartTracker::new(strategy.clone()).with_startup_attempts(Some(2));
+        assert_eq!(t.on_failure(s(1)), RestartDecision::Restart(s(1)));
+        t.mark_started();
+        for i in 0..10 {
+            assert_eq!(t.on_failure(s(2 + i)), RestartDecision::Restart(s(1)));
+        }
+
+        // A run that lasted STARTED_AFTER counts as started.
+        let mut t = RestartTracker::new(strategy).with_startup_attempts(Some(2));
+        assert_eq!(t.on_failure(s(1)), RestartDecision::Restart(s(1)));
+        assert_eq!(t.on_failure(s(1) + STARTED_AFTER), RestartDecision::Restart(s(1)));
+        assert_eq!(t.on_failure(s(2) + STARTED_AFTER), RestartDecision::Restart(s(1)));
+    }
+
+    #[test]
     fn none_never_restarts() {
         let mut t = RestartTracker::new(RestartStrategy::None);
         assert_eq!(t.on_failure(s(0)), RestartDecision::GiveUp);
@@ -283,7 +346,7 @@ mod tests {
         let delays: Vec<_> = (0..6)
             .map(|i| match t.on_failure(s(i)) {
                 RestartDecision::Restart(d) => d.as_secs(),
-                RestartDecision::GiveUp => panic!("gave up"),
+                other => panic!("{other:?}"),
             })
             .collect();
         assert_eq!(delays, [1, 2, 4, 8, 10, 10]);
@@ -309,7 +372,7 @@ mod tests {
                     assert!(d >= Duration::from_secs(8) && d <= Duration::from_secs(12), "{d:?}");
                     distinct.insert(d.as_millis());
                 }
-                RestartDecision::GiveUp => panic!("gave up at {i}"),
+                other => panic!("{other:?} at {i}"),
             }
         }
         assert!(distinct.len() > 10, "jitter varies the delay");

@@ -73,8 +73,12 @@ pub async fn list_transactions(bootstrap: &str, prefix: &str) -> Result<Vec<Tran
         .set("bootstrap.servers", bootstrap)
         .create()
         .map_err(|e| SinkError::kafka("creating a metadata client", e))?;
-    let md = tokio::task::block_in_place(|| consumer.fetch_metadata(None, Duration::from_secs(30)))
-        .map_err(|e| SinkError::kafka("fetching metadata", e))?;
+    let md = tokio::task::block_in_place(|| {
+        consumer.fetch_metadata(None, Duration::from_secs(30)).map_err(|e| {
+            let why = exactly_core::net::diagnose(bootstrap);
+            SinkError::kafka(format!("fetching metadata from {bootstrap} ({why})"), e)
+        })
+    })?;
     let brokers: Vec<String> = md
         .brokers()
         .iter()

@@ -29,6 +29,9 @@ pub enum SinkError {
         /// The broker's or client's reason.
         reason: String,
     },
+    /// No bootstrap address accepts connections (each named, with what is wrong with it).
+    #[error("kafka: cannot reach any of bootstrap_servers: {0}")]
+    Unreachable(String),
     /// The producer was fenced by a newer one with the same transactional id.
     #[error(
         "producer {0} was fenced by a newer instance (another job or a zombie uses this transactional id prefix?)"

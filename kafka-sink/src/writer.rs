@@ -47,8 +47,14 @@ async fn broker_facts(config: &KafkaSinkConfig) -> Result<BrokerFacts> {
         .set("bootstrap.servers", &config.bootstrap_servers)
         .create()
         .map_err(|e| SinkError::kafka("creating an admin client", e))?;
-    let md = tokio::task::block_in_place(|| admin.inner().fetch_metadata(Some(&config.topic), TIMEOUT))
-        .map_err(|e| SinkError::kafka("fetching metadata", e))?;
+    let md = tokio::task::block_in_place(|| {
+        exactly_core::net::reachable(&config.bootstrap_servers).map_err(SinkError::Unreachable)?;
+        admin.inner().fetch_metadata(Some(&config.topic), TIMEOUT).map_err(|e| {
+            let bootstrap = &config.bootstrap_servers;
+            let why = exactly_core::net::diagnose(bootstrap);
+            SinkError::kafka(format!("fetching metadata from {bootstrap} ({why})"), e)
+        })
+    })?;
     let topic = md.topics().iter().find(|t| t.name() == config.topic);
     let partitions: Vec<i32> = topic
         .map(|t| t.partitions().iter().map(|p| p.id()).collect())

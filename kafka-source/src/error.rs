@@ -34,6 +34,9 @@ pub enum SourceError {
         /// The deserializer's message.
         reason: String,
     },
+    /// No bootstrap address accepts connections (each named, with what is wrong with it).
+    #[error("kafka: cannot reach any of bootstrap_servers: {0}")]
+    Unreachable(String),
     /// A topic the source is configured to read does not exist.
     #[error("topic {0:?} does not exist (the source does not create topics)")]
     UnknownTopic(String),
@@ -98,7 +101,10 @@ pub(crate) fn unretried(code: rdkafka::types::RDKafkaErrorCode, what: String) ->
 impl From<SourceError> for CoreError {
     fn from(e: SourceError) -> Self {
         let class = match &e {
-            SourceError::Kafka { .. } | SourceError::Routing(_) | SourceError::DeadLetter { .. } => ErrorClass::Restart,
+            SourceError::Kafka { .. }
+            | SourceError::Unreachable(_)
+            | SourceError::Routing(_)
+            | SourceError::DeadLetter { .. } => ErrorClass::Restart,
             SourceError::Config(_)
             | SourceError::Poison { .. }
             | SourceError::UnknownTopic(_)

@@ -167,7 +167,11 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         } else {
             consumer.fetch_metadata(None, TIMEOUT)
         }
-        .map_err(|e| SourceError::kafka("fetching metadata", e))?;
+        .map_err(|e| {
+            let bootstrap = &self.config.bootstrap_servers;
+            let why = exactly_core::net::diagnose(bootstrap);
+            SourceError::kafka(format!("fetching metadata from {bootstrap} ({why})"), e)
+        })?;
         let mut out = BTreeSet::new();
         for t in metadata.topics() {
             let wanted = match &self.pattern {
@@ -390,7 +394,12 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             let e = OffsetEntry::decode(&entry)?;
             restored.insert(e.tp, e.next_offset);
         }
-        let all = tokio::task::block_in_place(|| self.list_partitions())?;
+        let all = tokio::task::block_in_place(|| {
+            // At open, a bootstrap list of which no address answers fails in seconds, naming
+            // each address (librdkafka would wait out its metadata timeout, naming none).
+            exactly_core::net::reachable(&self.config.bootstrap_servers).map_err(SourceError::Unreachable)?;
+            self.list_partitions()
+        })?;
         let mut mine = BTreeMap::new();
         for tp in &all {
             if !self.owns(tp) {

@@ -36,7 +36,19 @@ pub(crate) fn connect(url: &str) -> BoxFut<'_, Result<MySqlConnection>> {
         let options: MySqlConnectOptions = url
             .parse()
             .map_err(|e| MysqlSinkError::Config(format!("url does not parse: {e}")))?;
-        options.connect().await.map_err(|e| MysqlSinkError::db("connecting", e))
+        match options.connect().await {
+            Ok(c) => Ok(c),
+            Err(e @ (sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut)) => {
+                // Name the server (never the credentials) and say whether it resolves and answers.
+                let address = exactly_core::net::url_address(url).unwrap_or_else(|| "the server".into());
+                let probe = address.clone();
+                let why = tokio::task::spawn_blocking(move || exactly_core::net::diagnose(&probe))
+                    .await
+                    .unwrap_or_default();
+                Err(MysqlSinkError::db(format!("connecting to {address} ({why})"), e))
+            }
+            Err(e) => Err(MysqlSinkError::db("connecting", e)),
+        }
     })
 }
 

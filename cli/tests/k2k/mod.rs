@@ -6,9 +6,9 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};

@@ -35,8 +35,12 @@ fn default_interval() -> Duration {
 fn default_min_pause() -> Duration {
     Duration::ZERO
 }
+/// Two minutes: long enough for large RocksDB snapshots, and short enough that a pre-committed
+/// Kafka transaction (5 min by default) outlives a checkpoint that times out plus the longest
+/// default restart delay. (Flink's 10 min would make every default job file fail the Kafka
+/// sink's transaction-timeout check.)
 fn default_timeout() -> Duration {
-    Duration::from_secs(600)
+    Duration::from_secs(120)
 }
 fn default_max_concurrent() -> usize {
     1

@@ -194,7 +194,8 @@ impl Job {
             .as_ref()
             .map(|c| LocalStorage::new(&c.dir).map(Arc::new))
             .transpose()?;
-        let mut tracker = RestartTracker::new(self.config.restart.clone());
+        let mut tracker =
+            RestartTracker::new(self.config.restart.clone()).with_startup_attempts(self.config.startup_attempts);
         let started = Instant::now();
         let mut attempt = 0u32;
         let mut last_id: CheckpointId = 0;
@@ -245,6 +246,12 @@ impl Job {
                         RestartDecision::GiveUp => {
                             return Err(CoreError::RestartsExhausted {
                                 restarts: tracker.restarts(),
+                                last: Box::new(error),
+                            })
+                        }
+                        RestartDecision::StartupFailed(attempts) => {
+                            return Err(CoreError::StartupFailed {
+                                attempts,
                                 last: Box::new(error),
                             })
                         }
@@ -625,6 +632,12 @@ impl Run<'_> {
                     last: Box::new(error),
                 }))
             }
+            RestartDecision::StartupFailed(attempts) => {
+                return Err(RunEnd::Failed(CoreError::StartupFailed {
+                    attempts,
+                    last: Box::new(error),
+                }))
+            }
             RestartDecision::Restart(delay) => delay,
         };
         self.job.metrics.restarts.fetch_add(1, Ordering::Relaxed);
@@ -853,6 +866,7 @@ impl Run<'_> {
         let coordinator = self.coordinator.as_mut().expect("checkpointing on");
         let subsumed = coordinator.completed(barrier.id, Instant::now());
         *self.completed += 1;
+        self.tracker.mark_started();
         info!(
             checkpoint_id = barrier.id,
             duration_ms = duration.as_millis() as u64,

@@ -96,7 +96,22 @@ pub struct JobConfig {
     /// What a task failure restarts.
     #[serde(default)]
     pub failover: FailoverStrategy,
+    /// Attempts to start before the job gives up, whatever the restart strategy allows: until its
+    /// first completed checkpoint (or a run of a minute), the job is starting, and a failure then
+    /// is most likely permanent (an address that does not resolve, a refused login, a missing
+    /// topic or table). `None`: only the restart strategy decides.
+    #[serde(default = "default_startup_attempts")]
+    pub startup_attempts: Option<u32>,
 }
+
+fn default_startup_attempts() -> Option<u32> {
+    Some(DEFAULT_STARTUP_ATTEMPTS)
+}
+
+/// Attempts to start by default: with the default exponential restart delays (1, 2, 4, 8 s) a
+/// broker or database that comes up within about 15 s plus the connectors' own timeouts is
+/// waited for.
+pub const DEFAULT_STARTUP_ATTEMPTS: u32 = 5;
 
 /// What a task failure restarts (Flink's `jobmanager.execution.failover-strategy`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -160,6 +175,7 @@ impl JobConfig {
             shutdown_timeout: default_shutdown_timeout(),
             subtasks: None,
             failover: FailoverStrategy::default(),
+            startup_attempts: default_startup_attempts(),
         }
     }
 

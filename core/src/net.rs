@@ -1,0 +1,100 @@
+//! Why a list of `host:port` addresses cannot be reached, for connectors' error messages: a
+//! client library's "all brokers down" or "connection refused" names no address; this says which
+//! address does not resolve, which refuses, which times out. Blocking (name resolution and a
+//! short TCP connect per address): call it on an error path, off the async workers.
+
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+/// How long one TCP connect is tried.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One line per address of the comma-separated `list` (a scheme such as `SASL_SSL://` is
+/// ignored): "does not resolve (...)", "refuses connections (...)", or "accepts connections" —
+/// in which case the problem is above TCP (TLS, authentication, the protocol).
+pub fn diagnose(list: &str) -> String {
+    list.split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(|address| {
+            let bare = address.split_once("://").map_or(address, |(_, rest)| rest);
+            let addrs = match bare.to_socket_addrs() {
+                Ok(addrs) => addrs.collect::<Vec<_>>(),
+                Err(e) => return format!("{address} does not resolve ({e})"),
+            };
+            if addrs.is_empty() {
+                return format!("{address} does not resolve (no addresses)");
+            }
+            let mut last = None;
+            for a in &addrs {
+                match TcpStream::connect_timeout(a, CONNECT_TIMEOUT) {
+                    Ok(_) => return format!("{address} accepts connections"),
+                    Err(e) => last = Some(e),
+                }
+            }
+            let e = last.expect("at least one address tried");
+            format!("{address} refuses connections ({e})")
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// `Ok` when at least one address of `list` accepts a TCP connection; otherwise what
+/// [`diagnose`] says about each. A quick check before a client library's own (often long)
+/// connection timeouts: a start with a wrong address fails in seconds, naming it.
+pub fn reachable(list: &str) -> Result<(), String> {
+    let d = diagnose(list);
+    if d.split("; ").any(|part| part.ends_with(" accepts connections")) {
+        Ok(())
+    } else {
+        Err(d)
+    }
+}
+
+/// The `host:port` of a database URL such as `mysql://user:secret@host:3306/db` (without the
+/// credentials), for messages and [`diagnose`]; `None` when it has no host.
+pub fn url_address(url: &str) -> Option<String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split(['/', '?']).next()?;
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    (!host.is_empty()).then(|| host.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_each_address_and_what_is_wrong_with_it() {
+        let open = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let open_port = open.local_addr().unwrap().port();
+        let closed_port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let d = diagnose(&format!(
+            "nosuchhost.invalid:9092, SASL_SSL://127.0.0.1:{closed_port},127.0.0.1:{open_port}"
+        ));
+        let parts: Vec<&str> = d.split("; ").collect();
+        assert_eq!(parts.len(), 3, "{d}");
+        assert!(parts[0].starts_with("nosuchhost.invalid:9092 does not resolve"), "{d}");
+        assert!(
+            parts[1].starts_with(&format!("SASL_SSL://127.0.0.1:{closed_port} refuses connections")),
+            "{d}"
+        );
+        assert_eq!(parts[2], format!("127.0.0.1:{open_port} accepts connections"));
+        assert!(reachable(&format!("nosuchhost.invalid:1,127.0.0.1:{open_port}")).is_ok());
+        let e = reachable(&format!("127.0.0.1:{closed_port}")).unwrap_err();
+        assert!(e.contains("refuses connections"), "{e}");
+    }
+
+    #[test]
+    fn url_address_drops_credentials_and_database() {
+        assert_eq!(
+            url_address("mysql://u:p@ss@db.example:3306/x?ssl-mode=required").as_deref(),
+            Some("db.example:3306")
+        );
+        assert_eq!(url_address("mysql://localhost/x").as_deref(), Some("localhost"));
+        assert_eq!(url_address("mysql:///x"), None);
+    }
+}
