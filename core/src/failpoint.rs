@@ -3,11 +3,13 @@
 //!
 //! - `freeze@N`: on the N-th hit, print `FAILPOINT <name>` on stderr and stop making progress, so
 //!   the test that runs this process can kill it (SIGKILL) exactly there;
-//! - `delay@D`: sleep for D (a human duration) at every hit; `delay@D@N`: only at the N-th hit.
+//! - `delay@D`: print `FAILPOINT <name> delay` and sleep for D (a human duration) at every hit;
+//!   `delay@D@N`: only at the N-th hit.
 //!
 //! Points: `checkpoint.after_durable` (metadata written, completion not yet notified),
 //! `sink.before_pre_commit`, `sink.after_pre_commit` (prepared, checkpoint not yet durable),
-//! `sink.before_commit`, `sink.between_commits`, `sink.after_commit`.
+//! `sink.before_commit`, `sink.between_commits`, `sink.after_commit`, `sink.before_recovery_commit`
+//! (restored, before committing the restored checkpoint's transactions).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -77,19 +79,26 @@ pub fn hit(name: &str) {
     let Some(p) = points.get(name) else { return };
     let n = p.hits.fetch_add(1, Ordering::SeqCst) + 1;
     match p.action {
-        Action::Delay(d, None) => sleep(d),
-        Action::Delay(d, Some(at)) if n == at => sleep(d),
+        Action::Delay(d, at) if at.is_none_or(|at| n == at) => {
+            announce(&format!("FAILPOINT {name} delay"));
+            sleep(d);
+        }
         Action::Delay(..) => {}
         Action::Freeze(at) if n == at => {
-            let mut err = std::io::stderr().lock();
-            let _ = writeln!(err, "FAILPOINT {name}");
-            let _ = err.flush();
+            announce(&format!("FAILPOINT {name}"));
             loop {
                 std::thread::park();
             }
         }
         Action::Freeze(_) => {}
     }
+}
+
+/// Tells the test that runs this process where it is (a line of its own on stderr).
+fn announce(line: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{line}");
+    let _ = err.flush();
 }
 
 /// Sleeps without holding up the other tasks of a multi-threaded tokio runtime (a plain sleep

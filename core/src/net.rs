@@ -41,7 +41,10 @@ pub fn diagnose(list: &str) -> String {
 
 /// `Ok` when at least one address of `list` accepts a TCP connection; otherwise what
 /// [`diagnose`] says about each. A quick check before a client library's own (often long)
-/// connection timeouts: a start with a wrong address fails in seconds, naming it.
+/// connection timeouts, for a job that is starting (`SubtaskInfo::starting`): a start with a
+/// wrong address fails in seconds, naming it. (A running job's restart after an outage should
+/// rather wait for the service, as the client library does: failing at once would spend the
+/// restart strategy's attempts within seconds.)
 pub fn reachable(list: &str) -> Result<(), String> {
     let d = diagnose(list);
     if d.split("; ").any(|part| part.ends_with(" accepts connections")) {

@@ -170,6 +170,11 @@ impl RestartTracker {
         self
     }
 
+    /// Whether the job has started (see [`RestartTracker::with_startup_attempts`]).
+    pub fn has_started(&self) -> bool {
+        self.started
+    }
+
     /// The job has started (a checkpoint completed): from now on only the strategy decides.
     pub fn mark_started(&mut self) {
         self.started = true;

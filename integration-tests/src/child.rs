@@ -67,6 +67,30 @@ impl ChildJob {
         }
     }
 
+    /// Waits until the child writes `line` (trimmed) on stderr — e.g. `FAILPOINT NAME delay` for
+    /// a delay fail point; fails if it exits or the deadline passes first.
+    pub fn wait_for_line(&mut self, line: &str, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self
+                .lines
+                .lock()
+                .expect("not poisoned")
+                .iter()
+                .any(|l| l.trim() == line)
+            {
+                return Ok(());
+            }
+            if let Some(status) = self.child.try_wait()? {
+                bail!("the job exited ({status}) before writing {line:?}:\n{}", self.tail(40));
+            }
+            if Instant::now() > deadline {
+                bail!("the job did not write {line:?} within {timeout:?}:\n{}", self.tail(40));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Whether the child is still running.
     pub fn running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

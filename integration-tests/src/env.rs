@@ -22,6 +22,9 @@ pub struct TestEnv {
     /// The `scripts/services` entry point, when the services were started by it (crash tests use
     /// it to kill and restart MariaDB).
     pub services_script: Option<String>,
+    /// The broker's `PROXIED` listener and the address it advertises, where a test runs a
+    /// [`crate::Proxy`] (`EXACTLY_KAFKA_PROXIED`, `EXACTLY_KAFKA_PROXY`).
+    pub kafka_proxied: Option<(String, String)>,
 }
 
 static ENV: OnceCell<TestEnv> = OnceCell::const_new();
@@ -30,6 +33,32 @@ impl TestEnv {
     /// The services for this test process, found once. Fails (never skips) when they are absent.
     pub async fn get() -> Result<&'static TestEnv> {
         ENV.get_or_try_init(find).await
+    }
+
+    /// Runs `scripts/services COMMAND` (kill, pause, restart a service); fails when the services
+    /// were not started by the scripts (containers cannot be signalled so).
+    pub fn services(&self, command: &str) -> Result<()> {
+        let Some(script) = &self.services_script else {
+            bail!("this test needs the local services (scripts/services) to run `{command}`, not containers.\n{HOW_TO_START}");
+        };
+        let status = std::process::Command::new(script).arg(command).status()?;
+        if !status.success() {
+            bail!("scripts/services {command} failed ({status})");
+        }
+        Ok(())
+    }
+
+    /// Starts a [`crate::Proxy`] in front of the broker's `PROXIED` listener and returns it with
+    /// the bootstrap address that reaches the broker only through it.
+    pub async fn kafka_proxy(&self) -> Result<(crate::Proxy, String)> {
+        let Some((listener, advertised)) = &self.kafka_proxied else {
+            bail!(
+                "EXACTLY_KAFKA_PROXIED / EXACTLY_KAFKA_PROXY are not set: this test needs the broker's \
+                 proxied listener that `scripts/services up` configures.\n{HOW_TO_START}"
+            );
+        };
+        let proxy = crate::Proxy::start(advertised, listener).await?;
+        Ok((proxy, advertised.clone()))
     }
 
     /// The last lines of the broker's log, for failure messages.
@@ -59,6 +88,9 @@ async fn find() -> Result<TestEnv> {
                 mysql_url,
                 kafka_log: std::env::var("EXACTLY_KAFKA_LOG").ok(),
                 services_script: std::env::var("EXACTLY_SERVICES").ok(),
+                kafka_proxied: std::env::var("EXACTLY_KAFKA_PROXIED")
+                    .ok()
+                    .zip(std::env::var("EXACTLY_KAFKA_PROXY").ok()),
             })
         }
         (None, None) if docker_answers() => containers::start().await,
@@ -148,6 +180,7 @@ mod containers {
             mysql_url: format!("mysql://root@127.0.0.1:{mysql_port}/test"),
             kafka_log: None,
             services_script: None,
+            kafka_proxied: None,
         };
         let _ = RUNNING.set(Running {
             _kafka: kafka,

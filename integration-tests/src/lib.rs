@@ -15,6 +15,7 @@ mod ids;
 mod jobs;
 mod kafka;
 mod mysql;
+mod proxy;
 
 pub use child::{signal, ChildJob};
 pub use env::{TestEnv, HOW_TO_START};
@@ -25,3 +26,4 @@ pub use kafka::{
     CommittedRecord,
 };
 pub use mysql::{connect_mysql, query_i64};
+pub use proxy::Proxy;

@@ -24,6 +24,8 @@ fn info(index: u32, parallelism: u32) -> SubtaskInfo {
         parallelism,
         max_parallelism: 128,
         attempt: 0,
+        starting: true,
+        commit_window: None,
     }
 }
 

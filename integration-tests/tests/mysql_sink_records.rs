@@ -60,6 +60,8 @@ fn info() -> SubtaskInfo {
         parallelism: 1,
         max_parallelism: 128,
         attempt: 0,
+        starting: true,
+        commit_window: None,
     }
 }
 

@@ -153,16 +153,16 @@ impl KafkaSinkConfig {
             transaction_timeout, ..
         } = &self.delivery
         {
-            let needed = interval + timeout + restart_delay + RESTART_ALLOWANCE;
+            let needed = interval + timeout + restart_delay + exactly_twophase::RESTART_ALLOWANCE;
             if *transaction_timeout <= needed {
                 return Err(SinkError::Config(format!(
                     "delivery.transaction_timeout ({}) must exceed checkpoint interval + checkpoint timeout + the longest restart delay + {} for the restart itself ({} + {} + {} + {} = {}); raise it (it may not exceed the broker's transaction.max.timeout.ms, 15m by default), or lower the checkpoint timeout or the restart delay",
                     humantime::format_duration(*transaction_timeout),
-                    humantime::format_duration(RESTART_ALLOWANCE),
+                    humantime::format_duration(exactly_twophase::RESTART_ALLOWANCE),
                     humantime::format_duration(interval),
                     humantime::format_duration(timeout),
                     humantime::format_duration(restart_delay),
-                    humantime::format_duration(RESTART_ALLOWANCE),
+                    humantime::format_duration(exactly_twophase::RESTART_ALLOWANCE),
                     humantime::format_duration(needed),
                 )));
             }
@@ -170,9 +170,6 @@ impl KafkaSinkConfig {
         Ok(())
     }
 }
-
-/// What a restart takes besides its delay (start-up, recovery commits), for the guardrail.
-const RESTART_ALLOWANCE: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {

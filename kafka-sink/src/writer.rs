@@ -42,13 +42,17 @@ struct BrokerFacts {
     max_transaction_timeout: Option<Duration>,
 }
 
-async fn broker_facts(config: &KafkaSinkConfig) -> Result<BrokerFacts> {
+/// What the broker says; while the job is `starting`, an unreachable bootstrap list fails at
+/// once, naming each address (see `exactly_core::net::reachable`).
+async fn broker_facts(config: &KafkaSinkConfig, starting: bool) -> Result<BrokerFacts> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", &config.bootstrap_servers)
         .create()
         .map_err(|e| SinkError::kafka("creating an admin client", e))?;
     let md = tokio::task::block_in_place(|| {
-        exactly_core::net::reachable(&config.bootstrap_servers).map_err(SinkError::Unreachable)?;
+        if starting {
+            exactly_core::net::reachable(&config.bootstrap_servers).map_err(SinkError::Unreachable)?;
+        }
         admin.inner().fetch_metadata(Some(&config.topic), TIMEOUT).map_err(|e| {
             let bootstrap = &config.bootstrap_servers;
             let why = exactly_core::net::diagnose(bootstrap);
@@ -225,7 +229,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
     async fn open(&mut self, info: &SubtaskInfo) -> exactly_core::Result<()> {
         // The metadata request waits for the cluster (a broker restarting); the version check
         // then finds it up.
-        let facts = broker_facts(&self.config).await?;
+        let facts = broker_facts(&self.config, info.starting).await?;
         self.wire.check_versions().await?;
         if let Some(max) = facts.max_transaction_timeout {
             if self.transaction_timeout > max {
@@ -523,7 +527,7 @@ impl KafkaWriter {
 
 impl Sink<ProducerRecord> for KafkaWriter {
     async fn initialize_state(&mut self, ctx: &InitContext<'_>) -> exactly_core::Result<()> {
-        let facts = broker_facts(&self.config).await?;
+        let facts = broker_facts(&self.config, ctx.info.starting).await?;
         self.partitions = facts.partitions;
         self.partitioner.open(ctx.info.index, ctx.info.parallelism);
         self.producer = Some(create_producer(

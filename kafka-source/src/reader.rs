@@ -394,10 +394,14 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             let e = OffsetEntry::decode(&entry)?;
             restored.insert(e.tp, e.next_offset);
         }
+        let starting = ctx.info.starting;
         let all = tokio::task::block_in_place(|| {
-            // At open, a bootstrap list of which no address answers fails in seconds, naming
-            // each address (librdkafka would wait out its metadata timeout, naming none).
-            exactly_core::net::reachable(&self.config.bootstrap_servers).map_err(SourceError::Unreachable)?;
+            // While the job starts, a bootstrap list of which no address answers fails in
+            // seconds, naming each address (librdkafka would wait out its metadata timeout,
+            // naming none); a running job's restart waits for the broker as librdkafka does.
+            if starting {
+                exactly_core::net::reachable(&self.config.bootstrap_servers).map_err(SourceError::Unreachable)?;
+            }
             self.list_partitions()
         })?;
         let mut mine = BTreeMap::new();

@@ -14,6 +14,10 @@ use crate::sink::{PreCommitted, RecoveryContext, TwoPhaseCommitSink};
 
 const STATE: &str = "two-phase-committables";
 
+/// What a restart takes besides the restart strategy's delay (start-up, recovery commits): part
+/// of the time a pre-committed transaction must outlive (the Kafka sink's guardrail uses it too).
+pub const RESTART_ALLOWANCE: Duration = Duration::from_secs(5);
+
 /// How failed commits are retried.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CommitRetry {
@@ -70,7 +74,8 @@ impl TwoPhaseMetrics {
 
 struct Pending<C> {
     committable: C,
-    prepared_at: Instant,
+    /// When the transaction began (its first record): what the external system's timeout counts.
+    begun_at: Instant,
     warned: bool,
 }
 
@@ -84,6 +89,8 @@ pub struct TwoPhaseSink<T, S: TwoPhaseCommitSink<T>> {
     sink: S,
     info: Option<SubtaskInfo>,
     current: Option<S::Transaction>,
+    /// When the open transaction began.
+    current_begun: Instant,
     /// The checkpoint the open transaction belongs to (records before its barrier).
     current_id: CheckpointId,
     pending: BTreeMap<CheckpointId, Vec<Pending<S::Committable>>>,
@@ -103,6 +110,7 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
             sink,
             info: None,
             current: None,
+            current_begun: Instant::now(),
             current_id: 1,
             pending: BTreeMap::new(),
             retry,
@@ -122,7 +130,7 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
             .pending
             .values()
             .flatten()
-            .map(|p| p.prepared_at.elapsed().as_millis() as u64)
+            .map(|p| p.begun_at.elapsed().as_millis() as u64)
             .max()
             .unwrap_or(0);
         self.metrics.oldest_pending_ms.store(oldest, Ordering::Relaxed);
@@ -199,6 +207,40 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
         Ok(())
     }
 
+    /// Refuses to carry a transaction of an earlier, failed checkpoint into checkpoint `id` when
+    /// it could time out before that checkpoint completes and is committed (within the
+    /// checkpoint timeout, a restart delay and [`RESTART_ALLOWANCE`]): the external system would
+    /// abort a transaction the completed checkpoint needs — lost records. Failing the attempt
+    /// instead restarts the job from the latest completed checkpoint, which does not hold the
+    /// carried transactions: they are aborted and their records read again. Nothing lost, nothing
+    /// twice.
+    fn check_carried(&self, id: CheckpointId) -> exactly_core::Result<()> {
+        let (Some(timeout), Some(window)) = (
+            self.sink.transaction_timeout(),
+            self.info.as_ref().and_then(|i| i.commit_window),
+        ) else {
+            return Ok(());
+        };
+        for (carried, list) in self.pending.range(..id) {
+            for p in list {
+                let age = p.begun_at.elapsed();
+                if age + window + RESTART_ALLOWANCE >= timeout {
+                    return Err(CoreError::operator(
+                        "two-phase sink",
+                        exactly_core::ErrorClass::Restart,
+                        format!(
+                            "the transaction pre-committed for failed checkpoint {carried} is {}s old: carried into checkpoint {id}, it could reach its {}s timeout before being committed (checkpoint timeout + restart delay + {}s); restarting from the latest completed checkpoint instead (its records are read again, nothing is lost)",
+                            age.as_secs(),
+                            timeout.as_secs(),
+                            RESTART_ALLOWANCE.as_secs()
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn warn_near_timeout(&mut self) {
         self.update_pending_metrics();
         let Some(timeout) = self.sink.transaction_timeout() else {
@@ -206,7 +248,7 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
         };
         for (id, list) in &mut self.pending {
             for p in list.iter_mut() {
-                let age = p.prepared_at.elapsed();
+                let age = p.begun_at.elapsed();
                 if !p.warned && age * 5 >= timeout * 4 {
                     p.warned = true;
                     warn!(
@@ -272,6 +314,9 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
         // on them; the restored ones are committed before anything else may touch them (a
         // producer re-initialising an id would abort them).
         self.sink.abort_unneeded(&recovery).await?;
+        if !restored.is_empty() {
+            failpoint::hit("sink.before_recovery_commit");
+        }
         for (id, c) in &restored {
             self.commit_one(*id, c).await?;
         }
@@ -283,6 +328,7 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
     async fn write(&mut self, records: Vec<T>) -> exactly_core::Result<()> {
         if self.current.is_none() {
             self.current = Some(self.sink.begin(self.current_id).await?);
+            self.current_begun = Instant::now();
         }
         let txn = self.current.as_mut().expect("just opened");
         self.sink.write(txn, records).await
@@ -298,7 +344,7 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
                     prepared = true;
                     self.pending.entry(id).or_default().push(Pending {
                         committable: c,
-                        prepared_at: Instant::now(),
+                        begun_at: self.current_begun,
                         warned: false,
                     })
                 }
@@ -312,6 +358,7 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
         }
         self.current_id = id + 1;
         self.warn_near_timeout();
+        self.check_carried(id)?;
         let origin = self.info.as_ref().map_or(0, |i| i.index);
         let mut entries = Vec::new();
         for (id, list) in &self.pending {

@@ -16,6 +16,6 @@ mod driver;
 mod error;
 mod sink;
 
-pub use driver::{CommitRetry, TwoPhaseMetrics, TwoPhaseSink};
+pub use driver::{CommitRetry, TwoPhaseMetrics, TwoPhaseSink, RESTART_ALLOWANCE};
 pub use error::{CommitError, Result, TwoPhaseError};
 pub use sink::{PreCommitted, RecoveryContext, TwoPhaseCommitSink};

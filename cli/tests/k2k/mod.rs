@@ -70,6 +70,10 @@ pub(crate) struct Job<'a> {
     pub(crate) checkpoint_timeout: &'a str,
     /// `false`: `[restart] type = "none"` (the job ends at its first failure).
     pub(crate) restart: bool,
+    /// Where the job reaches the broker (default: the test environment's bootstrap).
+    pub(crate) bootstrap: Option<String>,
+    /// The sink's transaction timeout.
+    pub(crate) transaction_timeout: &'a str,
 }
 
 impl<'a> Job<'a> {
@@ -85,6 +89,8 @@ impl<'a> Job<'a> {
             interval: "200ms",
             checkpoint_timeout: "500ms",
             restart: true,
+            bootstrap: None,
+            transaction_timeout: "2m",
         }
     }
 
@@ -120,14 +126,15 @@ group_id = "{group}"
 [sink.kafka]
 bootstrap_servers = "{bootstrap}"
 topic = "{output}"
-delivery = {{ type = "exactly_once", transactional_id_prefix = "{prefix}", pool_size = 3, transaction_timeout = "2m" }}
+delivery = {{ type = "exactly_once", transactional_id_prefix = "{prefix}", pool_size = 3, transaction_timeout = "{transaction_timeout}" }}
 "#,
             parallelism = self.parallelism,
             checkpoints = dir.join("checkpoints").display(),
             interval = self.interval,
             timeout = self.checkpoint_timeout,
-            bootstrap = env.kafka_bootstrap,
+            bootstrap = self.bootstrap.as_deref().unwrap_or(&env.kafka_bootstrap),
             input = self.input,
+            transaction_timeout = self.transaction_timeout,
             group = self.group,
             output = self.output,
             prefix = self.prefix,
@@ -211,4 +218,56 @@ pub(crate) async fn drain_and_verify(
     );
     assert_eq!(seen.len(), expected);
     Ok(seen.len())
+}
+
+/// Waits until the read_committed output holds more than `before` records; returns how many and
+/// how long it took. Fails if the job exits or `timeout` passes.
+pub(crate) async fn wait_for_more_output(
+    env: &TestEnv,
+    output: &str,
+    before: usize,
+    job: &mut ChildJob,
+    timeout: Duration,
+) -> Result<(usize, Duration)> {
+    let start = Instant::now();
+    loop {
+        // The verifier itself may fail while the broker recovers from a fault: try again.
+        let n = match read_committed(env, output, Duration::from_secs(30)) {
+            Ok(records) => records.len(),
+            Err(e) if start.elapsed() < timeout => {
+                eprintln!("verifier: {e:#}; trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        if n > before {
+            return Ok((n, start.elapsed()));
+        }
+        if !job.running() {
+            bail!(
+                "the job exited (code {:?}) with {n} records committed:\n{}",
+                job.exit_code(),
+                log_without_backtraces(job, 40)
+            );
+        }
+        if start.elapsed() > timeout {
+            bail!(
+                "no new output within {timeout:?} ({n} records):\n{}",
+                log_without_backtraces(job, 40)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The job's last `n` log lines, without the backtrace lines under errors.
+pub(crate) fn log_without_backtraces(job: &ChildJob, n: usize) -> String {
+    let log: Vec<String> = job
+        .tail(100_000)
+        .lines()
+        .filter(|l| !l.starts_with(' '))
+        .map(str::to_owned)
+        .collect();
+    log[log.len().saturating_sub(n)..].join("\n")
 }

@@ -219,3 +219,45 @@ pub(crate) async fn drain_and_verify(env: &TestEnv, s: &Setup) -> Result<()> {
     eprintln!("{expected} records in, {rows} rows, 0 duplicates, 0 missing; progress {recorded:?}");
     Ok(())
 }
+
+/// Waits until the table has at least `at_least` rows (the job keeps running).
+pub(crate) async fn wait_rows(
+    env: &TestEnv,
+    s: &Setup,
+    job: &mut ChildJob,
+    at_least: i64,
+    timeout: Duration,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let n = match connect_mysql(env).await {
+            Ok(mut conn) => query_i64(&mut conn, &format!("SELECT COUNT(*) FROM `{}`", s.table))
+                .await
+                .unwrap_or(0),
+            Err(_) => 0,
+        };
+        if n >= at_least {
+            return Ok(());
+        }
+        if !job.running() || Instant::now() > deadline {
+            bail!("table has {n} of {at_least} rows:\n{}", job.tail(40));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Branches of this job's sink that MariaDB holds prepared (XA RECOVER).
+pub(crate) async fn prepared_branches(env: &TestEnv, s: &Setup) -> Result<usize> {
+    let gtrid = format!("exactly:{}:rows", s.job);
+    let mut conn = connect_mysql(env).await?;
+    let rows = sqlx::Executor::fetch_all(&mut conn, "XA RECOVER").await?;
+    Ok(rows
+        .iter()
+        .filter(|r| {
+            let data = r
+                .try_get::<Vec<u8>, _>("data")
+                .or_else(|_| r.try_get::<String, _>("data").map(String::into_bytes));
+            data.is_ok_and(|d| d.starts_with(gtrid.as_bytes()))
+        })
+        .count())
+}

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::time::Duration;
 
 use crate::error::Result;
 use crate::message::{CheckpointId, SnapshotKind, Watermark};
@@ -21,6 +22,16 @@ pub struct SubtaskInfo {
     pub max_parallelism: u32,
     /// Restart attempt (0 for the first run).
     pub attempt: u32,
+    /// The job is starting: no checkpoint has completed in this process yet (nor has a run
+    /// lasted a minute). A connector that cannot reach its service now should fail at once,
+    /// naming the address — start-up attempts are bounded (`JobConfig::startup_attempts`) — rather
+    /// than wait as it would for an outage of a service the running job used.
+    pub starting: bool,
+    /// The longest a checkpoint this subtask snapshots may take to complete plus the longest
+    /// wait before a restart after it (checkpoint timeout + the restart strategy's longest
+    /// delay); `None` without checkpointing. A sink whose transactions time out uses it to know
+    /// how long a pre-committed transaction may still have to wait for its commit.
+    pub commit_window: Option<Duration>,
 }
 
 /// Given to `initialize_state`: the restored state of this subtask, if any.

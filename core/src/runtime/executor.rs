@@ -374,7 +374,14 @@ impl Job {
                     continue;
                 }
                 let id = controls.len();
-                let ctl_tx = match spawner.spawn(&mut set, vi, index, id, attempt, restore.clone()) {
+                let ctl_tx = match spawner.spawn(
+                    &mut set,
+                    vi,
+                    index,
+                    id,
+                    (attempt, !tracker.has_started()),
+                    restore.clone(),
+                ) {
                     Ok((tx, tokio_id)) => {
                         tokio_ids.insert(tokio_id, id);
                         tx
@@ -448,7 +455,7 @@ impl Spawner<'_> {
         vi: usize,
         index: u32,
         id: usize,
-        attempt: u32,
+        (attempt, starting): (u32, bool),
         restore: Option<Arc<Snapshot>>,
     ) -> Result<(mpsc::UnboundedSender<Control>, tokio::task::Id)> {
         let job = self.job;
@@ -468,6 +475,12 @@ impl Spawner<'_> {
             parallelism: v.parallelism,
             max_parallelism: job.config.max_parallelism,
             attempt,
+            starting,
+            commit_window: job
+                .config
+                .checkpointing
+                .as_ref()
+                .map(|c| c.timeout + job.config.restart.longest_delay()),
             backend: job.backend_factory(restore.clone()),
             restore,
             storage: self.storage.clone().map(|s| s as Arc<dyn CheckpointStorage>),
@@ -726,10 +739,14 @@ impl Run<'_> {
         // stages' order).
         for t in members {
             let (vi, index) = self.places[t];
-            match self
-                .spawner
-                .spawn(set, vi, index, t, self.attempt + self.region_restarts, restore.clone())
-            {
+            match self.spawner.spawn(
+                set,
+                vi,
+                index,
+                t,
+                (self.attempt + self.region_restarts, !self.tracker.has_started()),
+                restore.clone(),
+            ) {
                 Ok((tx, tokio_id)) => {
                     self.controls[t] = tx;
                     self.tokio_ids.insert(tokio_id, t);

@@ -58,6 +58,8 @@ pub(crate) struct TaskContext {
     pub(crate) parallelism: u32,
     pub(crate) max_parallelism: u32,
     pub(crate) attempt: u32,
+    pub(crate) starting: bool,
+    pub(crate) commit_window: Option<std::time::Duration>,
     pub(crate) restore: Option<Arc<Snapshot>>,
     pub(crate) storage: Option<Arc<dyn CheckpointStorage>>,
     pub(crate) backend: BackendFactory,
@@ -75,6 +77,8 @@ impl TaskContext {
             parallelism: self.parallelism,
             max_parallelism: self.max_parallelism,
             attempt: self.attempt,
+            starting: self.starting,
+            commit_window: self.commit_window,
         }
     }
 

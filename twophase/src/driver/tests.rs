@@ -21,6 +21,7 @@ struct System {
     fail_commits: u32,
     lost: bool,
     decline: bool,
+    timeout: Option<Duration>,
 }
 
 #[derive(Clone, Default)]
@@ -94,6 +95,9 @@ impl TwoPhaseCommitSink<u32> for Fake {
             .push(format!("abort unneeded (restored {:?})", ctx.all_restored));
         Ok(())
     }
+    fn transaction_timeout(&self) -> Option<Duration> {
+        self.0.lock().unwrap().timeout
+    }
     async fn abort_lingering(&mut self, ctx: &RecoveryContext<'_, u64>) -> exactly_core::Result<()> {
         let mut s = self.0.lock().unwrap();
         s.log.push(format!("abort lingering (restored {:?})", ctx.restored));
@@ -110,6 +114,8 @@ fn info() -> SubtaskInfo {
         parallelism: 1,
         max_parallelism: 128,
         attempt: 0,
+        starting: true,
+        commit_window: None,
     }
 }
 
@@ -263,4 +269,32 @@ async fn a_declined_pre_commit_keeps_the_transaction_open_into_the_next_checkpoi
         vec![(1, vec![1, 2])],
         "one transaction spanning both"
     );
+}
+
+#[tokio::test]
+async fn a_failed_checkpoints_transaction_too_old_to_carry_fails_the_attempt() {
+    let fake = Fake::default();
+    // Committing within a 200 ms window + the 5 s restart allowance: 5.2 s of a 5.4 s timeout.
+    fake.0.lock().unwrap().timeout = Some(Duration::from_millis(5_400));
+    let mut d = TwoPhaseSink::with_retry(fake.clone(), retry());
+    let info = SubtaskInfo {
+        commit_window: Some(Duration::from_millis(200)),
+        ..info()
+    };
+    d.initialize_state(&InitContext::new(&info, None)).await.unwrap();
+    d.write(vec![1]).await.unwrap();
+    barrier(&mut d, 1).await;
+    d.notify_checkpoint_aborted(1).await.unwrap();
+    // Young enough: carried into checkpoint 2.
+    d.write(vec![2]).await.unwrap();
+    barrier(&mut d, 2).await;
+    d.notify_checkpoint_aborted(2).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Too old now: checkpoint 3 could complete after the system aborted it.
+    d.write(vec![3]).await.unwrap();
+    let mut ctx = SnapshotContext::new(3, SnapshotKind::Checkpoint, 0);
+    let err = d.snapshot_state(&mut ctx).await.unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Restart, "{err}");
+    assert!(err.to_string().contains("failed checkpoint 1"), "{err}");
+    assert!(fake.0.lock().unwrap().committed.is_empty(), "nothing committed");
 }

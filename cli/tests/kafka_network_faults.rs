@@ -1,0 +1,129 @@
+//! The network between a running Kafka-to-Kafka job and the broker fails: partitioned (bytes
+//! held, connections open) shorter and longer than the clients' request timeouts, and reset
+//! (every connection closed, new ones refused). The job reaches the broker only through a TCP
+//! proxy (the broker's `PROXIED` listener advertises it); the test feeds and checks directly.
+//! After each fault heals, commits resume (the time is printed) and the read_committed output
+//! ends with every record exactly once, in order per key.
+//!
+//! Also: the job itself paused (SIGSTOP) longer than its transaction timeout — the broker aborts
+//! its open transactions and fences their producers — ends, after SIGCONT, checkpointing again
+//! with the output exactly once, or with a loud "DATA LOST" naming what the broker aborted; never
+//! a job that restarts without end.
+
+mod k2k;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use exactly_integration_tests::{create_topic, read_committed, signal, unique, ChildJob, TestEnv};
+use k2k::{drain_and_verify, exactly, feed, wait_for_more_output, Job, KEYS};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_partitions_and_resets_lose_and_double_nothing() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let (proxy, via_proxy) = env.kafka_proxy().await?;
+    let input = unique("net-in");
+    let output = unique("net-out");
+    create_topic(env, &input, 3).await?;
+    create_topic(env, &output, 3).await?;
+    let dir = tempfile::tempdir()?;
+    let args = Job {
+        bootstrap: Some(via_proxy),
+        // Checkpoints may wait out a partition instead of failing after 500 ms.
+        checkpoint_timeout: "10s",
+        ..Job::new(&input, &output)
+    }
+    .write(env, dir.path(), "k2k");
+    let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
+    let feeder = feed(env, &input, next.clone());
+    let mut job = ChildJob::spawn(exactly(), &args, "")?;
+    let mut seen = wait_for_more_output(env, &output, 0, &mut job, Duration::from_secs(60))
+        .await?
+        .0;
+
+    let faults: [(&str, Duration); 3] = [
+        ("partition", Duration::from_secs(8)),
+        ("reset", Duration::from_secs(5)),
+        // Longer than librdkafka's request timeouts (30 s): requests fail, the job restarts.
+        ("partition", Duration::from_secs(40)),
+    ];
+    for (fault, length) in faults {
+        match fault {
+            "partition" => proxy.partition(),
+            _ => proxy.reset(),
+        }
+        tokio::time::sleep(length).await;
+        let before = read_committed(env, &output, Duration::from_secs(30))?.len();
+        proxy.heal();
+        let (n, after) = wait_for_more_output(env, &output, before, &mut job, Duration::from_secs(120)).await?;
+        eprintln!("{fault} of {length:?}: commits resumed {after:?} after it healed ({n} records)");
+        seen = n;
+    }
+    feeder.finish()?;
+    job.kill();
+    let out = drain_and_verify(env, &args, &output, &next).await?;
+    assert!(out >= seen);
+    eprintln!("{out} records out, 0 duplicates, 0 missing");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_paused_longer_than_its_transaction_timeout_checkpoints_again_or_fails_loudly() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let input = unique("pause-in");
+    let output = unique("pause-out");
+    create_topic(env, &input, 2).await?;
+    create_topic(env, &output, 2).await?;
+    let dir = tempfile::tempdir()?;
+    // The shortest transaction timeout the guardrail accepts for 200 ms checkpoints that time
+    // out after 500 ms and 200 ms restart delays (+ 5 s for the restart itself).
+    let args = Job {
+        transaction_timeout: "7s",
+        ..Job::new(&input, &output)
+    }
+    .write(env, dir.path(), "k2k");
+    let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
+    let feeder = feed(env, &input, next.clone());
+    let mut job = ChildJob::spawn(exactly(), &args, "")?;
+    wait_for_more_output(env, &output, 0, &mut job, Duration::from_secs(60)).await?;
+
+    signal(job.pid(), "STOP")?;
+    // The broker aborts transactions open longer than their timeout (checked every second).
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let before = read_committed(env, &output, Duration::from_secs(30))?.len();
+    signal(job.pid(), "CONT")?;
+    let resumed = Instant::now();
+    let deadline = resumed + Duration::from_secs(90);
+    loop {
+        let n = read_committed(env, &output, Duration::from_secs(30))?.len();
+        if n > before {
+            eprintln!(
+                "checkpointing again {:?} after SIGCONT ({n} records)",
+                resumed.elapsed()
+            );
+            break;
+        }
+        if !job.running() {
+            let log = k2k::log_without_backtraces(&job, 40);
+            if log.contains("DATA LOST") {
+                eprintln!("the job ended loudly:\n{log}");
+                feeder.finish()?;
+                return Ok(());
+            }
+            bail!("the job exited without checkpointing again and without DATA LOST:\n{log}");
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "no checkpoint within 90 s of SIGCONT:\n{}",
+                k2k::log_without_backtraces(&job, 40)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    feeder.finish()?;
+    job.kill();
+    let out = drain_and_verify(env, &args, &output, &next).await?;
+    eprintln!("{out} records out, 0 duplicates, 0 missing");
+    Ok(())
+}
