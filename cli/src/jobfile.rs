@@ -8,6 +8,7 @@ use std::time::Duration;
 use exactly_core::coordinator::CheckpointConfig;
 use exactly_core::restart::RestartStrategy;
 use exactly_core::runtime::StateBackendConfig;
+use exactly_kafka_client::KafkaSecurity;
 use exactly_kafka_sink::{DeliveryGuarantee, KafkaSinkConfig};
 use exactly_kafka_source::KafkaSourceConfig;
 use exactly_mysql_sink::{Mode, MysqlSinkConfig};
@@ -36,6 +37,11 @@ pub struct JobFile {
     pub transforms: Vec<Transform>,
     /// `[sink.kafka]` or `[sink.mysql]`.
     pub sink: SinkSection,
+    /// `[kafka]`: TLS and SASL for every Kafka client of the job (Kafka's names as dotted keys:
+    /// `security.protocol`, `sasl.mechanism`, `sasl.username`, `sasl.password` /
+    /// `sasl.password_file`, `ssl.ca.location`, ...). Plaintext when absent.
+    #[serde(default)]
+    pub kafka: Option<KafkaSecurity>,
 }
 
 fn default_parallelism() -> u32 {
@@ -82,7 +88,7 @@ pub struct SinkSection {
 #[derive(Debug, Clone)]
 pub enum SinkKind {
     /// Kafka.
-    Kafka(KafkaSinkConfig),
+    Kafka(Box<KafkaSinkConfig>),
     /// MySQL/MariaDB.
     Mysql(MysqlSinkConfig),
 }
@@ -239,7 +245,7 @@ impl Job {
 
     /// Parses and checks `src` (read from `path`).
     pub fn parse(path: &Path, src: &str) -> Result<Job, JobFileError> {
-        let file: JobFile = toml::from_str(src).map_err(|e| {
+        let mut file: JobFile = toml::from_str(src).map_err(|e| {
             let line = e
                 .span()
                 .map(|s| src[..s.start.min(src.len())].matches('\n').count() + 1);
@@ -256,8 +262,30 @@ impl Job {
             field: Some(field.to_owned()),
             message,
         };
+        // One place for the security settings: [kafka] reaches the source and the Kafka sink.
+        if let Some(security) = &file.kafka {
+            if let Err(m) = security.validate() {
+                return Err(err("kafka", m));
+            }
+            if file.source.security != KafkaSecurity::default() {
+                return Err(err(
+                    "source.security",
+                    "the job has a [kafka] section: keep the security settings there only".into(),
+                ));
+            }
+            file.source.security = security.clone();
+            if let Some(k) = &mut file.sink.kafka {
+                if k.security != KafkaSecurity::default() {
+                    return Err(err(
+                        "sink.kafka.security",
+                        "the job has a [kafka] section: keep the security settings there only".into(),
+                    ));
+                }
+                k.security = security.clone();
+            }
+        }
         let sink = match (&file.sink.kafka, &file.sink.mysql) {
-            (Some(k), None) => SinkKind::Kafka(k.clone()),
+            (Some(k), None) => SinkKind::Kafka(Box::new(k.clone())),
             (None, Some(m)) => SinkKind::Mysql(m.clone()),
             (None, None) => {
                 return Err(err(

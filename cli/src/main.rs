@@ -178,6 +178,10 @@ enum TxnCommand {
         /// Kafka bootstrap servers.
         #[arg(long, env = "EXACTLY_KAFKA_BOOTSTRAP")]
         bootstrap: String,
+        /// Kafka security settings: a TOML file of `security.protocol`, `sasl.*`, `ssl.*`, or the
+        /// job file (its `[kafka]` section).
+        #[arg(long)]
+        kafka_config: Option<PathBuf>,
         /// Mark the transactions checkpoints under DIR still have to commit.
         #[arg(long)]
         checkpoints: Option<PathBuf>,
@@ -194,6 +198,9 @@ enum TxnCommand {
         /// Kafka bootstrap servers.
         #[arg(long, env = "EXACTLY_KAFKA_BOOTSTRAP")]
         bootstrap: String,
+        /// Kafka security settings (as for `txn list`).
+        #[arg(long)]
+        kafka_config: Option<PathBuf>,
         /// The job's checkpoint directory (savepoints under it count too).
         #[arg(long)]
         checkpoints: Option<PathBuf>,
@@ -305,10 +312,12 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             TxnCommand::List {
                 prefix,
                 bootstrap,
+                kafka_config,
                 checkpoints,
                 json,
             } => {
-                let l = txn::list(&bootstrap, &prefix, checkpoints.as_deref()).await?;
+                let cluster = txn::cluster(&bootstrap, kafka_config.as_deref())?;
+                let l = txn::list(&cluster, &prefix, checkpoints.as_deref()).await?;
                 if json {
                     print_json(&l)?;
                 } else {
@@ -318,12 +327,14 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             TxnCommand::Abort {
                 prefix,
                 bootstrap,
+                kafka_config,
                 checkpoints,
                 force,
                 dry_run,
                 json,
             } => {
-                let results = txn::abort(&bootstrap, &prefix, checkpoints.as_deref(), force, dry_run).await?;
+                let cluster = txn::cluster(&bootstrap, kafka_config.as_deref())?;
+                let results = txn::abort(&cluster, &prefix, checkpoints.as_deref(), force, dry_run).await?;
                 if json {
                     print_json(&results)?;
                 } else if results.is_empty() {

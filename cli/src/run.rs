@@ -237,7 +237,7 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
         });
     match &job.sink {
         SinkKind::Kafka(k) => {
-            let k = k.clone();
+            let k = (**k).clone();
             let reg = registry.clone();
             stream
                 .map(|r: Prepared| ProducerRecord {

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use exactly_core::storage::LocalStorage;
-use exactly_kafka_sink::admin::{abort_transaction, list_transactions, TransactionInfo};
+use exactly_kafka_sink::admin::{abort_transaction, list_transactions, Cluster, TransactionInfo};
 use exactly_kafka_sink::KafkaCommittable;
 use serde::Serialize;
 
@@ -86,8 +86,32 @@ fn is_needed(t: &TransactionInfo, needed: &[Needed]) -> Option<String> {
         .map(|n| n.snapshot.clone())
 }
 
+/// The cluster at `bootstrap`, secured as `kafka_config` says: a TOML file of Kafka security
+/// settings (`security.protocol`, `sasl.*`, `ssl.*`), or a job file, whose `[kafka]` section is
+/// used. Plaintext without a file.
+pub fn cluster(bootstrap: &str, kafka_config: Option<&Path>) -> Result<Cluster> {
+    let Some(path) = kafka_config else {
+        return Ok(Cluster::plaintext(bootstrap));
+    };
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let value: toml::Table = toml::from_str(&text).with_context(|| format!("{} is not TOML", path.display()))?;
+    let section = match value.get("kafka") {
+        Some(toml::Value::Table(t)) => t.clone(),
+        Some(_) => bail!("{}: [kafka] must be a table", path.display()),
+        None if value.contains_key("job") => toml::Table::new(),
+        None => value,
+    };
+    let security: exactly_kafka_client::KafkaSecurity = toml::Value::Table(section)
+        .try_into()
+        .with_context(|| format!("{}: Kafka security settings", path.display()))?;
+    security
+        .validate()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(Cluster::new(bootstrap, security))
+}
+
 /// Lists the transactions of `prefix`; `checkpoints` marks those a stored snapshot needs.
-pub async fn list(bootstrap: &str, prefix: &str, checkpoints: Option<&Path>) -> Result<Vec<Listed>> {
+pub async fn list(cluster: &Cluster, prefix: &str, checkpoints: Option<&Path>) -> Result<Vec<Listed>> {
     if prefix.is_empty() {
         bail!("--prefix must not be empty");
     }
@@ -96,9 +120,9 @@ pub async fn list(bootstrap: &str, prefix: &str, checkpoints: Option<&Path>) -> 
         None => Vec::new(),
     };
     let now = now_ms();
-    let txns = list_transactions(bootstrap, prefix)
+    let txns = list_transactions(cluster, prefix)
         .await
-        .with_context(|| format!("listing transactions at {bootstrap}"))?;
+        .with_context(|| format!("listing transactions at {}", cluster.bootstrap))?;
     Ok(txns
         .into_iter()
         .map(|t| Listed {
@@ -148,7 +172,7 @@ pub struct AbortResult {
 /// Aborts the open transactions of `prefix`. Those a snapshot under `checkpoints` still has to
 /// commit are spared unless `force`; without `checkpoints`, only `force` allows aborting.
 pub async fn abort(
-    bootstrap: &str,
+    cluster: &Cluster,
     prefix: &str,
     checkpoints: Option<&Path>,
     force: bool,
@@ -160,14 +184,14 @@ pub async fn abort(
         );
     }
     let mut out = Vec::new();
-    for t in list(bootstrap, prefix, checkpoints).await? {
+    for t in list(cluster, prefix, checkpoints).await? {
         if t.state != "Ongoing" {
             continue;
         }
         let outcome = match (&t.needed_by, force, dry_run) {
             (Some(n), false, _) => format!("spared (needed by {n}; --force aborts it and loses its records)"),
             (_, _, true) => "would abort".into(),
-            _ => match abort_transaction(bootstrap, &t.transactional_id, Duration::from_secs(60)).await {
+            _ => match abort_transaction(cluster, &t.transactional_id, Duration::from_secs(60)).await {
                 Ok(()) => "aborted".into(),
                 Err(e) => format!("failed: {e}"),
             },

@@ -23,6 +23,7 @@ pub mod message;
 pub mod net;
 pub mod restart;
 pub mod runtime;
+pub mod secret;
 pub mod state;
 pub mod storage;
 

@@ -9,6 +9,7 @@ use anyhow::{bail, Result};
 use exactly_core::runtime::SubtaskInfo;
 use exactly_integration_tests::{create_topic, create_topic_with, read_committed, unique, TestEnv};
 use exactly_kafka_sink::admin::describe_transaction;
+use exactly_kafka_sink::admin::Cluster;
 use exactly_kafka_sink::{
     DeliveryGuarantee, KafkaCommittable, KafkaSinkConfig, KafkaTransaction, KeyHashPartitioner, ProducerRecord,
     TransactionalKafkaSink,
@@ -141,7 +142,7 @@ async fn a_transaction_the_broker_aborted_on_timeout_is_reported_lost() -> Resul
     // Wait until the coordinator aborted it (timeout 2 s, checked every second by our broker).
     let deadline = Instant::now() + T;
     loop {
-        let now = describe_transaction(&env.kafka_bootstrap, &c.transactional_id).await?;
+        let now = describe_transaction(&Cluster::plaintext(&env.kafka_bootstrap), &c.transactional_id).await?;
         if now.state != "Ongoing" {
             eprintln!("coordinator now reports {now:?}");
             break;
@@ -338,7 +339,12 @@ async fn a_committable_whose_id_expired_is_settled_by_its_record() -> Result<()>
     s.commit(&committed).await?;
     let t = txn(&mut s, 2, &["dropped"]).await?;
     let aborted = prepared(&mut s, t, 2).await?;
-    exactly_kafka_sink::admin::abort_transaction(&env.kafka_bootstrap, &aborted.transactional_id, T).await?;
+    exactly_kafka_sink::admin::abort_transaction(
+        &Cluster::plaintext(&env.kafka_bootstrap),
+        &aborted.transactional_id,
+        T,
+    )
+    .await?;
     drop(s);
     assert_eq!(values(env, &topic)?, ["kept"]);
 
@@ -418,10 +424,12 @@ async fn listing_by_prefix_parses_ids_instead_of_matching_their_start() -> Resul
     let mut b = sink(env, &topic, &longer, 2, T);
     start(&mut b, &me, &[]).await?;
     let _open_b = txn(&mut b, 1, &["b"]).await?;
-    let listed = exactly_kafka_sink::admin::list_transactions(&env.kafka_bootstrap, &prefix).await?;
+    let listed =
+        exactly_kafka_sink::admin::list_transactions(&Cluster::plaintext(&env.kafka_bootstrap), &prefix).await?;
     let ids: Vec<&str> = listed.iter().map(|t| t.transactional_id.as_str()).collect();
     assert_eq!(ids, [format!("{prefix}-0-0"), format!("{prefix}-0-1")], "{ids:?}");
-    let listed = exactly_kafka_sink::admin::list_transactions(&env.kafka_bootstrap, &longer).await?;
+    let listed =
+        exactly_kafka_sink::admin::list_transactions(&Cluster::plaintext(&env.kafka_bootstrap), &longer).await?;
     let ids: Vec<&str> = listed.iter().map(|t| t.transactional_id.as_str()).collect();
     assert_eq!(ids, [format!("{longer}-0-0"), format!("{longer}-0-1")], "{ids:?}");
     Ok(())

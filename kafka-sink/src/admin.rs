@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
+pub use exactly_kafka_client::Cluster;
 use rdkafka::consumer::DefaultConsumerContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseProducer, Producer};
-use rdkafka::ClientConfig;
 
 use crate::error::{Result, SinkError};
 use crate::protocol::{TxnDescription, Wire};
@@ -32,8 +32,8 @@ pub struct TransactionInfo {
 }
 
 /// Describes one transactional id (an id the coordinator does not know is an error).
-pub async fn describe_transaction(bootstrap: &str, transactional_id: &str) -> Result<TransactionInfo> {
-    let d = Wire::new(bootstrap, Duration::from_secs(30))
+pub async fn describe_transaction(cluster: &Cluster, transactional_id: &str) -> Result<TransactionInfo> {
+    let d = Wire::new(cluster.clone(), Duration::from_secs(30))
         .describe(transactional_id)
         .await?;
     Ok(info(transactional_id, d))
@@ -56,9 +56,10 @@ fn info(transactional_id: &str, d: TxnDescription) -> TransactionInfo {
 /// producer initialised with the id bumps the epoch, which makes the coordinator abort the open
 /// transaction. The caller decides whether the transaction may be aborted (a checkpoint may still
 /// have to commit it).
-pub async fn abort_transaction(bootstrap: &str, transactional_id: &str, timeout: Duration) -> Result<()> {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+pub async fn abort_transaction(cluster: &Cluster, transactional_id: &str, timeout: Duration) -> Result<()> {
+    let producer: BaseProducer = cluster
+        .client_config()
+        .map_err(SinkError::Config)?
         .set("transactional.id", transactional_id)
         .create()
         .map_err(|e| SinkError::kafka("creating a producer", e))?;
@@ -68,15 +69,17 @@ pub async fn abort_transaction(bootstrap: &str, transactional_id: &str, timeout:
 
 /// Every transactional id of `prefix` (`{prefix}-{subtask}-{slot}`, parsed, so prefix `orders`
 /// does not take `orders-eu-0-0`) that the brokers know, described.
-pub async fn list_transactions(bootstrap: &str, prefix: &str) -> Result<Vec<TransactionInfo>> {
-    let consumer: BaseConsumer<DefaultConsumerContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .map_err(|e| SinkError::kafka("creating a metadata client", e))?;
+pub async fn list_transactions(cluster: &Cluster, prefix: &str) -> Result<Vec<TransactionInfo>> {
+    let consumer: BaseConsumer<DefaultConsumerContext> =
+        cluster
+            .client_config()
+            .map_err(SinkError::Config)?
+            .create()
+            .map_err(|e| SinkError::kafka("creating a metadata client", e))?;
     let md = tokio::task::block_in_place(|| {
         consumer.fetch_metadata(None, Duration::from_secs(30)).map_err(|e| {
-            let why = exactly_core::net::diagnose(bootstrap);
-            SinkError::kafka(format!("fetching metadata from {bootstrap} ({why})"), e)
+            let why = exactly_core::net::diagnose(&cluster.bootstrap);
+            SinkError::kafka(format!("fetching metadata from {} ({why})", cluster.bootstrap), e)
         })
     })?;
     let brokers: Vec<String> = md
@@ -84,7 +87,7 @@ pub async fn list_transactions(bootstrap: &str, prefix: &str) -> Result<Vec<Tran
         .iter()
         .map(|b| format!("{}:{}", b.host(), b.port()))
         .collect();
-    let wire = Wire::new(bootstrap, Duration::from_secs(30));
+    let wire = Wire::new(cluster.clone(), Duration::from_secs(30));
     let mut out = Vec::new();
     for t in wire.list(&brokers).await? {
         if crate::transactional_id::parse(prefix, &t.transactional_id).is_none() {

@@ -84,9 +84,19 @@ pub struct KafkaSinkConfig {
     /// Further librdkafka producer properties (keys the sink owns are refused).
     #[serde(default)]
     pub client: BTreeMap<String, String>,
+    /// TLS and SASL (Kafka's `security.protocol`, `sasl.*`, `ssl.*`): every client the sink
+    /// opens uses them — producers, metadata and admin clients, the read_committed probe, and the
+    /// wire-protocol client that commits after a restart. Plaintext by default.
+    #[serde(default)]
+    pub security: exactly_kafka_client::KafkaSecurity,
 }
 
 impl KafkaSinkConfig {
+    /// Where and how the sink reaches Kafka.
+    pub fn cluster(&self) -> exactly_kafka_client::Cluster {
+        exactly_kafka_client::Cluster::new(self.bootstrap_servers.clone(), self.security.clone())
+    }
+
     /// A sink writing to `topic` with `delivery`.
     pub fn new(bootstrap_servers: impl Into<String>, topic: impl Into<String>, delivery: DeliveryGuarantee) -> Self {
         KafkaSinkConfig {
@@ -96,6 +106,7 @@ impl KafkaSinkConfig {
             partitioner: PartitionerKind::default(),
             flush_timeout: default_flush_timeout(),
             client: BTreeMap::new(),
+            security: exactly_kafka_client::KafkaSecurity::default(),
         }
     }
 
@@ -114,7 +125,13 @@ impl KafkaSinkConfig {
                     "client.{key} is set by the sink itself (use the delivery settings)"
                 ));
             }
+            if exactly_kafka_client::is_security_key(key) {
+                return bad(format!(
+                    "client.{key} is a security setting: put it with the others (a job file's [kafka] section), so that every client gets it"
+                ));
+            }
         }
+        self.security.validate().map_err(SinkError::Config)?;
         if let DeliveryGuarantee::ExactlyOnce {
             transactional_id_prefix,
             pool_size,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::{ClientConfig, ClientContext, Message};
+use rdkafka::{ClientContext, Message};
 
 use crate::error::{Result, SinkError};
 use crate::partitioner::Partitioner;
@@ -91,11 +91,11 @@ pub(crate) type Producer_ = ThreadedProducer<SinkContext>;
 
 /// Creates a producer (transactional when `transactional_id` is given).
 pub(crate) fn create_producer(
-    bootstrap: &str,
+    cluster: &exactly_kafka_client::Cluster,
     client: &std::collections::BTreeMap<String, String>,
     transactional: Option<(&str, Duration)>,
 ) -> Result<(Producer_, Arc<Deliveries>)> {
-    let mut c = ClientConfig::new();
+    let mut c = cluster.client_config().map_err(SinkError::Config)?;
     c.set("linger.ms", "5");
     // Every checkpoint flushes the producer (pre-commit, or at-least-once's barrier flush) and the
     // pipeline waits meanwhile: a shorter queue than librdkafka's 100 000 messages keeps that wait
@@ -105,7 +105,6 @@ pub(crate) fn create_producer(
     for (k, v) in client {
         c.set(k, v);
     }
-    c.set("bootstrap.servers", bootstrap);
     match transactional {
         Some((id, timeout)) => {
             c.set("transactional.id", id)

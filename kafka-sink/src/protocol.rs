@@ -1,22 +1,18 @@
 //! The Kafka wire-protocol requests librdkafka does not expose: finding a transaction's
 //! coordinator, describing, listing and ending transactions by (transactional id, producer id,
-//! epoch). Requests and responses are encoded by the `kafka-protocol` crate; this module only
-//! frames them over TCP. One short-lived connection per request: these run at checkpoints and
-//! recovery, never per record.
+//! epoch). Requests and responses are encoded by the `kafka-protocol` crate and sent over
+//! connections secured like every other client of the job (`exactly_kafka_client::wire`). One
+//! short-lived connection per request: these run at checkpoints and recovery, never per record.
 
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, BytesMut};
+use exactly_kafka_client::Cluster;
 use kafka_protocol::messages::{
     api_versions_request::ApiVersionsRequest, describe_transactions_request::DescribeTransactionsRequest,
     end_txn_request::EndTxnRequest, find_coordinator_request::FindCoordinatorRequest,
-    list_transactions_request::ListTransactionsRequest, ApiKey, ProducerId, RequestHeader, ResponseHeader,
-    TransactionalId,
+    list_transactions_request::ListTransactionsRequest, ApiKey, ProducerId, TransactionalId,
 };
-use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use kafka_protocol::protocol::{Request, StrBytes};
 
 use crate::error::{Result, SinkError};
 
@@ -87,25 +83,44 @@ pub(crate) struct ListedTxn {
     pub(crate) state: String,
 }
 
+/// A wire error as the sink's: bad security settings and refused credentials are configuration
+/// errors (a restart cannot fix them); the rest is the protocol's (retried).
+pub(crate) fn wire_error(e: exactly_kafka_client::wire::WireError) -> SinkError {
+    use exactly_kafka_client::wire::WireError;
+    match e {
+        WireError::Config(_) | WireError::Authentication { .. } | WireError::Certificate { .. } => {
+            SinkError::Config(e.to_string())
+        }
+        _ => SinkError::Protocol(e.to_string()),
+    }
+}
+
 /// A minimal client for the requests above.
 #[derive(Debug)]
 pub(crate) struct Wire {
+    cluster: Cluster,
     bootstrap: Vec<String>,
     timeout: Duration,
-    correlation: AtomicI32,
 }
 
 impl Wire {
-    pub(crate) fn new(bootstrap_servers: &str, timeout: Duration) -> Self {
+    pub(crate) fn new(cluster: Cluster, timeout: Duration) -> Self {
         Wire {
-            bootstrap: bootstrap_servers
+            bootstrap: cluster
+                .bootstrap
                 .split(',')
-                .map(|s| s.trim().to_owned())
+                .map(|s| s.trim())
+                .map(|s| s.split_once("://").map_or(s, |(_, a)| a).to_owned())
                 .filter(|s| !s.is_empty())
                 .collect(),
+            cluster,
             timeout,
-            correlation: AtomicI32::new(1),
         }
+    }
+
+    /// The cluster this client reaches (and how).
+    pub(crate) fn cluster(&self) -> &Cluster {
+        &self.cluster
     }
 
     async fn send<R: Request>(&self, addr: &str, req: &R, version: i16) -> Result<R::Response> {
@@ -116,41 +131,12 @@ impl Wire {
     }
 
     async fn send_inner<R: Request>(&self, addr: &str, req: &R, version: i16) -> Result<R::Response> {
-        let proto = |e: anyhow::Error| SinkError::Protocol(format!("encoding/decoding api {}: {e}", R::KEY));
-        let io = |e: std::io::Error| SinkError::Protocol(format!("{addr}: {e}"));
-        let api = ApiKey::try_from(R::KEY).map_err(|()| SinkError::Protocol(format!("unknown api key {}", R::KEY)))?;
-        let correlation_id = self.correlation.fetch_add(1, Ordering::Relaxed);
-        let header = RequestHeader::default()
-            .with_request_api_key(R::KEY)
-            .with_request_api_version(version)
-            .with_correlation_id(correlation_id)
-            .with_client_id(Some(StrBytes::from_static_str("exactly-kafka-sink")));
-        let mut body = BytesMut::new();
-        header
-            .encode(&mut body, api.request_header_version(version))
-            .map_err(proto)?;
-        req.encode(&mut body, version).map_err(proto)?;
-        let mut frame = BytesMut::with_capacity(body.len() + 4);
-        frame.put_i32(body.len() as i32);
-        frame.extend_from_slice(&body);
-        let mut stream = TcpStream::connect(addr).await.map_err(io)?;
-        stream.write_all(&frame).await.map_err(io)?;
-        let len = stream.read_i32().await.map_err(io)?;
-        if !(0..=64 * 1024 * 1024).contains(&len) {
-            return Err(SinkError::Protocol(format!("{addr}: implausible response size {len}")));
-        }
-        let mut resp = vec![0u8; len as usize];
-        stream.read_exact(&mut resp).await.map_err(io)?;
-        let mut buf = bytes::Bytes::from(resp);
-        let rh = ResponseHeader::decode(&mut buf, api.response_header_version(version)).map_err(proto)?;
-        if rh.correlation_id != correlation_id {
-            return Err(SinkError::Protocol(format!("{addr}: correlation id mismatch")));
-        }
-        let decoded = R::Response::decode(&mut buf, version).map_err(proto)?;
-        if buf.has_remaining() {
-            tracing::debug!(api = R::KEY, left = buf.remaining(), "Response had trailing bytes.");
-        }
-        Ok(decoded)
+        // One connection per request (these run at checkpoints and recovery, not per record),
+        // secured as the cluster's settings say.
+        let mut conn = exactly_kafka_client::wire::connect(addr, &self.cluster.security, "exactly-kafka-sink")
+            .await
+            .map_err(wire_error)?;
+        conn.request(req, version).await.map_err(wire_error)
     }
 
     /// Asks a bootstrap broker which request versions it supports (ApiVersions) and fails, naming

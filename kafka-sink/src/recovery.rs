@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use rdkafka::{Message, Offset, TopicPartitionList};
 use tracing::{error, info, warn};
 
 use crate::committable::{KafkaCommittable, Probe};
@@ -22,7 +22,7 @@ use crate::protocol::{code, Wire};
 use exactly_twophase::CommitError;
 
 /// Commits a restored committable through the protocol. Already committed is success.
-pub(crate) async fn commit_recovered(wire: &Wire, bootstrap: &str, c: &KafkaCommittable) -> Result<(), CommitError> {
+pub(crate) async fn commit_recovered(wire: &Wire, c: &KafkaCommittable) -> Result<(), CommitError> {
     let retriable = |e: SinkError| CommitError::Retriable(e.into());
     // An id the coordinator does not know (expired after `transactional.id.expiration.ms`, e.g.
     // a week-old savepoint) has no open transaction: ours ended, the probe tells how.
@@ -70,9 +70,9 @@ pub(crate) async fn commit_recovered(wire: &Wire, bootstrap: &str, c: &KafkaComm
             source: format!("it is no longer the open transaction of its id ({now}) and has no record to check").into(),
         });
     };
-    let bootstrap = bootstrap.to_owned();
+    let cluster = wire.cluster().clone();
     let probe2 = probe.clone();
-    let outcome = tokio::task::spawn_blocking(move || probe_outcome(&bootstrap, &probe2, Duration::from_secs(30)))
+    let outcome = tokio::task::spawn_blocking(move || probe_outcome(&cluster, &probe2, Duration::from_secs(30)))
         .await
         .map_err(|e| CommitError::Retriable(e.to_string().into()))?
         .map_err(retriable)?;
@@ -150,12 +150,16 @@ pub(crate) enum ProbeOutcome {
 /// read_uncommitted one: present for both = committed, only for the second = aborted, for
 /// neither = removed (unknown). Fails (to be retried) while an open transaction pins the
 /// partition's last stable offset below the record.
-pub(crate) fn probe_outcome(bootstrap: &str, probe: &Probe, timeout: Duration) -> Result<ProbeOutcome, SinkError> {
+pub(crate) fn probe_outcome(
+    cluster: &exactly_kafka_client::Cluster,
+    probe: &Probe,
+    timeout: Duration,
+) -> Result<ProbeOutcome, SinkError> {
     let deadline = Instant::now() + timeout;
-    match read_at(bootstrap, probe, true, deadline)? {
+    match read_at(cluster, probe, true, deadline)? {
         Seen::Record => Ok(ProbeOutcome::Committed),
         Seen::Removed(why) => Ok(ProbeOutcome::Unknown(why)),
-        Seen::Skipped => match read_at(bootstrap, probe, false, deadline)? {
+        Seen::Skipped => match read_at(cluster, probe, false, deadline)? {
             Seen::Record => Ok(ProbeOutcome::Aborted),
             Seen::Skipped => Ok(ProbeOutcome::Unknown(
                 "the offset holds no record any more (removed by compaction)".into(),
@@ -174,14 +178,20 @@ enum Seen {
     Removed(String),
 }
 
-fn read_at(bootstrap: &str, probe: &Probe, committed: bool, deadline: Instant) -> Result<Seen, SinkError> {
+fn read_at(
+    cluster: &exactly_kafka_client::Cluster,
+    probe: &Probe,
+    committed: bool,
+    deadline: Instant,
+) -> Result<Seen, SinkError> {
     let isolation = if committed {
         "read_committed"
     } else {
         "read_uncommitted"
     };
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+    let consumer: BaseConsumer = cluster
+        .client_config()
+        .map_err(SinkError::Config)?
         .set("group.id", "exactly-probe")
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")

@@ -12,7 +12,6 @@ use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer;
-use rdkafka::ClientConfig;
 use tracing::{info, warn};
 
 use crate::committable::{KafkaCommittable, Probe, COMMITTABLE_VERSION};
@@ -42,17 +41,25 @@ struct BrokerFacts {
     max_transaction_timeout: Option<Duration>,
 }
 
-/// What the broker says; while the job is `starting`, an unreachable bootstrap list fails at
-/// once, naming each address (see `exactly_core::net::reachable`).
+/// What the broker says. While the job is `starting`, an unreachable bootstrap list fails at
+/// once, naming each address (see `exactly_core::net::reachable`), and so do wrong credentials
+/// and untrusted certificates, with what the broker or TLS said (`wire::check`).
 async fn broker_facts(config: &KafkaSinkConfig, starting: bool) -> Result<BrokerFacts> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &config.bootstrap_servers)
+    if starting {
+        let cluster = config.cluster();
+        tokio::task::block_in_place(|| exactly_core::net::reachable(&cluster.bootstrap))
+            .map_err(SinkError::Unreachable)?;
+        exactly_kafka_client::wire::check(&cluster, TIMEOUT)
+            .await
+            .map_err(crate::protocol::wire_error)?;
+    }
+    let admin: AdminClient<DefaultClientContext> = config
+        .cluster()
+        .client_config()
+        .map_err(SinkError::Config)?
         .create()
         .map_err(|e| SinkError::kafka("creating an admin client", e))?;
     let md = tokio::task::block_in_place(|| {
-        if starting {
-            exactly_core::net::reachable(&config.bootstrap_servers).map_err(SinkError::Unreachable)?;
-        }
         admin.inner().fetch_metadata(Some(&config.topic), TIMEOUT).map_err(|e| {
             let bootstrap = &config.bootstrap_servers;
             let why = exactly_core::net::diagnose(bootstrap);
@@ -150,7 +157,7 @@ impl TransactionalKafkaSink {
                 "TransactionalKafkaSink needs delivery.type = \"exactly_once\"".into(),
             ));
         };
-        let wire = Wire::new(&config.bootstrap_servers, TIMEOUT);
+        let wire = Wire::new(config.cluster(), TIMEOUT);
         Ok(TransactionalKafkaSink {
             config,
             prefix: transactional_id_prefix,
@@ -175,7 +182,7 @@ impl TransactionalKafkaSink {
     /// Creates the producer of `id` and initialises its transactions (blocks for the round trips).
     fn init_producer_blocking(&self, id: &str) -> Result<(Producer_, Arc<Deliveries>)> {
         let (producer, deliveries) = create_producer(
-            &self.config.bootstrap_servers,
+            &self.config.cluster(),
             &self.config.client,
             Some((id, self.transaction_timeout)),
         )?;
@@ -349,7 +356,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             .position(|s| s.state == SlotState::Prepared(c.clone()));
         let Some(i) = own else {
             // Pre-committed by an earlier run: finish it through the protocol.
-            return commit_recovered(&self.wire, &self.config.bootstrap_servers, c).await;
+            return commit_recovered(&self.wire, c).await;
         };
         let s = &mut self.slots[i];
         match tokio::task::block_in_place(|| s.producer.commit_transaction(TIMEOUT)) {
@@ -530,11 +537,7 @@ impl Sink<ProducerRecord> for KafkaWriter {
         let facts = broker_facts(&self.config, ctx.info.starting).await?;
         self.partitions = facts.partitions;
         self.partitioner.open(ctx.info.index, ctx.info.parallelism);
-        self.producer = Some(create_producer(
-            &self.config.bootstrap_servers,
-            &self.config.client,
-            None,
-        )?);
+        self.producer = Some(create_producer(&self.config.cluster(), &self.config.client, None)?);
         Ok(())
     }
 

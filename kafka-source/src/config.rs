@@ -148,6 +148,10 @@ pub struct KafkaSourceConfig {
     /// Further librdkafka consumer properties (keys the source owns are refused).
     #[serde(default)]
     pub client: BTreeMap<String, String>,
+    /// TLS and SASL (Kafka's `security.protocol`, `sasl.*`, `ssl.*`): every client the source
+    /// opens uses them (the consumer, the dead-letter producer). Plaintext by default.
+    #[serde(default)]
+    pub security: exactly_kafka_client::KafkaSecurity,
 }
 
 impl KafkaSourceConfig {
@@ -166,6 +170,7 @@ impl KafkaSourceConfig {
             poll_batch: default_poll_batch(),
             watermarks: None,
             client: BTreeMap::new(),
+            security: exactly_kafka_client::KafkaSecurity::default(),
         }
     }
 
@@ -219,7 +224,13 @@ impl KafkaSourceConfig {
                     "client.{key} is set by the source itself (use the dedicated setting or leave it out)"
                 ));
             }
+            if exactly_kafka_client::is_security_key(key) {
+                return bad(format!(
+                    "client.{key} is a security setting: put it with the others (a job file's [kafka] section), so that every client gets it"
+                ));
+            }
         }
+        self.security.validate().map_err(SourceError::Config)?;
         Ok(())
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::{ClientConfig, ClientContext};
+use rdkafka::ClientContext;
 
 use crate::deser::KafkaRecord;
 use crate::error::{Result, SourceError};
@@ -43,9 +43,9 @@ pub(crate) struct DeadLetters {
 }
 
 impl DeadLetters {
-    pub(crate) fn new(bootstrap_servers: &str) -> Result<Self> {
-        let producer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap_servers)
+    pub(crate) fn new(bootstrap_servers: &str, security: &exactly_kafka_client::KafkaSecurity) -> Result<Self> {
+        let producer = exactly_kafka_client::client_config(bootstrap_servers, security)
+            .map_err(SourceError::Config)?
             .set("enable.idempotence", "true")
             .create_with_context(Reports::default())
             .map_err(|e| SourceError::kafka("creating the dead-letter producer", e))?;

@@ -12,7 +12,7 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::message::Message;
 
 use rdkafka::statistics::Statistics;
-use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tracing::{debug, info, warn};
 
 use crate::assignment::subtask_for;
@@ -123,7 +123,8 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
     }
 
     fn create_consumer(&self) -> Result<BaseConsumer<SourceContext>> {
-        let mut c = ClientConfig::new();
+        let mut c = exactly_kafka_client::client_config(&self.config.bootstrap_servers, &self.config.security)
+            .map_err(SourceError::Config)?;
         for (k, v) in &self.config.client {
             c.set(k, v);
         }
@@ -387,23 +388,32 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         self.fetch = Some(FetchQueue::new(&consumer));
         self.consumer = Some(consumer);
         if let PoisonPolicy::DeadLetter { .. } = self.config.on_deserialization_error {
-            self.dead_letters = Some(DeadLetters::new(&self.config.bootstrap_servers)?);
+            self.dead_letters = Some(DeadLetters::new(&self.config.bootstrap_servers, &self.config.security)?);
         }
         let mut restored = BTreeMap::new();
         for entry in ctx.union_state(STATE) {
             let e = OffsetEntry::decode(&entry)?;
             restored.insert(e.tp, e.next_offset);
         }
-        let starting = ctx.info.starting;
-        let all = tokio::task::block_in_place(|| {
+        if ctx.info.starting {
             // While the job starts, a bootstrap list of which no address answers fails in
-            // seconds, naming each address (librdkafka would wait out its metadata timeout,
-            // naming none); a running job's restart waits for the broker as librdkafka does.
-            if starting {
-                exactly_core::net::reachable(&self.config.bootstrap_servers).map_err(SourceError::Unreachable)?;
+            // seconds, naming each address, and wrong credentials or an untrusted certificate
+            // fail with what the broker or TLS said (librdkafka would wait out its metadata
+            // timeout and report a "transport failure"); a running job's restart waits for the
+            // broker as librdkafka does.
+            let bootstrap = self.config.bootstrap_servers.clone();
+            tokio::task::block_in_place(|| exactly_core::net::reachable(&bootstrap))
+                .map_err(SourceError::Unreachable)?;
+            let cluster = exactly_kafka_client::Cluster::new(bootstrap, self.config.security.clone());
+            if let Err(e) = exactly_kafka_client::wire::check(&cluster, Duration::from_secs(30)).await {
+                return Err(if e.is_permanent() {
+                    SourceError::Config(e.to_string())
+                } else {
+                    SourceError::Unreachable(e.to_string())
+                });
             }
-            self.list_partitions()
-        })?;
+        }
+        let all = tokio::task::block_in_place(|| self.list_partitions())?;
         let mut mine = BTreeMap::new();
         for tp in &all {
             if !self.owns(tp) {

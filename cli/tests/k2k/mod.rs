@@ -74,6 +74,8 @@ pub(crate) struct Job<'a> {
     pub(crate) bootstrap: Option<String>,
     /// The sink's transaction timeout.
     pub(crate) transaction_timeout: &'a str,
+    /// The body of a `[kafka]` section (security settings), if any.
+    pub(crate) kafka: Option<String>,
 }
 
 impl<'a> Job<'a> {
@@ -91,6 +93,7 @@ impl<'a> Job<'a> {
             restart: true,
             bootstrap: None,
             transaction_timeout: "2m",
+            kafka: None,
         }
     }
 
@@ -118,6 +121,8 @@ tolerable_failures = 100
 [restart]
 {restart}
 
+{kafka}
+
 [source]
 bootstrap_servers = "{bootstrap}"
 topics = ["{input}"]
@@ -135,6 +140,7 @@ delivery = {{ type = "exactly_once", transactional_id_prefix = "{prefix}", pool_
             bootstrap = self.bootstrap.as_deref().unwrap_or(&env.kafka_bootstrap),
             input = self.input,
             transaction_timeout = self.transaction_timeout,
+            kafka = self.kafka.as_deref().map_or(String::new(), |k| format!("[kafka]\n{k}")),
             group = self.group,
             output = self.output,
             prefix = self.prefix,

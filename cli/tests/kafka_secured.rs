@@ -1,0 +1,174 @@
+//! Jobs against the broker's secured listeners (`scripts/services` makes the certificates and the
+//! SCRAM users): a Kafka-to-Kafka exactly-once job over SASL_SSL with SCRAM-SHA-512 — its password
+//! taken from the environment through `${...}` in the job file — SIGKILLed after a checkpoint
+//! became durable and before its commits, so the restart commits through the secured wire-protocol
+//! client; a job over SSL with a client certificate (mutual TLS); and a wrong password, an
+//! untrusted CA and a missing client certificate, each failing at start with what is wrong and
+//! where. The test itself feeds and checks through the plaintext listener of the same broker.
+
+mod k2k;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use exactly_integration_tests::{create_topic, unique, ChildJob, TestEnv};
+use k2k::{drain_and_verify, exactly, feed, wait_for_more_output, Job, KEYS};
+
+struct Secured {
+    sasl_ssl: String,
+    ssl: String,
+    tls: String,
+    user: String,
+}
+
+fn secured() -> Result<Secured> {
+    let var = |name: &str| {
+        std::env::var(name).with_context(|| {
+            format!(
+                "{name} is not set: these tests need the broker's secured listeners, which `scripts/services up` \
+                 configures (then `eval \"$(scripts/services env)\"`)"
+            )
+        })
+    };
+    Ok(Secured {
+        sasl_ssl: var("EXACTLY_KAFKA_SASL_SSL")?,
+        ssl: var("EXACTLY_KAFKA_SSL")?,
+        tls: var("EXACTLY_KAFKA_TLS_DIR")?,
+        user: var("EXACTLY_KAFKA_SCRAM_USER")?,
+    })
+}
+
+fn scram(s: &Secured, password_var: &str, ca: &str) -> String {
+    format!(
+        r#"security.protocol = "SASL_SSL"
+sasl.mechanism = "SCRAM-SHA-512"
+sasl.username = "{user}"
+sasl.password = "${{{password_var}}}"
+ssl.ca.location = "{tls}/{ca}"
+"#,
+        user = s.user,
+        tls = s.tls,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sasl_ssl_scram_sha_512_job_is_exactly_once_across_a_sigkill_before_its_commits() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let s = secured()?;
+    let password = std::env::var("EXACTLY_KAFKA_SCRAM_PASSWORD").context("EXACTLY_KAFKA_SCRAM_PASSWORD")?;
+    let input = unique("sec-in");
+    let output = unique("sec-out");
+    create_topic(env, &input, 2).await?;
+    create_topic(env, &output, 2).await?;
+    let dir = tempfile::tempdir()?;
+    let args = Job {
+        bootstrap: Some(s.sasl_ssl.clone()),
+        kafka: Some(scram(&s, "EXACTLY_KAFKA_SCRAM_PASSWORD", "ca.pem")),
+        ..Job::new(&input, &output)
+    }
+    .write(env, dir.path(), "k2k");
+    let job_file = std::fs::read_to_string(&args[1])?;
+    assert!(
+        !job_file.contains(&password),
+        "the job file references the password, never holds it"
+    );
+
+    let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
+    let feeder = feed(env, &input, next.clone());
+    let mut job = ChildJob::spawn(exactly(), &args, "checkpoint.after_durable=freeze@4")?;
+    job.wait_for_failpoint("checkpoint.after_durable", Duration::from_secs(60))?;
+    let log = job.tail(100_000);
+    job.kill();
+    feeder.finish()?;
+    assert!(!log.contains(&password), "the log never shows the password");
+    // The restart commits what the killed job pre-committed (over SASL_SSL, by the wire client),
+    // then drains the input.
+    let out = drain_and_verify(env, &args, &output, &next).await?;
+    eprintln!("{out} records over SASL_SSL/SCRAM-SHA-512, 0 duplicates, 0 missing");
+    Ok(())
+}
+
+/// Runs `exactly run ARGS` and expects it to fail at start with every one of `expected` in its
+/// error output.
+fn fails_at_start(args: &[String], expected: &[&str]) -> Result<String> {
+    let mut job = ChildJob::spawn(exactly(), args, "")?;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while job.running() {
+        if Instant::now() > deadline {
+            bail!(
+                "still running after 90 s (expected a failure at start):\n{}",
+                job.tail(20)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = k2k::log_without_backtraces(&job, 20);
+    assert_eq!(job.exit_code(), Some(1), "{log}");
+    for e in expected {
+        assert!(log.contains(e), "expected {e:?} in:\n{log}");
+    }
+    Ok(log)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_works_and_bad_credentials_or_certificates_fail_at_start_naming_them() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let s = secured()?;
+    let input = unique("sec2-in");
+    let output = unique("sec2-out");
+    create_topic(env, &input, 1).await?;
+    create_topic(env, &output, 1).await?;
+    let dir = tempfile::tempdir()?;
+    let job = |bootstrap: &str, kafka: String, file: &str| {
+        Job {
+            bootstrap: Some(bootstrap.to_owned()),
+            kafka: Some(kafka),
+            ..Job::new(&input, &output)
+        }
+        .write(env, dir.path(), file)
+    };
+
+    // A wrong password, referenced like the real one; only the child processes read it.
+    std::env::set_var("EXACTLY_TEST_WRONG_PASSWORD", "not-the-password");
+    let log = fails_at_start(
+        &job(
+            &s.sasl_ssl,
+            scram(&s, "EXACTLY_TEST_WRONG_PASSWORD", "ca.pem"),
+            "wrong-password",
+        ),
+        &[
+            &s.sasl_ssl,
+            "SASL authentication failed",
+            "invalid credentials",
+            "SCRAM-SHA-512",
+        ],
+    )?;
+    assert!(!log.contains("not-the-password"), "{log}");
+    fails_at_start(
+        &job(
+            &s.sasl_ssl,
+            scram(&s, "EXACTLY_KAFKA_SCRAM_PASSWORD", "untrusted-ca.pem"),
+            "untrusted",
+        ),
+        &[&s.sasl_ssl, "invalid peer certificate", "ssl.ca.location"],
+    )?;
+    let tls_only = format!("security.protocol = \"SSL\"\nssl.ca.location = \"{}/ca.pem\"\n", s.tls);
+    fails_at_start(
+        &job(&s.ssl, tls_only.clone(), "no-client-certificate"),
+        &[&s.ssl, "TLS"],
+    )?;
+    std::env::remove_var("EXACTLY_TEST_WRONG_PASSWORD");
+
+    // Mutual TLS: the client certificate the scripts made.
+    let mtls = format!(
+        "{tls_only}ssl.certificate.location = \"{tls}/client.pem\"\nssl.key.location = \"{tls}/client.key\"\n",
+        tls = s.tls
+    );
+    exactly_integration_tests::produce(env, &input, &[("k".into(), "one".into()), ("k".into(), "two".into())])?;
+    let mut running = ChildJob::spawn(exactly(), &job(&s.ssl, mtls, "mtls"), "")?;
+    let (n, _) = wait_for_more_output(env, &output, 1, &mut running, Duration::from_secs(60)).await?;
+    running.kill();
+    assert_eq!(n, 2, "both records committed over mutual TLS");
+    Ok(())
+}
