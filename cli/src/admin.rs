@@ -1,16 +1,27 @@
 //! The admin HTTP endpoint of a running job: `GET /metrics` (Prometheus), `GET /status` (JSON),
-//! `POST /savepoint[?dir=DIR]`, `POST /stop[?savepoint=DIR]`.
+//! `GET /healthz` (always open: for probes), `POST /savepoint[?dir=DIR]`,
+//! `POST /stop[?savepoint=DIR]`.
+//!
+//! Who may use it: with a token configured (`job.admin_token` / `admin_token_file`), every POST
+//! needs `Authorization: Bearer TOKEN`, and so does every request when the endpoint listens on a
+//! non-loopback address; such an address without a token is refused at start. Requests a browser
+//! sends from a page of another origin are refused (`Origin` / `Sec-Fetch-Site`), so a web page
+//! cannot drive a job on localhost. Savepoints are written only under the job's savepoint root
+//! (`<checkpoints.dir>/savepoints`): a `dir` is taken relative to it, and a path that leaves it is
+//! refused.
 
-use std::path::PathBuf;
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
-use axum::extract::{Query, State};
-use axum::http::{header, StatusCode};
+use anyhow::{bail, Context, Result};
+use axum::extract::{Query, Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{self, post};
 use axum::{Json, Router};
 use exactly_core::runtime::JobControl;
+use exactly_core::secret::Secret;
 use serde::Deserialize;
 use serde_json::json;
 use tracing::info;
@@ -20,7 +31,93 @@ use crate::metrics::{prometheus, Registry};
 struct AdminState {
     registry: Arc<Registry>,
     control: JobControl,
+    /// Where savepoints go, and the only place they may go.
     savepoint_dir: Option<PathBuf>,
+    token: Option<Secret>,
+    /// Listening on a loopback address only.
+    loopback: bool,
+}
+
+/// Who may use the endpoint.
+#[derive(Debug, Clone, Default)]
+pub struct AdminAccess {
+    /// The bearer token requests must carry (see the module's documentation).
+    pub token: Option<Secret>,
+}
+
+/// A savepoint directory asked for by a request: relative to `root`, or absolute inside it; no
+/// `..`. The error says why it is refused.
+pub fn savepoint_target(root: &Path, asked: &Path) -> std::result::Result<PathBuf, String> {
+    if asked.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err(format!("{}: `..` is not allowed in a savepoint path", asked.display()));
+    }
+    let target = if asked.is_absolute() {
+        asked.to_owned()
+    } else {
+        root.join(asked)
+    };
+    if !target.starts_with(root) {
+        return Err(format!(
+            "{}: savepoints are written only under {}",
+            asked.display(),
+            root.display()
+        ));
+    }
+    Ok(target)
+}
+
+/// Compares in time independent of where the first difference is.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Refuses cross-origin browser requests and requests without the token where one is needed.
+async fn guard(State(s): State<Arc<AdminState>>, req: Request, next: Next) -> Response {
+    let headers = req.headers();
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+    if let Some(origin) = headers.get(header::ORIGIN).and_then(|o| o.to_str().ok()) {
+        let origin_host = origin
+            .split_once("://")
+            .map_or(origin, |(_, h)| h)
+            .trim_end_matches('/');
+        if origin_host != host {
+            return failure(
+                StatusCode::FORBIDDEN,
+                format!("requests from pages of another origin ({origin}) are refused"),
+            );
+        }
+    }
+    if headers
+        .get("sec-fetch-site")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v == "cross-site")
+    {
+        return failure(StatusCode::FORBIDDEN, "cross-site requests are refused".into());
+    }
+    // `/healthz` says only that the process serves: probes (which cannot carry a Secret) use it.
+    let needs_token = req.uri().path() != "/healthz" && (req.method() == Method::POST || !s.loopback);
+    if needs_token {
+        if let Some(token) = &s.token {
+            let given = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .unwrap_or("");
+            if !same_secret(given.as_bytes(), token.expose().as_bytes()) {
+                let mut r = failure(
+                    StatusCode::UNAUTHORIZED,
+                    "a bearer token is required (Authorization: Bearer ...; `exactly` commands send $EXACTLY_ADMIN_TOKEN)".into(),
+                );
+                r.headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+                return r;
+            }
+        }
+    }
+    next.run(req).await
 }
 
 #[derive(Deserialize)]
@@ -49,12 +146,21 @@ async fn status(State(s): State<Arc<AdminState>>) -> Response {
     Json(s.registry.status()).into_response()
 }
 
+/// The directory a request may write a savepoint to.
+fn target(s: &AdminState, asked: Option<PathBuf>) -> std::result::Result<PathBuf, String> {
+    let Some(root) = &s.savepoint_dir else {
+        return Err("this job has no checkpointing: savepoints need it".into());
+    };
+    match asked {
+        None => Ok(root.clone()),
+        Some(a) => savepoint_target(root, &a),
+    }
+}
+
 async fn savepoint(State(s): State<Arc<AdminState>>, Query(q): Query<SavepointQuery>) -> Response {
-    let Some(dir) = q.dir.or_else(|| s.savepoint_dir.clone()) else {
-        return failure(
-            StatusCode::BAD_REQUEST,
-            "this job has no checkpointing: savepoints need it".into(),
-        );
+    let dir = match target(&s, q.dir) {
+        Ok(d) => d,
+        Err(m) => return failure(StatusCode::BAD_REQUEST, m),
     };
     info!(dir = %dir.display(), "Savepoint requested.");
     match s.control.savepoint(dir).await {
@@ -64,8 +170,15 @@ async fn savepoint(State(s): State<Arc<AdminState>>, Query(q): Query<SavepointQu
 }
 
 async fn stop(State(s): State<Arc<AdminState>>, Query(q): Query<StopQuery>) -> Response {
+    let savepoint = match q.savepoint {
+        Some(asked) => match target(&s, Some(asked)) {
+            Ok(d) => Some(d),
+            Err(m) => return failure(StatusCode::BAD_REQUEST, m),
+        },
+        None => None,
+    };
     s.registry.set_stopping();
-    let result = match q.savepoint {
+    let result = match savepoint {
         Some(dir) => {
             info!(dir = %dir.display(), "Stop with savepoint requested.");
             s.control.stop_with_savepoint(dir).await
@@ -81,23 +194,45 @@ async fn stop(State(s): State<Arc<AdminState>>, Query(q): Query<StopQuery>) -> R
     }
 }
 
-/// Binds `addr` and serves the endpoint until the returned task is aborted.
+/// Refuses a non-loopback `addr` without a token; returns whether `addr` is a loopback address.
+/// `exactly run` calls it before the job starts.
+pub fn check_access(addr: &str, access: &AdminAccess) -> Result<bool> {
+    let parsed: std::net::SocketAddr = addr
+        .parse()
+        .with_context(|| format!("admin address {addr:?}: expected ip:port, e.g. 127.0.0.1:9249"))?;
+    let loopback = parsed.ip().is_loopback();
+    if !loopback && access.token.is_none() {
+        bail!(
+            "refusing to serve the admin endpoint on {addr} without a token: anyone who reaches it could stop the job; set job.admin_token (e.g. \"${{EXACTLY_ADMIN_TOKEN}}\") or job.admin_token_file, or listen on 127.0.0.1"
+        );
+    }
+    Ok(loopback)
+}
+
+/// Binds `addr` and serves the endpoint until the returned task is aborted. A non-loopback
+/// address without a token is refused.
 pub async fn serve(
     addr: &str,
     registry: Arc<Registry>,
     control: JobControl,
     savepoint_dir: Option<PathBuf>,
+    access: AdminAccess,
 ) -> Result<tokio::task::JoinHandle<()>> {
+    let loopback = check_access(addr, &access)?;
     let state = Arc::new(AdminState {
         registry,
         control,
         savepoint_dir,
+        token: access.token,
+        loopback,
     });
     let app = Router::new()
         .route("/metrics", routing::get(metrics))
         .route("/status", routing::get(status))
+        .route("/healthz", routing::get(|| async { "ok" }))
         .route("/savepoint", post(savepoint))
         .route("/stop", post(stop))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
         .with_state(state);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -154,10 +289,22 @@ fn request(admin: &str, path: &str, post: bool) -> Result<(axum::http::StatusCod
         .timeout_global(Some(std::time::Duration::from_secs(600)))
         .build()
         .into();
+    // The token, when the job wants one, comes from the environment (never a flag: flags show
+    // in process listings).
+    let token = std::env::var("EXACTLY_ADMIN_TOKEN").ok().filter(|t| !t.is_empty());
+    let auth = token.map(|t| format!("Bearer {t}"));
     let sent = if post {
-        agent.post(&url).send_empty()
+        let mut r = agent.post(&url);
+        if let Some(a) = &auth {
+            r = r.header("Authorization", a);
+        }
+        r.send_empty()
     } else {
-        agent.get(&url).call()
+        let mut r = agent.get(&url);
+        if let Some(a) = &auth {
+            r = r.header("Authorization", a);
+        }
+        r.call()
     };
     let mut resp = sent.with_context(|| {
         format!("cannot reach the job's admin endpoint at {base}: is the job running with `admin` set?")

@@ -113,7 +113,9 @@ fn listed(path: &Path, meta: &CheckpointMetadata) -> Listed {
     }
 }
 
-/// Every directory under `root` (itself included, three levels deep) that holds a snapshot.
+/// Every directory under `root` (itself included, six levels deep: a named savepoint of one
+/// range of a split job sits at `checkpoints/savepoints/subtasks-…/NAME/savepoint-N`) that holds a
+/// snapshot.
 fn snapshot_dirs(root: &Path) -> Result<Vec<PathBuf>> {
     if !root.is_dir() {
         bail!("{} is not a directory", root.display());
@@ -125,7 +127,7 @@ fn snapshot_dirs(root: &Path) -> Result<Vec<PathBuf>> {
             out.push(dir);
             continue;
         }
-        if depth == 3 {
+        if depth == 6 {
             continue;
         }
         let entries = std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))?;

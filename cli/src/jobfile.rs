@@ -63,6 +63,13 @@ pub struct JobSection {
     /// Address of the admin HTTP endpoint (metrics, status, savepoints), e.g. "127.0.0.1:9249".
     #[serde(default)]
     pub admin: Option<String>,
+    /// The admin endpoint's bearer token (write `"${EXACTLY_ADMIN_TOKEN}"`, not the token):
+    /// required for every POST, and for every request on a non-loopback address.
+    #[serde(default)]
+    pub admin_token: Option<exactly_core::secret::Secret>,
+    /// A file holding the admin token (e.g. a mounted Kubernetes Secret).
+    #[serde(default)]
+    pub admin_token_file: Option<PathBuf>,
     /// How long a graceful stop waits for tasks.
     #[serde(default, with = "humantime_serde")]
     pub shutdown_timeout: Option<Duration>,
@@ -90,7 +97,7 @@ pub enum SinkKind {
     /// Kafka.
     Kafka(Box<KafkaSinkConfig>),
     /// MySQL/MariaDB.
-    Mysql(MysqlSinkConfig),
+    Mysql(Box<MysqlSinkConfig>),
 }
 
 /// A record transform (`[[transform]]` with `type = ...`), applied to the record's JSON value.
@@ -232,6 +239,18 @@ fn segs(path: &str) -> Vec<Seg<'_>> {
 }
 
 impl Job {
+    /// The admin endpoint's token, from `admin_token` or `admin_token_file`.
+    pub fn admin_token(&self) -> anyhow::Result<Option<exactly_core::secret::Secret>> {
+        let j = &self.file.job;
+        match (&j.admin_token, &j.admin_token_file) {
+            (Some(t), _) => Ok(Some(t.clone())),
+            (None, Some(f)) => exactly_core::secret::Secret::from_file(f)
+                .map(Some)
+                .map_err(anyhow::Error::msg),
+            (None, None) => Ok(None),
+        }
+    }
+
     /// Reads and checks `path`.
     pub fn load(path: &Path) -> Result<Job, JobFileError> {
         let src = std::fs::read_to_string(path).map_err(|e| JobFileError {
@@ -286,7 +305,7 @@ impl Job {
         }
         let sink = match (&file.sink.kafka, &file.sink.mysql) {
             (Some(k), None) => SinkKind::Kafka(Box::new(k.clone())),
-            (None, Some(m)) => SinkKind::Mysql(m.clone()),
+            (None, Some(m)) => SinkKind::Mysql(Box::new(m.clone())),
             (None, None) => {
                 return Err(err(
                     "sink",
@@ -313,6 +332,17 @@ impl Job {
                     "job.admin",
                     format!("{a:?} is not an address: expected \"host-ip:port\", e.g. \"127.0.0.1:9249\""),
                 ));
+            }
+        }
+        if j.admin_token.is_some() && j.admin_token_file.is_some() {
+            return Err(err(
+                "job.admin_token",
+                "give admin_token or admin_token_file, not both".into(),
+            ));
+        }
+        if let Some(f) = &j.admin_token_file {
+            if let Err(m) = exactly_core::secret::Secret::from_file(f) {
+                return Err(err("job.admin_token_file", m));
             }
         }
         if let Some(c) = &file.checkpoints {

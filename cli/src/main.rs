@@ -68,7 +68,9 @@ enum Command {
         /// The job's admin address.
         #[arg(long)]
         admin: String,
-        /// Where to write it (default: <checkpoints.dir>/savepoints).
+        /// Where to write it: a directory under the job's savepoint root
+        /// (<checkpoints.dir>/savepoints, the default), relative to it or absolute inside it. The
+        /// token, when the job has one, comes from $EXACTLY_ADMIN_TOKEN.
         #[arg(long)]
         dir: Option<PathBuf>,
     },
@@ -77,7 +79,8 @@ enum Command {
         /// The job's admin address.
         #[arg(long)]
         admin: String,
-        /// Stop with a savepoint written here.
+        /// Stop with a savepoint written here (under the job's savepoint root, as for
+        /// `savepoint --dir`).
         #[arg(long)]
         savepoint: Option<PathBuf>,
     },

@@ -255,7 +255,7 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
                 });
         }
         SinkKind::Mysql(m) => {
-            let m = m.clone();
+            let m = (**m).clone();
             let reg = registry.clone();
             stream
                 .map(|r: Prepared| SinkRecord {
@@ -277,6 +277,13 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
                 });
         }
     }
+    let admin_addr = opts.admin.clone().or_else(|| f.job.admin.clone());
+    let access = admin::AdminAccess {
+        token: job.admin_token()?,
+    };
+    if let Some(addr) = &admin_addr {
+        admin::check_access(addr, &access)?;
+    }
     let built = builder.build().context("building the job")?;
     let handle = built.start();
     let control = handle.control();
@@ -289,9 +296,10 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
         "Job started."
     );
 
-    let admin_addr = opts.admin.clone().or_else(|| f.job.admin.clone());
     let admin_task = match admin_addr {
-        Some(addr) => Some(admin::serve(&addr, registry.clone(), control.clone(), savepoint_dir.clone()).await?),
+        Some(addr) => {
+            Some(admin::serve(&addr, registry.clone(), control.clone(), savepoint_dir.clone(), access).await?)
+        }
         None => None,
     };
     let signals = tokio::spawn(handle_signals(control.clone(), registry.clone()));

@@ -125,8 +125,19 @@ async fn run_status_savepoint_stop_inspect_and_resume() -> Result<()> {
     wait_status(&mut job, port, "6000 records read", Duration::from_secs(60), |s| {
         s["records_in"].as_u64() >= Some(6000)
     })?;
-    let stop_dir = dir.path().join("stopped");
-    let stopped = stdout(cmd().args(["stop", "--admin", &admin, "--savepoint"]).arg(&stop_dir));
+    // A savepoint path is taken under the job's savepoint root; one leaving it is refused.
+    let outside = dir.path().join("elsewhere");
+    let refused = cmd()
+        .args(["stop", "--admin", &admin, "--savepoint"])
+        .arg(&outside)
+        .output()?;
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && said.contains("savepoints are written only under"),
+        "{said}"
+    );
+    let stop_dir = dir.path().join("checkpoints").join("savepoints").join("stopped");
+    let stopped = stdout(cmd().args(["stop", "--admin", &admin, "--savepoint", "stopped"]));
     assert!(stopped.starts_with(&stop_dir.display().to_string()), "{stopped}");
     wait_exit(&mut job, Duration::from_secs(30))?;
     assert!(job.tail(5).contains("Job ended."), "{}", job.tail(20));

@@ -22,6 +22,7 @@ fn config(env: &TestEnv, mode: Mode, on_error: OnError) -> MysqlSinkConfig {
     };
     MysqlSinkConfig {
         url: env.mysql_url.clone(),
+        password_file: None,
         table: unique("records").replace('-', "_"),
         mode,
         job_id: unique("job"),

@@ -40,12 +40,25 @@ fn default_progress_table() -> String {
     "exactly_progress".into()
 }
 
-/// The MySQL sink's configuration.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `${NAME}` parts of the URL read from the environment (see `exactly_core::secret`).
+fn expand_url<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<String, D::Error> {
+    let text = String::deserialize(d)?;
+    exactly_core::secret::expand_env(&text).map_err(serde::de::Error::custom)
+}
+
+/// The MySQL sink's configuration. `Debug` hides the URL's password.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MysqlSinkConfig {
-    /// `mysql://user:password@host:port/database`.
+    /// `mysql://user:password@host:port/database[?ssl-mode=verify_identity&ssl-ca=ca.pem]`;
+    /// `${NAME}` parts come from the environment (write `mysql://app:${MYSQL_PASSWORD}@db/x`).
+    /// TLS follows `ssl-mode`: `required` never falls back to plaintext, `verify_ca` and
+    /// `verify_identity` check the server's certificate against `ssl-ca`.
+    #[serde(deserialize_with = "expand_url")]
     pub url: String,
+    /// A file holding the password (e.g. a mounted Kubernetes Secret); overrides the URL's.
+    #[serde(default)]
+    pub password_file: Option<std::path::PathBuf>,
     /// Target table.
     pub table: String,
     /// XA or upsert.
@@ -69,6 +82,40 @@ pub struct MysqlSinkConfig {
     /// Records that do not fit.
     #[serde(default)]
     pub on_error: OnError,
+}
+
+impl std::fmt::Debug for MysqlSinkConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MysqlSinkConfig")
+            .field("url", &redact_url(&self.url))
+            .field("password_file", &self.password_file)
+            .field("table", &self.table)
+            .field("mode", &self.mode)
+            .field("job_id", &self.job_id)
+            .field("sink_id", &self.sink_id)
+            .field("mapping", &self.mapping)
+            .field("batch_size", &self.batch_size)
+            .field("create_table", &self.create_table)
+            .field("progress_table", &self.progress_table)
+            .field("on_error", &self.on_error)
+            .finish()
+    }
+}
+
+/// The URL with its password replaced by `***`.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            let hidden = if userinfo.contains(':') { ":***" } else { "" };
+            format!("{scheme}://{user}{hidden}@{host}{tail}")
+        }
+        None => url.to_owned(),
+    }
 }
 
 fn default_sink_id() -> String {
@@ -124,5 +171,20 @@ impl MysqlSinkConfig {
             );
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::redact_url;
+
+    #[test]
+    fn the_password_never_shows() {
+        assert_eq!(
+            redact_url("mysql://app:s3cret@db:3306/x?ssl-mode=required"),
+            "mysql://app:***@db:3306/x?ssl-mode=required"
+        );
+        assert_eq!(redact_url("mysql://app@db/x"), "mysql://app@db/x");
+        assert_eq!(redact_url("mysql://db/x"), "mysql://db/x");
     }
 }

@@ -31,11 +31,16 @@ pub(crate) fn fetch<'a>(conn: &'a mut MySqlConnection, sql: String) -> BoxFut<'a
 /// Bind parameters per statement stay well below MySQL's 65 535.
 const MAX_BINDS: usize = 30_000;
 
-pub(crate) fn connect(url: &str) -> BoxFut<'_, Result<MySqlConnection>> {
+pub(crate) fn connect(config: &MysqlSinkConfig) -> BoxFut<'_, Result<MySqlConnection>> {
     Box::pin(async move {
-        let options: MySqlConnectOptions = url
+        let url = config.url.as_str();
+        let mut options: MySqlConnectOptions = url
             .parse()
             .map_err(|e| MysqlSinkError::Config(format!("url does not parse: {e}")))?;
+        if let Some(f) = &config.password_file {
+            let secret = exactly_core::secret::Secret::from_file(f).map_err(MysqlSinkError::Config)?;
+            options = options.password(secret.expose());
+        }
         match options.connect().await {
             Ok(c) => Ok(c),
             Err(e @ (sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut)) => {
@@ -47,7 +52,10 @@ pub(crate) fn connect(url: &str) -> BoxFut<'_, Result<MySqlConnection>> {
                     .unwrap_or_default();
                 Err(MysqlSinkError::db(format!("connecting to {address} ({why})"), e))
             }
-            Err(e) => Err(MysqlSinkError::db("connecting", e)),
+            Err(e) => {
+                let address = exactly_core::net::url_address(url).unwrap_or_else(|| "the server".into());
+                Err(MysqlSinkError::db(format!("connecting to {address}"), e))
+            }
         }
     })
 }

@@ -42,8 +42,13 @@ impl MysqlSinkError {
 
 /// Errors a restart cannot cure: the server refuses the user (1045 access denied, 1044 no access
 /// to the database, 1142/1143 a privilege missing), or the database or table does not exist
-/// (1049, 1146). They stop the job with the server's message instead of restarting it forever.
+/// (1049, 1146), or TLS failed (an untrusted certificate, a server without TLS under
+/// `ssl-mode=required`). They stop the job with the server's message instead of restarting it
+/// forever.
 fn permanent(e: &sqlx::Error) -> bool {
+    if matches!(e, sqlx::Error::Tls(_)) {
+        return true;
+    }
     let code = e
         .as_database_error()
         .and_then(|d| d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())

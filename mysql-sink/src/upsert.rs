@@ -37,7 +37,7 @@ impl UpsertMysqlSink {
 
     async fn conn(&mut self) -> Result<&mut MySqlConnection> {
         if self.conn.is_none() {
-            self.conn = Some(db::connect(&self.config.url).await?);
+            self.conn = Some(db::connect(&self.config).await?);
         }
         Ok(self.conn.as_mut().expect("just connected"))
     }

@@ -221,7 +221,7 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
 
     async fn open(&mut self, info: &SubtaskInfo) -> exactly_core::Result<()> {
         self.info = Some(info.clone());
-        let mut conn = db::connect(&self.config.url).await?;
+        let mut conn = db::connect(&self.config).await?;
         let version: String = sqlx::query_scalar("SELECT VERSION()")
             .fetch_one(&mut conn)
             .await
@@ -241,7 +241,7 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
     }
 
     async fn begin(&mut self, checkpoint_id: CheckpointId) -> exactly_core::Result<XaTransaction> {
-        let mut conn = db::connect(&self.config.url).await?;
+        let mut conn = db::connect(&self.config).await?;
         // Fewer gap locks: branches of consecutive checkpoints do not block each other.
         db::exec(
             &mut conn,
@@ -311,7 +311,7 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
     }
 
     async fn commit(&mut self, c: &XaCommittable) -> Result<(), CommitError> {
-        let mut conn = db::connect(&self.config.url)
+        let mut conn = db::connect(&self.config)
             .await
             .map_err(|e| CommitError::Retriable(e.into()))?;
         let outcome = self.commit_on(&mut conn, c).await;
@@ -335,7 +335,7 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
     }
 
     async fn abort_lingering(&mut self, ctx: &RecoveryContext<'_, XaCommittable>) -> exactly_core::Result<()> {
-        let mut conn = db::connect(&self.config.url).await?;
+        let mut conn = db::connect(&self.config).await?;
         let listed = match self.recover(&mut conn).await {
             Ok(listed) => listed,
             Err(e) if code(&e) == Some(ACCESS_DENIED) => {

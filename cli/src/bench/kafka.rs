@@ -606,6 +606,7 @@ pub(crate) async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64, report: &m
         let job_id = unique("bench");
         let config = MysqlSinkConfig {
             url: mysql.to_owned(),
+            password_file: None,
             table: table.clone(),
             mode,
             job_id: job_id.clone(),
