@@ -366,3 +366,65 @@ fn a_job_that_cannot_start_gives_up_after_its_startup_attempts_naming_the_addres
         assert!(!err.contains("restart=3"), "the third failure ends it:\n{err}");
     }
 }
+
+#[test]
+fn secrets_in_job_files_are_referenced_and_never_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = "pw-7c1d-never-printed";
+    let with_kafka = |section: &str| format!("{GOOD}\n[kafka]\n{section}");
+    let scram = "security.protocol = \"SASL_PLAINTEXT\"\nsasl.mechanism = \"SCRAM-SHA-512\"\nsasl.username = \"u\"\nsasl.password = \"${EXACTLY_TEST_SECRET_PW}\"\n";
+    let p = job_file(dir.path(), &with_kafka(scram));
+    let out = exactly()
+        .env("EXACTLY_TEST_SECRET_PW", secret)
+        .arg("check")
+        .arg(&p)
+        .assert()
+        .success();
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.get_output().stdout),
+        String::from_utf8_lossy(&out.get_output().stderr)
+    );
+    assert!(!printed.contains(secret), "{printed}");
+
+    // An unset variable is an error naming it and the line.
+    exactly()
+        .env_remove("EXACTLY_TEST_SECRET_PW")
+        .arg("check")
+        .arg(&p)
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains(
+            "environment variable EXACTLY_TEST_SECRET_PW (referenced as ${EXACTLY_TEST_SECRET_PW}) is not set",
+        ))
+        .stderr(predicate::str::contains("job.toml:"));
+
+    // A mistake next to the password: the error says what is wrong, not the password.
+    let p = job_file(
+        dir.path(),
+        &with_kafka("security.protocol = \"SASL_PLAINTEXT\"\nsasl.username = \"u\"\nsasl.password = \"${EXACTLY_TEST_SECRET_PW}\"\n"),
+    );
+    let out = exactly()
+        .env("EXACTLY_TEST_SECRET_PW", secret)
+        .arg("check")
+        .arg(&p)
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("needs sasl.mechanism"));
+    assert!(!String::from_utf8_lossy(&out.get_output().stderr).contains(secret));
+
+    // Security settings belong in [kafka], not in a client map where only one client sees them.
+    let p = job_file(
+        dir.path(),
+        &GOOD.replace(
+            "group_id = \"g\"",
+            "group_id = \"g\"\nclient = { \"sasl.password\" = \"x\" }",
+        ),
+    );
+    exactly()
+        .arg("check")
+        .arg(&p)
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("client.sasl.password is a security setting"));
+}

@@ -62,12 +62,13 @@ async fn sasl_ssl_scram_sha_512_job_is_exactly_once_across_a_sigkill_before_its_
     create_topic(env, &input, 2).await?;
     create_topic(env, &output, 2).await?;
     let dir = tempfile::tempdir()?;
-    let args = Job {
+    let spec = Job {
         bootstrap: Some(s.sasl_ssl.clone()),
         kafka: Some(scram(&s, "EXACTLY_KAFKA_SCRAM_PASSWORD", "ca.pem")),
         ..Job::new(&input, &output)
-    }
-    .write(env, dir.path(), "k2k");
+    };
+    let prefix = spec.prefix.clone();
+    let args = spec.write(env, dir.path(), "k2k");
     let job_file = std::fs::read_to_string(&args[1])?;
     assert!(
         !job_file.contains(&password),
@@ -82,6 +83,27 @@ async fn sasl_ssl_scram_sha_512_job_is_exactly_once_across_a_sigkill_before_its_
     job.kill();
     feeder.finish()?;
     assert!(!log.contains(&password), "the log never shows the password");
+    // The transaction tool reaches the secured listener with the job file's [kafka] settings and
+    // sees the transactions the killed job left.
+    let listed = std::process::Command::new(exactly())
+        .args([
+            "txn",
+            "list",
+            "--json",
+            "--prefix",
+            &prefix,
+            "--bootstrap",
+            &s.sasl_ssl,
+            "--kafka-config",
+        ])
+        .arg(&args[1])
+        .output()?;
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.status.success() && text.contains(&format!("{prefix}-0-")),
+        "{text}{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
     // The restart commits what the killed job pre-committed (over SASL_SSL, by the wire client),
     // then drains the input.
     let out = drain_and_verify(env, &args, &output, &next).await?;

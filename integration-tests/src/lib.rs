@@ -9,6 +9,7 @@
 //! in parallel against one broker, and checks what it wrote with an independent `read_committed`
 //! consumer ([`read_committed`]) or SQL, polling with deadlines rather than sleeping.
 
+pub mod acls;
 mod child;
 mod env;
 mod ids;

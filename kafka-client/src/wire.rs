@@ -294,6 +294,63 @@ pub async fn check(cluster: &crate::Cluster, timeout: std::time::Duration) -> Re
     Err(last)
 }
 
+/// What the connection's principal may do with a topic, as the broker's authorizer says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopicAccess {
+    /// The broker reports no authorized operations (no authorizer, or an old broker).
+    Unknown,
+    /// Not even Describe: the topic is invisible to the principal.
+    Denied,
+    /// The bit set of allowed operations (bit n: operation code n; 3 Read, 4 Write, 8 Describe).
+    Allowed(i32),
+}
+
+impl TopicAccess {
+    /// Whether `operation` (a protocol code: 3 Read, 4 Write) is allowed (or unknown).
+    pub fn allows(self, operation: u8) -> bool {
+        match self {
+            TopicAccess::Unknown => true,
+            TopicAccess::Denied => false,
+            // Bit 2 (All) allows everything.
+            TopicAccess::Allowed(bits) => bits & (1 << operation) != 0 || bits & (1 << 2) != 0,
+        }
+    }
+}
+
+/// Asks a bootstrap server (Metadata v10 with `include_topic_authorized_operations`) what the
+/// principal may do with `topic`: a job lacking an ACL learns it at start, with the operation's
+/// name, instead of from a transaction the broker aborts later.
+pub async fn topic_access(cluster: &crate::Cluster, topic: &str) -> Result<TopicAccess, WireError> {
+    use kafka_protocol::messages::metadata_request::{MetadataRequest, MetadataRequestTopic};
+    use kafka_protocol::messages::TopicName;
+    let addr = cluster
+        .bootstrap
+        .split(',')
+        .map(str::trim)
+        .find(|a| !a.is_empty())
+        .map(|a| a.split_once("://").map_or(a, |(_, b)| b))
+        .ok_or_else(|| WireError::Config("no bootstrap server".into()))?;
+    let mut conn = connect(addr, &cluster.security, "exactly").await?;
+    let req = MetadataRequest::default()
+        .with_topics(Some(vec![
+            MetadataRequestTopic::default().with_name(Some(TopicName(StrBytes::from_string(topic.to_owned()))))
+        ]))
+        .with_allow_auto_topic_creation(false)
+        .with_include_topic_authorized_operations(true);
+    let resp = conn.request(&req, 10).await?;
+    let Some(t) = resp.topics.first() else {
+        return Ok(TopicAccess::Unknown);
+    };
+    // 29: TOPIC_AUTHORIZATION_FAILED.
+    if t.error_code == 29 {
+        return Ok(TopicAccess::Denied);
+    }
+    if t.topic_authorized_operations == i32::MIN {
+        return Ok(TopicAccess::Unknown);
+    }
+    Ok(TopicAccess::Allowed(t.topic_authorized_operations))
+}
+
 impl Connection {
     /// The broker this connection reaches.
     pub fn addr(&self) -> &str {

@@ -50,9 +50,31 @@ impl SinkError {
     fn class(&self) -> ErrorClass {
         match self {
             SinkError::Config(_) => ErrorClass::Fatal,
+            SinkError::Kafka { source, .. } if authorization(source) => ErrorClass::Fatal,
             _ => ErrorClass::Restart,
         }
     }
+}
+
+/// A missing ACL or refused credentials: a restart cannot fix it (the message carries the broker's
+/// error name, e.g. TransactionalIdAuthorizationFailed, and the context says for what).
+fn authorization(e: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    let code = match e {
+        rdkafka::error::KafkaError::Transaction(t) => Some(t.code()),
+        other => other.rdkafka_error_code(),
+    };
+    matches!(
+        code,
+        Some(
+            C::TopicAuthorizationFailed
+                | C::GroupAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+                | C::TransactionalIdAuthorizationFailed
+                | C::SaslAuthenticationFailed
+                | C::Authentication
+        )
+    )
 }
 
 impl From<SinkError> for CoreError {

@@ -52,6 +52,16 @@ async fn broker_facts(config: &KafkaSinkConfig, starting: bool) -> Result<Broker
         exactly_kafka_client::wire::check(&cluster, TIMEOUT)
             .await
             .map_err(crate::protocol::wire_error)?;
+        // A missing ACL is found now, by name, not from a transaction the broker aborts later.
+        let access = exactly_kafka_client::wire::topic_access(&cluster, &config.topic)
+            .await
+            .map_err(crate::protocol::wire_error)?;
+        if !access.allows(4) || !access.allows(8) {
+            return Err(SinkError::Config(format!(
+                "the job's principal may not Write (and Describe) topic {:?} at {}: grant it the ACLs README.md lists (Write, Describe, Read on the topic; Write, Describe on the transactional-id prefix)",
+                config.topic, cluster.bootstrap
+            )));
+        }
     }
     let admin: AdminClient<DefaultClientContext> = config
         .cluster()

@@ -405,12 +405,26 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             tokio::task::block_in_place(|| exactly_core::net::reachable(&bootstrap))
                 .map_err(SourceError::Unreachable)?;
             let cluster = exactly_kafka_client::Cluster::new(bootstrap, self.config.security.clone());
-            if let Err(e) = exactly_kafka_client::wire::check(&cluster, Duration::from_secs(30)).await {
-                return Err(if e.is_permanent() {
+            let classify = |e: exactly_kafka_client::wire::WireError| {
+                if e.is_permanent() {
                     SourceError::Config(e.to_string())
                 } else {
                     SourceError::Unreachable(e.to_string())
-                });
+                }
+            };
+            exactly_kafka_client::wire::check(&cluster, Duration::from_secs(30))
+                .await
+                .map_err(classify)?;
+            for topic in &self.config.topics {
+                let access = exactly_kafka_client::wire::topic_access(&cluster, topic)
+                    .await
+                    .map_err(classify)?;
+                if !access.allows(3) {
+                    return Err(SourceError::Config(format!(
+                        "the job's principal may not Read topic {topic:?} at {}: grant it Read and Describe on the topic and Read on the group {:?}",
+                        cluster.bootstrap, self.config.group_id
+                    )));
+                }
             }
         }
         let all = tokio::task::block_in_place(|| self.list_partitions())?;
