@@ -5,12 +5,14 @@
 //! snapshots, forwards the barrier, and replays the held-back messages in their order. A closed
 //! input counts as aligned. A newer barrier (or a cancel marker) on an input that has not delivered
 //! N means N can never align: N is aborted (subsumed) and the held-back messages are released. If
-//! more than `max_buffered` messages are held back, N is aborted rather than memory exhausted.
+//! more than `max_buffered` messages, or records weighing more than the byte limit, are held back,
+//! N is aborted rather than memory exhausted.
 //!
 //! In at-least-once mode nothing is held back: the barrier is forwarded once it has arrived on every
 //! open input, and records that overtook it on other inputs are in the snapshot's past.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::message::{CheckpointBarrier, CheckpointId, Message, Watermark};
@@ -93,6 +95,9 @@ pub struct BarrierAligner<T> {
     last_handled: Option<CheckpointId>,
     held: Vec<VecDeque<Message<T>>>,
     held_count: usize,
+    max_bytes: usize,
+    held_bytes: usize,
+    size: Arc<dyn Fn(&T) -> usize + Send + Sync>,
     ended: bool,
 }
 
@@ -112,7 +117,34 @@ impl<T> BarrierAligner<T> {
             last_handled: None,
             held: (0..inputs).map(|_| VecDeque::new()).collect(),
             held_count: 0,
+            max_bytes: usize::MAX,
+            held_bytes: 0,
+            size: Arc::new(|_: &T| std::mem::size_of::<T>()),
             ended: inputs == 0,
+        }
+    }
+
+    /// Also aborts the aligning checkpoint when the held-back records weigh more than
+    /// `max_bytes`, each weighed by `size`.
+    pub fn with_byte_limit(mut self, max_bytes: usize, size: Arc<dyn Fn(&T) -> usize + Send + Sync>) -> Self {
+        self.max_bytes = max_bytes;
+        self.size = size;
+        self
+    }
+
+    /// Bytes currently held back (as the record size function weighs them).
+    pub fn buffered_bytes(&self) -> usize {
+        self.held_bytes
+    }
+
+    fn over_limit(&self) -> bool {
+        self.held_count > self.max_buffered || self.held_bytes > self.max_bytes
+    }
+
+    fn weight(&self, msg: &Message<T>) -> usize {
+        match msg {
+            Message::Record(r) => (self.size)(r),
+            _ => 0,
         }
     }
 
@@ -132,8 +164,12 @@ impl<T> BarrierAligner<T> {
             self.handle(input, msg, out);
         } else {
             // Older held messages of this input go first.
+            self.held_bytes += self.weight(&msg);
             self.held[input].push_back(msg);
             self.held_count += 1;
+            if self.blocked(input) && self.over_limit() {
+                self.abort(AbortReason::BufferLimit, out);
+            }
         }
         // Releasing held messages may start and finish further alignments: go on until every
         // input with held messages is blocked (or nothing is held).
@@ -148,9 +184,10 @@ impl<T> BarrierAligner<T> {
 
     fn handle(&mut self, input: usize, msg: Message<T>, out: &mut impl FnMut(AlignerEvent<T>)) {
         if self.blocked(input) {
+            self.held_bytes += self.weight(&msg);
             self.held[input].push_back(msg);
             self.held_count += 1;
-            if self.held_count > self.max_buffered {
+            if self.over_limit() {
                 self.abort(AbortReason::BufferLimit, out);
             }
             return;
@@ -291,6 +328,7 @@ impl<T> BarrierAligner<T> {
                     break;
                 };
                 self.held_count -= 1;
+                self.held_bytes -= self.weight(&msg);
                 self.handle(input, msg, out);
             }
         }

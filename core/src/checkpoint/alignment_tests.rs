@@ -303,3 +303,33 @@ fn idle_inputs_do_not_hold_the_watermark_back() {
     a.push(1, Message::Idle, &mut |e| events.push(e));
     assert_eq!(events, vec![AlignerEvent::Idle], "idle again once both are");
 }
+
+#[test]
+fn held_back_bytes_beyond_the_limit_abort_the_checkpoint() {
+    // Records weigh their length; 100 bytes may be held back.
+    let mut a: BarrierAligner<Vec<u8>> = BarrierAligner::new(2, AlignmentMode::ExactlyOnce, usize::MAX)
+        .with_byte_limit(100, Arc::new(|r: &Vec<u8>| r.len()));
+    let mut events = Vec::new();
+    a.push(0, Message::Barrier(barrier(1)), &mut |e| events.push(e));
+    a.push(0, Message::Record(vec![0; 60]), &mut |e| events.push(e));
+    assert_eq!(
+        a.buffered_bytes(),
+        60,
+        "held back while input 1 has not delivered barrier 1"
+    );
+    assert!(events.is_empty());
+    a.push(0, Message::Record(vec![0; 60]), &mut |e| events.push(e));
+    assert!(
+        matches!(
+            events.first(),
+            Some(AlignerEvent::Aborted {
+                id: 1,
+                reason: AbortReason::BufferLimit
+            })
+        ),
+        "{events:?}"
+    );
+    let released = events.iter().filter(|e| matches!(e, AlignerEvent::Record(_))).count();
+    assert_eq!(released, 2, "the held records go on, in order");
+    assert_eq!(a.buffered_bytes(), 0);
+}

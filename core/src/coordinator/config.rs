@@ -57,6 +57,9 @@ fn default_retained() -> usize {
 fn default_max_alignment_buffer() -> usize {
     1 << 20
 }
+fn default_max_alignment_buffer_bytes() -> usize {
+    64 << 20
+}
 
 /// How and where checkpoints are taken.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -85,6 +88,10 @@ pub struct CheckpointConfig {
     /// Records alignment may hold back per subtask before the checkpoint is aborted.
     #[serde(default = "default_max_alignment_buffer")]
     pub max_alignment_buffer: usize,
+    /// Bytes alignment may hold back per subtask before the checkpoint is aborted (64 MiB by
+    /// default; records weighed by `Stream::record_size`, else by their inline size).
+    #[serde(default = "default_max_alignment_buffer_bytes")]
+    pub max_alignment_buffer_bytes: usize,
     /// Completed checkpoints kept.
     #[serde(default = "default_retained")]
     pub retained: usize,
@@ -105,6 +112,7 @@ impl CheckpointConfig {
             tolerable_failures: default_tolerable_failures(),
             mode: CheckpointingMode::default(),
             max_alignment_buffer: default_max_alignment_buffer(),
+            max_alignment_buffer_bytes: default_max_alignment_buffer_bytes(),
             retained: default_retained(),
             retention: Retention::default(),
         }

@@ -460,13 +460,10 @@ impl Spawner<'_> {
     ) -> Result<(mpsc::UnboundedSender<Control>, tokio::task::Id)> {
         let job = self.job;
         let v = &job.vertices[vi];
-        let (alignment, max_alignment_buffer) = job
-            .config
-            .checkpointing
-            .as_ref()
-            .map_or((crate::checkpoint::AlignmentMode::ExactlyOnce, usize::MAX), |c| {
-                (c.mode.alignment(), c.max_alignment_buffer)
-            });
+        let (alignment, max_alignment_buffer, max_alignment_bytes) = job.config.checkpointing.as_ref().map_or(
+            (crate::checkpoint::AlignmentMode::ExactlyOnce, usize::MAX, usize::MAX),
+            |c| (c.mode.alignment(), c.max_alignment_buffer, c.max_alignment_buffer_bytes),
+        );
         let (ctl_tx, ctl_rx) = mpsc::unbounded_channel();
         let mut ctx = TaskContext {
             task_id: id,
@@ -486,6 +483,7 @@ impl Spawner<'_> {
             storage: self.storage.clone().map(|s| s as Arc<dyn CheckpointStorage>),
             alignment,
             max_alignment_buffer,
+            max_alignment_bytes,
             control: Some(ctl_rx),
             events: self.events.clone(),
         };

@@ -116,6 +116,9 @@ pub struct JobBuilder {
     graph: Rc<RefCell<Graph>>,
 }
 
+/// How many bytes a record occupies (heap included), for the alignment buffer's byte limit.
+pub(crate) type RecordSize<T> = Arc<dyn Fn(&T) -> usize + Send + Sync>;
+
 /// A stream of `T` whose chain is still open for more operators.
 pub struct Stream<T> {
     graph: Rc<RefCell<Graph>>,
@@ -123,6 +126,7 @@ pub struct Stream<T> {
     parallelism: u32,
     is_source: bool,
     attach: Attach<T>,
+    record_size: Option<RecordSize<T>>,
 }
 
 /// A stream partitioned by key: the next operator sees each key on one subtask only.
@@ -169,6 +173,7 @@ impl JobBuilder {
             parallelism,
             is_source: true,
             attach,
+            record_size: None,
         }
     }
 
@@ -236,6 +241,7 @@ impl<T: Send + 'static> Stream<T> {
             parallelism: self.parallelism,
             is_source: self.is_source,
             attach: Arc::new(move |ctx, next| prev(ctx, Box::new(Stateless { f: f.clone(), next }))),
+            record_size: None,
         }
     }
 
@@ -279,7 +285,17 @@ impl<T: Send + 'static> Stream<T> {
                     }),
                 )
             }),
+            record_size: None,
         }
+    }
+
+    /// How many bytes a record of this stream occupies, heap included (e.g. `|r| r.payload.len()
+    /// + 64`), for the byte limit of the alignment buffer (`max_alignment_buffer_bytes`) at the
+    /// stage this stream feeds through `key_by`, `rebalance` or `union`. Without it a record
+    /// counts `size_of::<T>()`, which misses what it owns on the heap.
+    pub fn record_size(mut self, size: impl Fn(&T) -> usize + Send + Sync + 'static) -> Self {
+        self.record_size = Some(Arc::new(size));
+        self
     }
 
     /// Partitions by key: records with the same key bytes go to the same subtask.
@@ -385,6 +401,7 @@ impl<T: Send + 'static> KeyedStream<T> {
                     }),
                 )
             }),
+            record_size: None,
         }
     }
 }
@@ -405,6 +422,11 @@ fn connect<T: Send + 'static>(
     parallelism: u32,
 ) -> Stream<T> {
     let graph = upstreams[0].0.graph.clone();
+    // The stage's input records are weighed as its upstreams say (the first that says).
+    let record_size = upstreams.iter().find_map(|(s, _)| s.record_size.clone());
+    let size: RecordSize<T> = record_size
+        .clone()
+        .unwrap_or_else(|| Arc::new(|_: &T| std::mem::size_of::<T>()));
     let slots = Arc::new(InputSlots::<T> {
         parallelism,
         receivers: Mutex::new(Vec::new()),
@@ -456,7 +478,7 @@ fn connect<T: Send + 'static>(
             .take_receiver(ctx.index)
             .ok_or_else(|| CoreError::InvalidJob("input channel taken twice (internal error)".into()))?;
         let inputs = *slots_down.inputs.lock().expect("not poisoned");
-        Ok(input_task(ctx, rx, inputs, out))
+        Ok(input_task(ctx, rx, inputs, out, size.clone()))
     });
     graph.borrow_mut().inputs.push(slots);
     Stream {
@@ -465,5 +487,6 @@ fn connect<T: Send + 'static>(
         parallelism,
         is_source: false,
         attach,
+        record_size,
     }
 }

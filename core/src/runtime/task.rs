@@ -65,6 +65,7 @@ pub(crate) struct TaskContext {
     pub(crate) backend: BackendFactory,
     pub(crate) alignment: AlignmentMode,
     pub(crate) max_alignment_buffer: usize,
+    pub(crate) max_alignment_bytes: usize,
     pub(crate) control: Option<mpsc::UnboundedReceiver<Control>>,
     pub(crate) events: mpsc::UnboundedSender<TaskEvent>,
 }
@@ -261,9 +262,14 @@ pub(crate) fn input_task<T: Send + 'static>(
     mut input: mpsc::Receiver<Envelope<T>>,
     inputs: usize,
     mut chain: Box<dyn Output<T>>,
+    size: super::graph::RecordSize<T>,
 ) -> TaskBody {
     let mut parts = ctx.parts();
-    let mut aligner = BarrierAligner::new(inputs, ctx.alignment, ctx.max_alignment_buffer);
+    // Messages carry batches: a batch weighs what its records weigh.
+    let mut aligner = BarrierAligner::new(inputs, ctx.alignment, ctx.max_alignment_buffer).with_byte_limit(
+        ctx.max_alignment_bytes,
+        Arc::new(move |batch: &Vec<T>| batch.iter().map(|r| size(r)).sum()),
+    );
     Box::pin(async move {
         chain.open().await?;
         let mut ended = false;
