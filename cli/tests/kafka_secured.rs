@@ -194,3 +194,22 @@ async fn mutual_tls_works_and_bad_credentials_or_certificates_fail_at_start_nami
     assert_eq!(n, 2, "both records committed over mutual TLS");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_topic_is_reported_as_missing_not_as_an_acl() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let s = secured()?;
+    let output = unique("sec3-out");
+    create_topic(env, &output, 1).await?;
+    let missing = unique("never-created");
+    let dir = tempfile::tempdir()?;
+    let args = Job {
+        bootstrap: Some(s.sasl_ssl.clone()),
+        kafka: Some(scram(&s, "EXACTLY_KAFKA_SCRAM_PASSWORD", "ca.pem")),
+        ..Job::new(&missing, &output)
+    }
+    .write(env, dir.path(), "missing");
+    let log = fails_at_start(&args, &[&missing, "does not exist"])?;
+    assert!(!log.contains("may not Read"), "{log}");
+    Ok(())
+}

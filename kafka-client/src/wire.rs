@@ -341,9 +341,12 @@ pub async fn topic_access(cluster: &crate::Cluster, topic: &str) -> Result<Topic
     let Some(t) = resp.topics.first() else {
         return Ok(TopicAccess::Unknown);
     };
-    // 29: TOPIC_AUTHORIZATION_FAILED.
-    if t.error_code == 29 {
-        return Ok(TopicAccess::Denied);
+    // 29: TOPIC_AUTHORIZATION_FAILED. Any other error (e.g. 3, the topic does not exist) is for
+    // the caller's own metadata request to report.
+    match t.error_code {
+        0 => {}
+        29 => return Ok(TopicAccess::Denied),
+        _ => return Ok(TopicAccess::Unknown),
     }
     if t.topic_authorized_operations == i32::MIN {
         return Ok(TopicAccess::Unknown);
