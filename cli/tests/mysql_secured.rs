@@ -1,5 +1,5 @@
-//! The MySQL sink over TLS, as a user that MariaDB admits only over TLS (`REQUIRE SSL`; the
-//! scripts make the server's certificates): with `ssl-mode=verify_identity` and the test CA the
+//! The MySQL sink over TLS, against MariaDB with `require_secure_transport` as a user that is
+//! also `REQUIRE SSL` (the scripts make the server's certificates): with `ssl-mode=verify_identity` and the test CA the
 //! job writes its rows, its password taken from the environment through `${...}` in the job file;
 //! without TLS (`ssl-mode=disabled`) and with a CA that did not sign the server's certificate, the
 //! job fails at start with the server's address and the cause, instead of restarting.
