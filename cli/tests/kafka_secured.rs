@@ -213,3 +213,43 @@ async fn a_missing_topic_is_reported_as_missing_not_as_an_acl() -> Result<()> {
     assert!(!log.contains("may not Read"), "{log}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dead_letter_producer_writes_over_sasl_ssl_too() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let s = secured()?;
+    let (input, output, dead) = (unique("sec4-in"), unique("sec4-out"), unique("sec4-dead"));
+    for t in [&input, &output, &dead] {
+        create_topic(env, t, 1).await?;
+    }
+    let dir = tempfile::tempdir()?;
+    let args = Job {
+        bootstrap: Some(s.sasl_ssl.clone()),
+        kafka: Some(scram(&s, "EXACTLY_KAFKA_SCRAM_PASSWORD", "ca.pem")),
+        ..Job::new(&input, &output)
+    }
+    .write(env, dir.path(), "dead-letters");
+    // A transform needs JSON; a record that is not goes to the dead-letter topic.
+    let text = std::fs::read_to_string(&args[1])?;
+    let text = text.replacen(
+        "\n[sink.kafka]",
+        &format!(
+            "on_deserialization_error = {{ type = \"dead_letter\", topic = \"{dead}\" }}\n\n[[transform]]\ntype = \"project\"\nfields = [\"id\"]\n\n[sink.kafka]"
+        ),
+        1,
+    );
+    std::fs::write(&args[1], text)?;
+    exactly_integration_tests::produce(
+        env,
+        &input,
+        &[("k".into(), "{\"id\": 1}".into()), ("k".into(), "not json".into())],
+    )?;
+    let mut job = ChildJob::spawn(exactly(), &args, "")?;
+    wait_for_more_output(env, &output, 0, &mut job, Duration::from_secs(60)).await?;
+    let letters = exactly_integration_tests::wait_for_committed(env, &dead, 1, Duration::from_secs(60))
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", job.tail(30)))?;
+    job.kill();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].value_str(), "not json");
+    Ok(())
+}

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::chain::{BackendFactory, Notification};
 use super::graph::{PrepareInputs, Vertex};
@@ -422,12 +422,30 @@ impl Job {
         let end = run.drive(&mut set, events, commands).await;
         if !matches!(end, RunEnd::Finished) {
             run.shutdown();
+            // Tasks get `shutdown_timeout` to close; then they are aborted, which ends them at
+            // their next await. One stuck in a blocking client call (a librdkafka call or
+            // destructor waiting on a broker) cannot be aborted: after a further
+            // STUCK_TASK_GRACE it is left behind (detached) so the job restarts instead of
+            // hanging. It can do no harm: its channels are closed, it receives no further
+            // barrier or completion, and the restart fences its transactional producers.
             let deadline = tokio::time::sleep(self.config.shutdown_timeout);
             tokio::pin!(deadline);
+            let mut aborted = false;
+            let give_up = tokio::time::sleep(self.config.shutdown_timeout + STUCK_TASK_GRACE);
+            tokio::pin!(give_up);
             loop {
                 tokio::select! {
                     r = set.join_next() => if r.is_none() { break },
-                    _ = &mut deadline => { set.abort_all(); }
+                    _ = &mut deadline, if !aborted => {
+                        aborted = true;
+                        warn!(tasks = set.len(), timeout_ms = self.config.shutdown_timeout.as_millis() as u64, "Tasks did not stop in time; aborting them.");
+                        set.abort_all();
+                    }
+                    _ = &mut give_up => {
+                        error!(tasks = set.len(), "Tasks are stuck in blocking calls; leaving them behind and going on.");
+                        set.detach_all();
+                        break;
+                    }
                 }
             }
         }
@@ -439,6 +457,9 @@ impl Job {
         end
     }
 }
+
+/// How long tasks aborted at a stop may take to end before they are left behind.
+const STUCK_TASK_GRACE: Duration = Duration::from_secs(10);
 
 /// Creates tasks: all of them at the start of a run, a region's again after its failure.
 struct Spawner<'a> {
