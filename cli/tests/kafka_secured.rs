@@ -253,3 +253,30 @@ async fn the_dead_letter_producer_writes_over_sasl_ssl_too() -> Result<()> {
     assert_eq!(letters[0].value_str(), "not json");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_and_scram_sha_256_work_too() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let s = secured()?;
+    for mechanism in ["PLAIN", "SCRAM-SHA-256"] {
+        let (input, output) = (unique("sec5-in"), unique("sec5-out"));
+        create_topic(env, &input, 1).await?;
+        create_topic(env, &output, 1).await?;
+        let dir = tempfile::tempdir()?;
+        let kafka = scram(&s, "EXACTLY_KAFKA_SCRAM_PASSWORD", "ca.pem").replace("SCRAM-SHA-512", mechanism);
+        let args = Job {
+            bootstrap: Some(s.sasl_ssl.clone()),
+            kafka: Some(kafka),
+            ..Job::new(&input, &output)
+        }
+        .write(env, dir.path(), "mechanism");
+        exactly_integration_tests::produce(env, &input, &[("k".into(), "one".into()), ("k".into(), "two".into())])?;
+        let mut job = ChildJob::spawn(exactly(), &args, "")?;
+        let (n, _) = wait_for_more_output(env, &output, 1, &mut job, Duration::from_secs(60))
+            .await
+            .with_context(|| mechanism.to_owned())?;
+        job.kill();
+        assert_eq!(n, 2, "{mechanism}");
+    }
+    Ok(())
+}
