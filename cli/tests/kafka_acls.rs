@@ -6,11 +6,11 @@
 mod k2k;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use exactly_integration_tests::acls::{allow, Allow, Operation, Resource};
-use exactly_integration_tests::{create_topic, unique, ChildJob, TestEnv};
+use exactly_integration_tests::{create_topic, fails_at_start, unique, ChildJob, TestEnv};
 use k2k::{drain_and_verify, exactly, feed, Job, KEYS};
 
 fn acl(resource: Resource, name: &str, prefixed: bool, operation: Operation) -> Allow {
@@ -128,19 +128,10 @@ async fn a_job_with_only_the_documented_acls_is_exactly_once_and_a_missing_one_f
     .await?;
     let args = spec.write(env, dir.path(), "denied");
     exactly_integration_tests::produce(env, &input, &[("k".into(), "v".into())])?;
-    let mut job = ChildJob::spawn(exactly(), &args, "")?;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while job.running() {
-        if Instant::now() > deadline {
-            bail!("still running without the ACLs it needs:\n{}", job.tail(20));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let log = k2k::log_without_backtraces(&job, 20);
-    assert_eq!(job.exit_code(), Some(1), "{log}");
-    assert!(
-        log.contains(&format!("may not Write (and Describe) topic {denied:?}")),
-        "names the refusal:\n{log}"
-    );
+    fails_at_start(
+        exactly(),
+        &args,
+        &[&format!("may not Write (and Describe) topic {denied:?}")],
+    )?;
     Ok(())
 }

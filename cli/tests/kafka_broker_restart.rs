@@ -13,17 +13,6 @@ use anyhow::{bail, Result};
 use exactly_integration_tests::{create_topic, read_committed, unique, ChildJob, TestEnv};
 use k2k::{drain_and_verify, exactly, feed, job_args, KEYS};
 
-fn services(env: &TestEnv, command: &str) -> Result<()> {
-    let Some(script) = env.services_script.clone() else {
-        bail!("this test kills and restarts the broker, which needs the local services (scripts/services), not a container");
-    };
-    let status = std::process::Command::new(script).arg(command).status()?;
-    if !status.success() {
-        bail!("scripts/services {command} failed ({status})");
-    }
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_killed_and_restarted_mid_run_loses_and_doubles_nothing() -> Result<()> {
     let env = TestEnv::get().await?;
@@ -41,8 +30,8 @@ async fn broker_killed_and_restarted_mid_run_loses_and_doubles_nothing() -> Resu
     let feeder = feed(env, &input, next.clone());
     let mut job = ChildJob::spawn(program, &args, "sink.after_pre_commit=freeze@3")?;
     job.wait_for_failpoint("sink.after_pre_commit", Duration::from_secs(60))?;
-    services(env, "kill-kafka")?;
-    services(env, "start-kafka")?;
+    env.services("kill-kafka")?;
+    env.services("start-kafka")?;
     job.kill();
     feeder.finish()?;
 
@@ -58,23 +47,16 @@ async fn broker_killed_and_restarted_mid_run_loses_and_doubles_nothing() -> Resu
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
-        services(env, "kill-kafka")?;
+        env.services("kill-kafka")?;
         tokio::time::sleep(Duration::from_millis(500)).await;
-        services(env, "start-kafka")?;
+        env.services("start-kafka")?;
     }
     feeder.finish()?;
     if !job.running() {
-        // Its error and log lines, without the backtrace under them.
-        let log: Vec<String> = job
-            .tail(100_000)
-            .lines()
-            .filter(|l| !l.starts_with(' '))
-            .map(str::to_owned)
-            .collect();
         bail!(
             "the job did not survive the broker restarts (exit code {:?}):\n{}",
             job.exit_code(),
-            log[log.len().saturating_sub(40)..].join("\n")
+            job.log(40)
         );
     }
     job.kill();

@@ -105,7 +105,7 @@ async fn a_job_paused_longer_than_its_transaction_timeout_checkpoints_again_or_f
             break;
         }
         if !job.running() {
-            let log = k2k::log_without_backtraces(&job, 40);
+            let log = job.log(40);
             if log.contains("DATA LOST") {
                 eprintln!("the job ended loudly:\n{log}");
                 feeder.finish()?;
@@ -114,10 +114,7 @@ async fn a_job_paused_longer_than_its_transaction_timeout_checkpoints_again_or_f
             bail!("the job exited without checkpointing again and without DATA LOST:\n{log}");
         }
         if Instant::now() > deadline {
-            bail!(
-                "no checkpoint within 90 s of SIGCONT:\n{}",
-                k2k::log_without_backtraces(&job, 40)
-            );
+            bail!("no checkpoint within 90 s of SIGCONT:\n{}", job.log(40));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

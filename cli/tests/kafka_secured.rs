@@ -9,10 +9,10 @@
 mod k2k;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
-use exactly_integration_tests::{create_topic, unique, ChildJob, TestEnv};
+use anyhow::{Context, Result};
+use exactly_integration_tests::{create_topic, fails_at_start, unique, ChildJob, TestEnv};
 use k2k::{drain_and_verify, exactly, feed, wait_for_more_output, Job, KEYS};
 
 struct Secured {
@@ -111,28 +111,6 @@ async fn sasl_ssl_scram_sha_512_job_is_exactly_once_across_a_sigkill_before_its_
     Ok(())
 }
 
-/// Runs `exactly run ARGS` and expects it to fail at start with every one of `expected` in its
-/// error output.
-fn fails_at_start(args: &[String], expected: &[&str]) -> Result<String> {
-    let mut job = ChildJob::spawn(exactly(), args, "")?;
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while job.running() {
-        if Instant::now() > deadline {
-            bail!(
-                "still running after 90 s (expected a failure at start):\n{}",
-                job.tail(20)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let log = k2k::log_without_backtraces(&job, 20);
-    assert_eq!(job.exit_code(), Some(1), "{log}");
-    for e in expected {
-        assert!(log.contains(e), "expected {e:?} in:\n{log}");
-    }
-    Ok(log)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_works_and_bad_credentials_or_certificates_fail_at_start_naming_them() -> Result<()> {
     let env = TestEnv::get().await?;
@@ -154,6 +132,7 @@ async fn mutual_tls_works_and_bad_credentials_or_certificates_fail_at_start_nami
     // A wrong password, referenced like the real one; only the child processes read it.
     std::env::set_var("EXACTLY_TEST_WRONG_PASSWORD", "not-the-password");
     let log = fails_at_start(
+        exactly(),
         &job(
             &s.sasl_ssl,
             scram(&s, "EXACTLY_TEST_WRONG_PASSWORD", "ca.pem"),
@@ -168,6 +147,7 @@ async fn mutual_tls_works_and_bad_credentials_or_certificates_fail_at_start_nami
     )?;
     assert!(!log.contains("not-the-password"), "{log}");
     fails_at_start(
+        exactly(),
         &job(
             &s.sasl_ssl,
             scram(&s, "EXACTLY_KAFKA_SCRAM_PASSWORD", "untrusted-ca.pem"),
@@ -177,6 +157,7 @@ async fn mutual_tls_works_and_bad_credentials_or_certificates_fail_at_start_nami
     )?;
     let tls_only = format!("security.protocol = \"SSL\"\nssl.ca.location = \"{}/ca.pem\"\n", s.tls);
     fails_at_start(
+        exactly(),
         &job(&s.ssl, tls_only.clone(), "no-client-certificate"),
         &[&s.ssl, "TLS"],
     )?;
@@ -209,7 +190,7 @@ async fn a_missing_topic_is_reported_as_missing_not_as_an_acl() -> Result<()> {
         ..Job::new(&missing, &output)
     }
     .write(env, dir.path(), "missing");
-    let log = fails_at_start(&args, &[&missing, "does not exist"])?;
+    let log = fails_at_start(exactly(), &args, &[&missing, "does not exist"])?;
     assert!(!log.contains("may not Read"), "{log}");
     Ok(())
 }

@@ -6,31 +6,11 @@
 
 mod k2m;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
-use exactly_integration_tests::{create_topic, produce, ChildJob, TestEnv};
+use anyhow::{Context, Result};
+use exactly_integration_tests::{create_topic, fails_at_start, produce, ChildJob, TestEnv};
 use k2m::{exactly, setup, wait_rows};
-
-fn fails_at_start(args: &[String], expected: &[&str]) -> Result<()> {
-    let mut job = ChildJob::spawn(exactly(), args, "")?;
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while job.running() {
-        if Instant::now() > deadline {
-            bail!(
-                "still running after 90 s (expected a failure at start):\n{}",
-                job.tail(20)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let log = job.tail(30);
-    assert_eq!(job.exit_code(), Some(1), "{log}");
-    for e in expected {
-        assert!(log.contains(e), "expected {e:?} in:\n{log}");
-    }
-    Ok(())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_mysql_sink_writes_over_tls_and_refuses_plaintext_and_untrusted_servers() -> Result<()> {
@@ -80,10 +60,12 @@ async fn the_mysql_sink_writes_over_tls_and_refuses_plaintext_and_untrusted_serv
     job.kill();
 
     fails_at_start(
+        exactly(),
         &with_url("ssl-mode=disabled", "plaintext")?,
         &[&address, "Access denied", &user],
     )?;
     fails_at_start(
+        exactly(),
         &with_url(&format!("ssl-mode=verify_ca&ssl-ca={other_ca}"), "untrusted")?,
         &[&address, "certificate"],
     )?;

@@ -42,34 +42,32 @@ impl ChildJob {
         lines[lines.len().saturating_sub(n)..].join("\n")
     }
 
+    /// The last `n` lines the child wrote to stderr, without the backtrace lines indented under
+    /// an error.
+    pub fn log(&self, n: usize) -> String {
+        let lines = self.lines.lock().expect("not poisoned");
+        let kept: Vec<&str> = lines
+            .iter()
+            .filter(|l| !l.starts_with(' '))
+            .map(String::as_str)
+            .collect();
+        kept[kept.len().saturating_sub(n)..].join("\n")
+    }
+
     /// Waits until the child reports reaching fail point `name`; fails if it exits or the
     /// deadline passes first.
     pub fn wait_for_failpoint(&mut self, name: &str, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        let wanted = format!("FAILPOINT {name}");
-        loop {
-            if self
-                .lines
-                .lock()
-                .expect("not poisoned")
-                .iter()
-                .any(|l| l.trim() == wanted)
-            {
-                return Ok(());
-            }
-            if let Some(status) = self.child.try_wait()? {
-                bail!("the job exited ({status}) before reaching {name}:\n{}", self.tail(40));
-            }
-            if Instant::now() > deadline {
-                bail!("the job did not reach {name} within {timeout:?}:\n{}", self.tail(40));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.wait_until_written(&format!("FAILPOINT {name}"), &format!("reach {name}"), timeout)
     }
 
     /// Waits until the child writes `line` (trimmed) on stderr — e.g. `FAILPOINT NAME delay` for
     /// a delay fail point; fails if it exits or the deadline passes first.
     pub fn wait_for_line(&mut self, line: &str, timeout: Duration) -> Result<()> {
+        self.wait_until_written(line, &format!("write {line:?}"), timeout)
+    }
+
+    /// Waits for `line`; `what` says what the child did not do, in the error.
+    fn wait_until_written(&mut self, line: &str, what: &str, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
             if self
@@ -82,10 +80,10 @@ impl ChildJob {
                 return Ok(());
             }
             if let Some(status) = self.child.try_wait()? {
-                bail!("the job exited ({status}) before writing {line:?}:\n{}", self.tail(40));
+                bail!("the job exited ({status}) before it could {what}:\n{}", self.tail(40));
             }
             if Instant::now() > deadline {
-                bail!("the job did not write {line:?} within {timeout:?}:\n{}", self.tail(40));
+                bail!("the job did not {what} within {timeout:?}:\n{}", self.tail(40));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -117,6 +115,28 @@ impl Drop for ChildJob {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Runs `program args` and expects it to fail at start: exit code 1 within 90 s, with every one
+/// of `expected` in its log. Returns the log (without backtraces).
+pub fn fails_at_start(program: &str, args: &[String], expected: &[&str]) -> Result<String> {
+    let mut job = ChildJob::spawn(program, args, "")?;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while job.running() {
+        if Instant::now() > deadline {
+            bail!(
+                "still running after 90 s (expected a failure at start):\n{}",
+                job.tail(20)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = job.log(30);
+    assert_eq!(job.exit_code(), Some(1), "{log}");
+    for e in expected {
+        assert!(log.contains(e), "expected {e:?} in:\n{log}");
+    }
+    Ok(log)
 }
 
 /// Sends `signal` (e.g. "STOP", "CONT") to `pid` with kill(1).

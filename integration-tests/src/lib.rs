@@ -18,7 +18,7 @@ mod kafka;
 mod mysql;
 mod proxy;
 
-pub use child::{signal, ChildJob};
+pub use child::{fails_at_start, signal, ChildJob};
 pub use env::{TestEnv, HOW_TO_START};
 pub use ids::unique;
 pub use jobs::{eventually, Committed, CommittingCollector};

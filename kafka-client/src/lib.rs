@@ -337,6 +337,15 @@ impl Cluster {
         Self::new(bootstrap, KafkaSecurity::default())
     }
 
+    /// The bootstrap addresses as `host:port` (a scheme such as `SASL_SSL://` dropped).
+    pub fn addresses(&self) -> impl Iterator<Item = &str> {
+        self.bootstrap
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(|a| a.split_once("://").map_or(a, |(_, b)| b))
+    }
+
     /// [`client_config`] for this cluster.
     pub fn client_config(&self) -> Result<ClientConfig, String> {
         client_config(&self.bootstrap, &self.security)

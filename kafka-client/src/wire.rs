@@ -266,8 +266,7 @@ impl WireError {
 pub async fn check(cluster: &crate::Cluster, timeout: std::time::Duration) -> Result<(), WireError> {
     use kafka_protocol::messages::api_versions_request::ApiVersionsRequest;
     let mut last = WireError::Config(format!("no bootstrap server in {:?}", cluster.bootstrap));
-    for addr in cluster.bootstrap.split(',').map(str::trim).filter(|a| !a.is_empty()) {
-        let addr = addr.split_once("://").map_or(addr, |(_, a)| a);
+    for addr in cluster.addresses() {
         let attempt = async {
             let mut conn = connect(addr, &cluster.security, "exactly").await?;
             let req = ApiVersionsRequest::default()
@@ -324,11 +323,8 @@ pub async fn topic_access(cluster: &crate::Cluster, topic: &str) -> Result<Topic
     use kafka_protocol::messages::metadata_request::{MetadataRequest, MetadataRequestTopic};
     use kafka_protocol::messages::TopicName;
     let addr = cluster
-        .bootstrap
-        .split(',')
-        .map(str::trim)
-        .find(|a| !a.is_empty())
-        .map(|a| a.split_once("://").map_or(a, |(_, b)| b))
+        .addresses()
+        .next()
         .ok_or_else(|| WireError::Config("no bootstrap server".into()))?;
     let mut conn = connect(addr, &cluster.security, "exactly").await?;
     let req = MetadataRequest::default()

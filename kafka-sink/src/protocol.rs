@@ -106,13 +106,7 @@ pub(crate) struct Wire {
 impl Wire {
     pub(crate) fn new(cluster: Cluster, timeout: Duration) -> Self {
         Wire {
-            bootstrap: cluster
-                .bootstrap
-                .split(',')
-                .map(|s| s.trim())
-                .map(|s| s.split_once("://").map_or(s, |(_, a)| a).to_owned())
-                .filter(|s| !s.is_empty())
-                .collect(),
+            bootstrap: cluster.addresses().map(str::to_owned).collect(),
             cluster,
             timeout,
         }

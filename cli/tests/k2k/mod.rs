@@ -254,26 +254,12 @@ pub(crate) async fn wait_for_more_output(
             bail!(
                 "the job exited (code {:?}) with {n} records committed:\n{}",
                 job.exit_code(),
-                log_without_backtraces(job, 40)
+                job.log(40)
             );
         }
         if start.elapsed() > timeout {
-            bail!(
-                "no new output within {timeout:?} ({n} records):\n{}",
-                log_without_backtraces(job, 40)
-            );
+            bail!("no new output within {timeout:?} ({n} records):\n{}", job.log(40));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// The job's last `n` log lines, without the backtrace lines under errors.
-pub(crate) fn log_without_backtraces(job: &ChildJob, n: usize) -> String {
-    let log: Vec<String> = job
-        .tail(100_000)
-        .lines()
-        .filter(|l| !l.starts_with(' '))
-        .map(str::to_owned)
-        .collect();
-    log[log.len().saturating_sub(n)..].join("\n")
 }
