@@ -7,86 +7,29 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-use common::{free_port, orders, spawn_run, status, wait_exit};
-use exactly_integration_tests::{
-    connect_mysql, create_topic, produce, query_i64, read_committed, signal, unique, TestEnv,
-};
+use anyhow::{bail, Result};
+use common::{orders, spawn_run, status, wait, wait_exit, Examples};
+use exactly_integration_tests::{connect_mysql, produce, query_i64, read_committed, signal, TestEnv};
 
 const TOTAL: u64 = 20_000;
-
-/// An example job file rewritten for this run's topics, table, directories and ports.
-fn example(name: &str, dir: &Path, env: &TestEnv, replace: &[(&str, String)]) -> Result<std::path::PathBuf> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name);
-    let mut text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    text = text.replace("127.0.0.1:19092", &env.kafka_bootstrap);
-    text = text.replace("mysql://exactly:exactly@127.0.0.1:13306/exactly", &env.mysql_url);
-    for (from, to) in replace {
-        assert!(text.contains(from), "{from} not in {name}");
-        text = text.replace(from, to);
-    }
-    let out = dir.join(name);
-    std::fs::write(&out, text)?;
-    Ok(out)
-}
-
-fn wait(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    while !f()? {
-        if Instant::now() > deadline {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    Ok(())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_orders_to_kafka_and_mysql_with_a_sigkill() -> Result<()> {
     let env = TestEnv::get().await?;
-    let run = unique("demo");
-    let (orders_topic, paid_topic, dlq) = (format!("{run}-orders"), format!("{run}-paid"), format!("{run}-dlq"));
-    for t in [&orders_topic, &paid_topic, &dlq] {
-        create_topic(env, t, 3).await?;
-    }
-    let table = run.replace('-', "_");
     let dir = tempfile::tempdir()?;
-    let (k2k_port, k2m_port) = (free_port(), free_port());
-    let k2k = example(
-        "orders-k2k.toml",
-        dir.path(),
-        env,
-        &[
-            ("topics = [\"orders\"]", format!("topics = [\"{orders_topic}\"]")),
-            ("topic = \"paid-orders\"", format!("topic = \"{paid_topic}\"")),
-            ("topic = \"orders-dlq\"", format!("topic = \"{dlq}\"")),
-            ("/tmp/exactly/orders-k2k", dir.path().join("k2k").display().to_string()),
-            ("127.0.0.1:9249", format!("127.0.0.1:{k2k_port}")),
-            (
-                "transactional_id_prefix = \"orders-k2k\"",
-                format!("transactional_id_prefix = \"{run}-k2k\""),
-            ),
-            ("group_id = \"orders-k2k\"", format!("group_id = \"{run}-k2k\"")),
-        ],
-    )?;
-    let k2m = example(
-        "orders-k2m.toml",
-        dir.path(),
-        env,
-        &[
-            ("topics = [\"orders\"]", format!("topics = [\"{orders_topic}\"]")),
-            ("table = \"orders\"", format!("table = \"{table}\"")),
-            ("/tmp/exactly/orders-k2m", dir.path().join("k2m").display().to_string()),
-            ("127.0.0.1:9250", format!("127.0.0.1:{k2m_port}")),
-            ("job_id = \"orders-k2m\"", format!("job_id = \"{run}\"")),
-            ("group_id = \"orders-k2m\"", format!("group_id = \"{run}-k2m\"")),
-        ],
-    )?;
+    let ex = Examples::prepare(env, dir.path(), "demo").await?;
+    let Examples {
+        k2k,
+        k2m,
+        k2k_port,
+        k2m_port,
+        ..
+    } = ex.clone();
+    let (orders_topic, paid_topic, table) = (ex.orders.clone(), ex.paid.clone(), ex.table.clone());
 
     // Sample orders arrive throughout.
     let produced = Arc::new(AtomicU64::new(0));

@@ -163,28 +163,49 @@ fn to_record<M: Message>(msg: &M) -> CommittedRecord {
 
 /// Produces keyed records (non-transactionally, idempotent) and waits until all are acknowledged.
 pub fn produce(env: &TestEnv, topic: &str, records: &[(String, String)]) -> Result<()> {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", &env.kafka_bootstrap)
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
-        .create()
-        .context("creating a producer")?;
-    for (k, v) in records {
-        loop {
-            match producer.send(BaseRecord::to(topic).key(k.as_str()).payload(v.as_str())) {
-                Ok(()) => break,
-                Err((
-                    rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
-                    _,
-                )) => {
-                    producer.poll(Duration::from_millis(10));
+    Feed::new(env)?.send(topic, records)
+}
+
+/// An idempotent producer kept across batches (a feeder of a long scenario): its retries across a
+/// broker restart add no duplicate input.
+pub struct Feed {
+    producer: BaseProducer,
+}
+
+impl Feed {
+    /// A producer to `env`'s broker.
+    pub fn new(env: &TestEnv) -> Result<Feed> {
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", &env.kafka_bootstrap)
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            .create()
+            .context("creating a producer")?;
+        Ok(Feed { producer })
+    }
+
+    /// Produces keyed records and waits (up to 60 s) until all are acknowledged.
+    pub fn send(&self, topic: &str, records: &[(String, String)]) -> Result<()> {
+        for (k, v) in records {
+            loop {
+                match self
+                    .producer
+                    .send(BaseRecord::to(topic).key(k.as_str()).payload(v.as_str()))
+                {
+                    Ok(()) => break,
+                    Err((
+                        rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
+                        _,
+                    )) => {
+                        self.producer.poll(Duration::from_millis(10));
+                    }
+                    Err((e, _)) => return Err(e).context("producing"),
                 }
-                Err((e, _)) => return Err(e).context("producing"),
             }
         }
+        self.producer
+            .flush(Duration::from_secs(60))
+            .context("flushing the producer")?;
+        Ok(())
     }
-    producer
-        .flush(Duration::from_secs(60))
-        .context("flushing the producer")?;
-    Ok(())
 }

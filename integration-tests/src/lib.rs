@@ -24,7 +24,7 @@ pub use ids::unique;
 pub use jobs::{eventually, Committed, CommittingCollector};
 pub use kafka::{
     create_topic, create_topic_with, produce, read_committed, transactional_producer, wait_for_committed,
-    CommittedRecord,
+    CommittedRecord, Feed,
 };
-pub use mysql::{connect_mysql, query_i64};
+pub use mysql::{connect_mysql, execute, query_i64};
 pub use proxy::Proxy;

@@ -26,6 +26,15 @@ pub async fn query_i64(conn: &mut MySqlConnection, sql: &str) -> Result<i64> {
     Ok(row.try_get::<i64, _>(0)?)
 }
 
+/// Runs a statement that returns no rows (e.g. `CREATE TABLE ...`).
+pub async fn execute(conn: &mut MySqlConnection, sql: &str) -> Result<()> {
+    sqlx::query(sql)
+        .execute(&mut *conn)
+        .await
+        .with_context(|| sql.to_owned())?;
+    Ok(())
+}
+
 fn redact(url: &str) -> String {
     match url.split_once('@') {
         Some((auth, rest)) => {

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use exactly_integration_tests::{ChildJob, TestEnv};
 
 /// The `exactly` binary under test.
@@ -143,4 +143,112 @@ pub fn orders(range: std::ops::Range<u64>) -> Vec<(String, String)> {
     range
         .map(|i| (i.to_string(), exactly_cli::datagen::order(i).to_string()))
         .collect()
+}
+
+/// An example job file of `examples/` rewritten for one run: the services of `env`, and each
+/// `(from, to)` replacement (which must occur in the file). Written into `dir`.
+pub fn example(name: &str, dir: &Path, env: &TestEnv, replace: &[(&str, String)]) -> Result<PathBuf> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name);
+    let mut text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    text = text.replace("127.0.0.1:19092", &env.kafka_bootstrap);
+    text = text.replace("mysql://exactly:exactly@127.0.0.1:13306/exactly", &env.mysql_url);
+    for (from, to) in replace {
+        assert!(text.contains(from), "{from} not in {name}");
+        text = text.replace(from, to);
+    }
+    let out = dir.join(name);
+    std::fs::write(&out, text)?;
+    Ok(out)
+}
+
+/// Polls `f` every 200 ms until it holds; fails after `timeout` naming `what`.
+pub fn wait(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !f()? {
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
+/// The two example job files (`examples/orders-k2k.toml`, `examples/orders-k2m.toml`) rewritten
+/// for one run: its own topics (created), table, directories, admin ports and ids.
+#[derive(Clone)]
+pub struct Examples {
+    pub k2k: PathBuf,
+    pub k2m: PathBuf,
+    pub k2k_port: u16,
+    pub k2m_port: u16,
+    /// The input topic, `paid-orders` and the dead-letter topic of this run.
+    pub orders: String,
+    pub paid: String,
+    pub dlq: String,
+    /// The Kafka-to-MySQL job's table (made here without a primary key).
+    pub table: String,
+}
+
+impl Examples {
+    /// Creates the topics (3 partitions each) and writes both job files into `dir`.
+    pub async fn prepare(env: &TestEnv, dir: &Path, prefix: &str) -> Result<Examples> {
+        let run = exactly_integration_tests::unique(prefix);
+        let (orders, paid, dlq) = (format!("{run}-orders"), format!("{run}-paid"), format!("{run}-dlq"));
+        for t in [&orders, &paid, &dlq] {
+            exactly_integration_tests::create_topic(env, t, 3).await?;
+        }
+        let table = run.replace('-', "_");
+        // The job would create the table with its key column `id` as primary key; created here
+        // without one, a duplicate shows as a second row instead of an insert error.
+        let mut sql = exactly_integration_tests::connect_mysql(env).await?;
+        exactly_integration_tests::execute(
+            &mut sql,
+            &format!(
+                "CREATE TABLE `{table}` (`id` BIGINT NOT NULL, `customer` VARCHAR(64) NOT NULL, \
+                 `amount` DOUBLE NOT NULL, `status` VARCHAR(16) NOT NULL) ENGINE=InnoDB"
+            ),
+        )
+        .await?;
+        let (k2k_port, k2m_port) = (free_port(), free_port());
+        let k2k = example(
+            "orders-k2k.toml",
+            dir,
+            env,
+            &[
+                ("topics = [\"orders\"]", format!("topics = [\"{orders}\"]")),
+                ("topic = \"paid-orders\"", format!("topic = \"{paid}\"")),
+                ("topic = \"orders-dlq\"", format!("topic = \"{dlq}\"")),
+                ("/tmp/exactly/orders-k2k", dir.join("k2k").display().to_string()),
+                ("127.0.0.1:9249", format!("127.0.0.1:{k2k_port}")),
+                (
+                    "transactional_id_prefix = \"orders-k2k\"",
+                    format!("transactional_id_prefix = \"{run}-k2k\""),
+                ),
+                ("group_id = \"orders-k2k\"", format!("group_id = \"{run}-k2k\"")),
+            ],
+        )?;
+        let k2m = example(
+            "orders-k2m.toml",
+            dir,
+            env,
+            &[
+                ("topics = [\"orders\"]", format!("topics = [\"{orders}\"]")),
+                ("table = \"orders\"", format!("table = \"{table}\"")),
+                ("/tmp/exactly/orders-k2m", dir.join("k2m").display().to_string()),
+                ("127.0.0.1:9250", format!("127.0.0.1:{k2m_port}")),
+                ("job_id = \"orders-k2m\"", format!("job_id = \"{run}\"")),
+                ("group_id = \"orders-k2m\"", format!("group_id = \"{run}-k2m\"")),
+            ],
+        )?;
+        Ok(Examples {
+            k2k,
+            k2m,
+            k2k_port,
+            k2m_port,
+            orders,
+            paid,
+            dlq,
+            table,
+        })
+    }
 }
