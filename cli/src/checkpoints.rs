@@ -6,7 +6,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use exactly_core::checkpoint::CheckpointMetadata;
-use exactly_core::storage::LocalStorage;
+use exactly_core::storage::Storage;
 use exactly_core::SnapshotKind;
 use serde::Serialize;
 use serde_json::Value;
@@ -152,7 +152,7 @@ pub fn list(root: &Path) -> Result<(Vec<Listed>, Unreadable)> {
     let mut ok = Vec::new();
     let mut bad = Vec::new();
     for dir in snapshot_dirs(root)? {
-        match LocalStorage::open_path(&dir) {
+        match Storage::open_path(&dir) {
             Ok(s) => ok.push(listed(&dir, &s.meta)),
             Err(e) => bad.push((dir, e.to_string())),
         }
@@ -205,7 +205,7 @@ pub fn inspect(path: &Path) -> Result<Inspected> {
             None => bail!("no checkpoint under {}", path.display()),
         }
     };
-    let s = LocalStorage::open_path(&dir).with_context(|| format!("reading {}", dir.display()))?;
+    let s = Storage::open_path(&dir).with_context(|| format!("reading {}", dir.display()))?;
     let meta = &s.meta;
     let (offsets, pending_transactions) = contents(meta);
     Ok(Inspected {

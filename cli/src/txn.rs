@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use exactly_core::storage::LocalStorage;
+use exactly_core::storage::Storage;
 use exactly_kafka_sink::admin::{abort_transaction, list_transactions, Cluster, TransactionInfo};
 use exactly_kafka_sink::KafkaCommittable;
 use serde::Serialize;
@@ -58,7 +58,7 @@ fn needed(dir: &Path) -> Result<Vec<Needed>> {
     }
     let mut out = Vec::new();
     for l in all {
-        let s = LocalStorage::open_path(&l.path).with_context(|| format!("reading {}", l.path.display()))?;
+        let s = Storage::open_path(&l.path).with_context(|| format!("reading {}", l.path.display()))?;
         for p in checkpoints::contents(&s.meta).1 {
             // Committables of other sinks (MySQL xids) do not decode as Kafka ones.
             if let Ok(committable) = serde_json::from_value::<KafkaCommittable>(p.committable.clone()) {

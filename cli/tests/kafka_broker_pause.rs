@@ -38,6 +38,10 @@ async fn broker_paused_beyond_the_client_timeouts_loses_and_doubles_nothing() ->
     let feeder = feed(env, &input, next.clone());
     let (n, after) = wait_for_more_output(env, &output, before, &mut job, Duration::from_secs(180)).await?;
     eprintln!("commits resumed {after:?} after SIGCONT ({n} records)");
+    if after > Duration::from_secs(10) {
+        // Not a failure (no timing thresholds in tests), but the slow path is worth reading.
+        eprintln!("slow resume; the job's log:\n{}", job.log(300));
+    }
     feeder.finish()?;
     job.kill();
 

@@ -25,6 +25,46 @@ pub struct TestEnv {
     /// The broker's `PROXIED` listener and the address it advertises, where a test runs a
     /// [`crate::Proxy`] (`EXACTLY_KAFKA_PROXIED`, `EXACTLY_KAFKA_PROXY`).
     pub kafka_proxied: Option<(String, String)>,
+    /// The S3-compatible object store, when `scripts/services` started one (`EXACTLY_S3_*`).
+    pub s3: Option<S3>,
+}
+
+/// An S3-compatible object store for checkpoints (`scripts/services`: SeaweedFS).
+#[derive(Debug, Clone)]
+pub struct S3 {
+    /// `http://host:port`.
+    pub endpoint: String,
+    /// A bucket that exists.
+    pub bucket: String,
+    /// Credentials.
+    pub access_key: String,
+    /// Credentials.
+    pub secret_key: String,
+}
+
+impl S3 {
+    /// `s3://<bucket>/<prefix>`.
+    pub fn url(&self, prefix: &str) -> String {
+        format!("s3://{}/{prefix}", self.bucket)
+    }
+
+    /// Exports the `AWS_*` variables through which `exactly` (and the object_store crate) find this
+    /// store and its credentials, into this process's environment — so that storage opened here
+    /// and every job process started from here (children inherit it) use it. Idempotent.
+    pub fn export_aws_env(&self) {
+        static DONE: std::sync::Once = std::sync::Once::new();
+        DONE.call_once(|| {
+            for (k, v) in [
+                ("AWS_ENDPOINT", self.endpoint.as_str()),
+                ("AWS_ALLOW_HTTP", "true"),
+                ("AWS_ACCESS_KEY_ID", self.access_key.as_str()),
+                ("AWS_SECRET_ACCESS_KEY", self.secret_key.as_str()),
+                ("AWS_REGION", "us-east-1"),
+            ] {
+                std::env::set_var(k, v);
+            }
+        });
+    }
 }
 
 static ENV: OnceCell<TestEnv> = OnceCell::const_new();
@@ -46,6 +86,21 @@ impl TestEnv {
             bail!("scripts/services {command} failed ({status})");
         }
         Ok(())
+    }
+
+    /// The object store, its `AWS_*` variables exported into this process (see
+    /// [`S3::export_aws_env`]). Fails (never skips) when it is not there.
+    pub fn s3(&self) -> Result<&S3> {
+        let Some(s3) = &self.s3 else {
+            bail!(
+                "EXACTLY_S3_ENDPOINT / EXACTLY_S3_BUCKET are not set: this test needs the S3 object store \
+                 that `scripts/services up` starts.\n{HOW_TO_START}"
+            );
+        };
+        let host_port = s3.endpoint.trim_start_matches("http://").trim_start_matches("https://");
+        check_reachable("The S3 object store", host_port)?;
+        s3.export_aws_env();
+        Ok(s3)
     }
 
     /// Starts a [`crate::Proxy`] in front of the broker's `PROXIED` listener and returns it with
@@ -91,6 +146,7 @@ async fn find() -> Result<TestEnv> {
                 kafka_proxied: std::env::var("EXACTLY_KAFKA_PROXIED")
                     .ok()
                     .zip(std::env::var("EXACTLY_KAFKA_PROXY").ok()),
+                s3: s3_from_env(),
             })
         }
         (None, None) if docker_answers() => containers::start().await,
@@ -107,6 +163,16 @@ async fn find() -> Result<TestEnv> {
             }
         ),
     }
+}
+
+fn s3_from_env() -> Option<S3> {
+    let var = |k: &str| std::env::var(k).ok();
+    Some(S3 {
+        endpoint: var("EXACTLY_S3_ENDPOINT")?,
+        bucket: var("EXACTLY_S3_BUCKET")?,
+        access_key: var("EXACTLY_S3_ACCESS_KEY")?,
+        secret_key: var("EXACTLY_S3_SECRET_KEY")?,
+    })
 }
 
 fn mysql_host_port(url: &str) -> Result<&str> {
@@ -181,6 +247,7 @@ mod containers {
             kafka_log: None,
             services_script: None,
             kafka_proxied: None,
+            s3: None,
         };
         let _ = RUNNING.set(Running {
             _kafka: kafka,

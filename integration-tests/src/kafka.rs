@@ -203,9 +203,10 @@ impl Feed {
                 }
             }
         }
-        self.producer
-            .flush(Duration::from_secs(60))
-            .context("flushing the producer")?;
+        if let Err(e) = self.producer.flush(Duration::from_secs(60)) {
+            let fatal = self.producer.client().fatal_error();
+            return Err(e).with_context(|| format!("flushing the producer (fatal error: {fatal:?})"));
+        }
         Ok(())
     }
 }

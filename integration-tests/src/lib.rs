@@ -19,12 +19,12 @@ mod mysql;
 mod proxy;
 
 pub use child::{fails_at_start, signal, ChildJob};
-pub use env::{TestEnv, HOW_TO_START};
+pub use env::{TestEnv, HOW_TO_START, S3};
 pub use ids::unique;
 pub use jobs::{eventually, Committed, CommittingCollector};
 pub use kafka::{
     create_topic, create_topic_with, produce, read_committed, transactional_producer, wait_for_committed,
     CommittedRecord, Feed,
 };
-pub use mysql::{connect_mysql, execute, query_i64};
+pub use mysql::{connect_mysql, execute, query_i64, query_pairs};
 pub use proxy::Proxy;

@@ -26,6 +26,17 @@ pub async fn query_i64(conn: &mut MySqlConnection, sql: &str) -> Result<i64> {
     Ok(row.try_get::<i64, _>(0)?)
 }
 
+/// Runs a query returning rows of two integers (e.g. `SELECT id, COUNT(*) ... GROUP BY id`).
+pub async fn query_pairs(conn: &mut MySqlConnection, sql: &str) -> Result<Vec<(i64, i64)>> {
+    let rows = sqlx::query(sql)
+        .fetch_all(&mut *conn)
+        .await
+        .with_context(|| sql.to_owned())?;
+    rows.iter()
+        .map(|r| Ok((r.try_get::<i64, _>(0)?, r.try_get::<i64, _>(1)?)))
+        .collect()
+}
+
 /// Runs a statement that returns no rows (e.g. `CREATE TABLE ...`).
 pub async fn execute(conn: &mut MySqlConnection, sql: &str) -> Result<()> {
     sqlx::query(sql)

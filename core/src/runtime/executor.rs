@@ -22,7 +22,7 @@ use crate::error::{CoreError, ErrorClass, Result};
 use crate::message::{CheckpointBarrier, CheckpointId, SnapshotKind};
 use crate::restart::{RestartDecision, RestartTracker};
 use crate::state::{KeyGroupRange, KeyedStateBackend, MemoryBackend, RocksDbBackend};
-use crate::storage::{CheckpointStorage, LocalStorage, Retention, Snapshot};
+use crate::storage::{CheckpointStorage, Retention, Snapshot, Storage};
 
 /// A built job, ready to run.
 pub struct Job {
@@ -188,11 +188,11 @@ impl Job {
     }
 
     async fn run_with(self, mut commands: mpsc::UnboundedReceiver<Command>) -> Result<JobOutcome> {
-        let storage: Option<Arc<LocalStorage>> = self
+        let storage: Option<Arc<Storage>> = self
             .config
             .checkpointing
             .as_ref()
-            .map(|c| LocalStorage::new(&c.dir).map(Arc::new))
+            .map(|c| Storage::new(&c.dir).map(Arc::new))
             .transpose()?;
         let mut tracker =
             RestartTracker::new(self.config.restart.clone()).with_startup_attempts(self.config.startup_attempts);
@@ -279,7 +279,7 @@ impl Job {
     /// What this attempt restores (see `restore.rs`); raises `last_id` past every stored id.
     fn pick_restore(
         &self,
-        storage: Option<&LocalStorage>,
+        storage: Option<&Storage>,
         plan: &mut Option<RestorePlan>,
         last_id: &mut CheckpointId,
     ) -> Result<Option<Arc<Snapshot>>> {
@@ -346,7 +346,7 @@ impl Job {
         &self,
         attempt: u32,
         restore: Option<Arc<Snapshot>>,
-        storage: Option<Arc<LocalStorage>>,
+        storage: Option<Arc<Storage>>,
         first_id: CheckpointId,
         plan: &RestorePlan,
         commands: &mut mpsc::UnboundedReceiver<Command>,
@@ -464,7 +464,7 @@ const STUCK_TASK_GRACE: Duration = Duration::from_secs(10);
 /// Creates tasks: all of them at the start of a run, a region's again after its failure.
 struct Spawner<'a> {
     job: &'a Job,
-    storage: Option<Arc<LocalStorage>>,
+    storage: Option<Arc<Storage>>,
     events: mpsc::UnboundedSender<TaskEvent>,
 }
 
@@ -531,7 +531,7 @@ struct Run<'a> {
     started: Instant,
     attempt: u32,
     region_restarts: u32,
-    storage: Option<Arc<LocalStorage>>,
+    storage: Option<Arc<Storage>>,
     plan: &'a RestorePlan,
     coordinator: Option<CheckpointCoordinator>,
     controls: Vec<mpsc::UnboundedSender<Control>>,

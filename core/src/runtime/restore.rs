@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use crate::error::{CoreError, Result};
 use crate::message::CheckpointId;
-use crate::storage::{CheckpointStorage, LocalStorage, Snapshot};
+use crate::storage::{CheckpointStorage, Snapshot, Storage};
 
 /// The part of the restore decision that is fixed by the job's first successful pick.
 #[derive(Debug, Clone)]
@@ -28,7 +28,7 @@ pub(super) struct RestorePlan {
 impl RestorePlan {
     /// The first attempt's choice, and the plan for later attempts.
     pub(super) fn first(
-        storage: Option<&LocalStorage>,
+        storage: Option<&Storage>,
         restore_from: Option<&Path>,
         accept_replay: bool,
     ) -> Result<(Option<Snapshot>, RestorePlan)> {
@@ -36,7 +36,7 @@ impl RestorePlan {
             let latest = storage.map(CheckpointStorage::latest).transpose()?.flatten();
             return Ok((latest, RestorePlan { explicit: None }));
         };
-        let snapshot = LocalStorage::open_verified(path)?;
+        let snapshot = Storage::open_verified(path)?;
         let newest = match storage {
             Some(s) => s.completed()?.last().copied().unwrap_or(0),
             None => 0,
@@ -64,7 +64,7 @@ impl RestorePlan {
     }
 
     /// The choice of every later attempt (job or region restart).
-    pub(super) fn later(&self, storage: Option<&LocalStorage>) -> Result<Option<Snapshot>> {
+    pub(super) fn later(&self, storage: Option<&Storage>) -> Result<Option<Snapshot>> {
         match (&self.explicit, storage) {
             (None, Some(s)) => s.latest(),
             (None, None) => Ok(None),
@@ -75,14 +75,14 @@ impl RestorePlan {
                 };
                 match storage {
                     Some(s) if own => s.latest(),
-                    _ => LocalStorage::open_verified(path).map(Some),
+                    _ => Storage::open_verified(path).map(Some),
                 }
             }
         }
     }
 
     /// [`Self::later`] off the async runtime (storage calls block).
-    pub(super) async fn later_blocking(&self, storage: Option<Arc<LocalStorage>>) -> Result<Option<Snapshot>> {
+    pub(super) async fn later_blocking(&self, storage: Option<Arc<Storage>>) -> Result<Option<Snapshot>> {
         let plan = self.clone();
         tokio::task::spawn_blocking(move || plan.later(storage.as_deref()))
             .await

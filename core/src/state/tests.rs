@@ -6,7 +6,7 @@ use super::backend::entry_key;
 use super::*;
 use crate::checkpoint::{CheckpointMetadata, OperatorSnapshot, SubtaskSnapshot, METADATA_VERSION};
 use crate::message::SnapshotKind;
-use crate::storage::{CheckpointStorage, LocalStorage, SnapshotReader};
+use crate::storage::{CheckpointStorage, SnapshotReader, Storage};
 
 const MAX: u32 = 128;
 
@@ -56,7 +56,7 @@ fn check(backend: &mut dyn KeyedStateBackend, keys: std::ops::Range<u32>) -> usi
     seen
 }
 
-fn commit(storage: &LocalStorage, id: u64, handles: Vec<crate::checkpoint::KeyedStateHandle>) {
+fn commit(storage: &Storage, id: u64, handles: Vec<crate::checkpoint::KeyedStateHandle>) {
     let mut operators = BTreeMap::new();
     operators.insert(
         "op".to_owned(),
@@ -111,7 +111,7 @@ fn restore(
 
 fn rescale_round_trip(kind: Kind) {
     let tmp = tempfile::tempdir().unwrap();
-    let storage = LocalStorage::new(tmp.path().join("chk")).unwrap();
+    let storage = Storage::new(tmp.path().join("chk")).unwrap();
     let local = tmp.path().join("local");
     // Two subtasks write, snapshot into checkpoint 1.
     let writer = storage.writer(1).unwrap();
@@ -166,7 +166,7 @@ fn list_state_and_clear() {
 #[test]
 fn rocksdb_second_snapshot_of_mostly_unchanged_state_writes_far_less() {
     let tmp = tempfile::tempdir().unwrap();
-    let storage = LocalStorage::new(tmp.path().join("chk")).unwrap();
+    let storage = Storage::new(tmp.path().join("chk")).unwrap();
     let range = KeyGroupRange::new(0, MAX - 1);
     let mut b = RocksDbBackend::new(range, &tmp.path().join("local")).unwrap();
     // Incompressible values, so sizes reflect what is written.

@@ -1,12 +1,18 @@
-//! Durable checkpoint storage. [`CheckpointStorage`] is the interface (an object store can implement
-//! it); [`LocalStorage`] keeps checkpoints in a local directory.
+//! Durable checkpoint storage. [`CheckpointStorage`] is the interface; [`Storage`] keeps
+//! checkpoints in a local directory or an object store (S3 and S3-compatible servers, GCS,
+//! Azure), chosen by the location: a path, or a URL `s3://bucket/prefix`, `gs://bucket/prefix`,
+//! `az://container/prefix`. The layout is the same in both (see `layout.rs`); only the place that
+//! keeps the files differs (`blobs.rs`: a directory; `object.rs`: an object store).
 
-mod local;
+mod blobs;
+mod format;
+mod layout;
+mod object;
 
 use std::path::Path;
 use std::sync::Arc;
 
-pub use local::{LocalStorage, Retention};
+pub use layout::{Retention, Storage};
 
 use crate::checkpoint::{CheckpointMetadata, FileHandle};
 use crate::error::Result;

@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::checkpoint::{BackendKind, KeyedStateHandle, OperatorSnapshot, SubtaskSnapshot};
+use crate::checkpoint::{BackendKind, KeyedStateHandle, OperatorSnapshot, SubtaskSnapshot, METADATA_VERSION};
 use crate::message::SnapshotKind;
 use crate::state::KeyGroupRange;
 
@@ -33,7 +33,7 @@ fn meta(id: CheckpointId, files: Vec<FileHandle>) -> CheckpointMetadata {
     }
 }
 
-fn checkpoint(storage: &LocalStorage, id: CheckpointId, shared: &[&str]) -> CheckpointMetadata {
+fn checkpoint(storage: &Storage, id: CheckpointId, shared: &[&str]) -> CheckpointMetadata {
     let w = storage.writer(id).unwrap();
     let src = tempfile::NamedTempFile::new().unwrap();
     let mut files = vec![w
@@ -51,7 +51,7 @@ fn checkpoint(storage: &LocalStorage, id: CheckpointId, shared: &[&str]) -> Chec
 #[test]
 fn committed_checkpoints_are_listed_and_verified() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = LocalStorage::new(dir.path()).unwrap();
+    let storage = Storage::new(dir.path()).unwrap();
     let m1 = checkpoint(&storage, 1, &["a.sst"]);
     let _ = storage.writer(2).unwrap(); // in progress, no metadata: not completed
     assert_eq!(storage.completed().unwrap(), vec![1]);
@@ -74,7 +74,7 @@ fn flip_last_byte(path: &Path) {
 #[test]
 fn a_corrupt_newest_checkpoint_is_an_error_that_names_it_never_a_fallback() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = LocalStorage::new(dir.path()).unwrap();
+    let storage = Storage::new(dir.path()).unwrap();
     checkpoint(&storage, 1, &["a.sst"]);
     checkpoint(&storage, 2, &["a.sst", "b.sst"]);
     checkpoint(&storage, 3, &["c.sst"]);
@@ -93,7 +93,7 @@ fn a_corrupt_newest_checkpoint_is_an_error_that_names_it_never_a_fallback() {
 #[test]
 fn a_truncated_or_missing_state_file_of_the_newest_checkpoint_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = LocalStorage::new(dir.path()).unwrap();
+    let storage = Storage::new(dir.path()).unwrap();
     checkpoint(&storage, 1, &["a.sst"]);
     checkpoint(&storage, 2, &["a.sst", "b.sst"]);
     fs::write(dir.path().join("shared/b.sst"), "short").unwrap();
@@ -117,7 +117,7 @@ fn a_truncated_or_missing_state_file_of_the_newest_checkpoint_is_an_error() {
 #[test]
 fn an_unreadable_newest_checkpoint_is_a_retriable_io_error() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = LocalStorage::new(dir.path()).unwrap();
+    let storage = Storage::new(dir.path()).unwrap();
     checkpoint(&storage, 1, &[]);
     checkpoint(&storage, 2, &[]);
     // A directory where the metadata file should be: reading it fails with an I/O error (as EIO,
@@ -133,7 +133,7 @@ fn an_unreadable_newest_checkpoint_is_a_retriable_io_error() {
 #[test]
 fn a_directory_that_held_checkpoints_and_holds_none_refuses_to_start_over() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = LocalStorage::new(dir.path()).unwrap();
+    let storage = Storage::new(dir.path()).unwrap();
     assert!(storage.latest().unwrap().is_none(), "a new directory starts empty");
     checkpoint(&storage, 1, &[]);
     fs::remove_dir_all(storage.checkpoint_dir(1)).unwrap();
@@ -152,7 +152,7 @@ fn a_directory_that_held_checkpoints_and_holds_none_refuses_to_start_over() {
 #[test]
 fn a_directory_from_before_the_marker_gets_it_on_restore() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = LocalStorage::new(dir.path()).unwrap();
+    let storage = Storage::new(dir.path()).unwrap();
     checkpoint(&storage, 1, &[]);
     fs::remove_file(dir.path().join(MARKER_FILE)).unwrap();
     assert_eq!(storage.latest().unwrap().unwrap().meta.id, 1);
@@ -162,7 +162,7 @@ fn a_directory_from_before_the_marker_gets_it_on_restore() {
 #[test]
 fn retain_deletes_old_checkpoints_and_their_unshared_files() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = LocalStorage::new(dir.path()).unwrap();
+    let storage = Storage::new(dir.path()).unwrap();
     checkpoint(&storage, 1, &["a.sst", "old.sst"]);
     checkpoint(&storage, 2, &["a.sst", "b.sst"]);
     checkpoint(&storage, 3, &["a.sst", "c.sst"]);
@@ -186,12 +186,12 @@ fn retain_deletes_old_checkpoints_and_their_unshared_files() {
 #[test]
 fn exported_snapshot_is_self_contained() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = LocalStorage::new(dir.path().join("chk")).unwrap();
+    let storage = Storage::new(dir.path().join("chk")).unwrap();
     checkpoint(&storage, 4, &["a.sst"]);
     let out = dir.path().join("savepoint-4");
     storage.export(4, &out).unwrap();
     storage.discard_all().unwrap();
-    let s = LocalStorage::open_path(&out).unwrap();
+    let s = Storage::open_path(&out).unwrap();
     assert_eq!(s.meta.id, 4);
     let contents: Vec<_> = s.meta.files().map(|f| s.reader.read(f).unwrap()).collect();
     assert_eq!(contents, vec![b"private 4".to_vec(), b"content of a.sst".to_vec()]);
@@ -200,7 +200,7 @@ fn exported_snapshot_is_self_contained() {
 #[test]
 fn newer_metadata_version_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = LocalStorage::new(dir.path()).unwrap();
+    let storage = Storage::new(dir.path()).unwrap();
     checkpoint(&storage, 1, &[]);
     let md = storage.checkpoint_dir(1).join(METADATA_FILE);
     let mut bytes = fs::read(&md).unwrap();
@@ -213,7 +213,7 @@ fn newer_metadata_version_is_refused() {
 #[test]
 fn a_checkpoint_is_never_overwritten() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = LocalStorage::new(dir.path()).unwrap();
+    let storage = Storage::new(dir.path()).unwrap();
     let m = checkpoint(&storage, 1, &[]);
     let err = storage.commit(&m).unwrap_err().to_string();
     assert!(err.contains("already exists"), "{err}");

@@ -1,0 +1,146 @@
+//! What checkpoint storage needs of a place to keep files: a local directory ([`Dir`]) or an
+//! object store ([`super::object::Bucket`]). Keys are `/`-separated and relative to the place's
+//! root; the checkpoint layout on top of them is in [`super::layout`], the same for both.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::error::{CoreError, Result};
+
+/// How a file is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Put {
+    /// A file of a checkpoint in progress: durable once written, nobody reads it before the
+    /// checkpoint's metadata exists, so it need not appear atomically.
+    InProgress,
+    /// Appears atomically, replacing what was there.
+    Replace,
+    /// Appears atomically, only if nothing is there (the checkpoint metadata: never overwritten).
+    Create,
+}
+
+/// A place to keep checkpoint files.
+pub(crate) trait Blobs: Send + Sync {
+    /// Where `key` is, for messages and for locations handed to users (a path or a URL).
+    fn locate(&self, key: &str) -> PathBuf;
+    /// The content of `key`; a missing key is an I/O error of kind `NotFound`.
+    fn get(&self, key: &str) -> Result<Vec<u8>>;
+    /// The size of `key`, `None` when it does not exist.
+    fn size(&self, key: &str) -> Result<Option<u64>>;
+    /// Writes `key`. For [`Put::Create`], `Ok(false)` when it existed (and is left as it was).
+    fn put(&self, key: &str, bytes: &[u8], how: Put) -> Result<bool>;
+    /// The names directly under the root that hold files (`chk-1`, `shared`, ...).
+    fn dirs(&self) -> Result<Vec<String>>;
+    /// Deletes `key`; a missing one is fine.
+    fn delete(&self, key: &str) -> Result<()>;
+    /// Deletes everything under `dir`; a missing one is fine.
+    fn delete_dir(&self, dir: &str) -> Result<()>;
+}
+
+/// Files in a local directory: written, fsynced, and (for [`Put::Replace`] and [`Put::Create`])
+/// moved into place atomically, with the directory fsynced.
+#[derive(Debug, Clone)]
+pub(crate) struct Dir {
+    pub(crate) root: PathBuf,
+}
+
+fn fsync_parent(path: &Path) -> Result<()> {
+    if let Some(parent) = path.parent() {
+        File::open(parent)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| CoreError::io("fsyncing directory", parent, e))?;
+    }
+    Ok(())
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = File::create(path).map_err(|e| CoreError::io("creating", path, e))?;
+    f.write_all(bytes).map_err(|e| CoreError::io("writing", path, e))?;
+    f.sync_all().map_err(|e| CoreError::io("fsyncing", path, e))
+}
+
+impl Blobs for Dir {
+    fn locate(&self, key: &str) -> PathBuf {
+        if key.is_empty() {
+            self.root.clone()
+        } else {
+            self.root.join(key)
+        }
+    }
+
+    fn get(&self, key: &str) -> Result<Vec<u8>> {
+        let path = self.locate(key);
+        fs::read(&path).map_err(|e| CoreError::io("reading", &path, e))
+    }
+
+    fn size(&self, key: &str) -> Result<Option<u64>> {
+        let path = self.locate(key);
+        match fs::metadata(&path) {
+            Ok(m) => Ok(Some(m.len())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(CoreError::io("reading", &path, e)),
+        }
+    }
+
+    fn put(&self, key: &str, bytes: &[u8], how: Put) -> Result<bool> {
+        let path = self.locate(key);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(|e| CoreError::io("creating", parent, e))?;
+        }
+        match how {
+            Put::InProgress => write_synced(&path, bytes)?,
+            Put::Replace => {
+                let tmp = path.with_extension("tmp");
+                write_synced(&tmp, bytes)?;
+                fs::rename(&tmp, &path).map_err(|e| CoreError::io("renaming into place", &path, e))?;
+                fsync_parent(&path)?;
+            }
+            Put::Create => {
+                // A hard link never replaces an existing file: a second writer of the same name
+                // (another process on the same directory) finds it there.
+                let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+                write_synced(&tmp, bytes)?;
+                let linked = fs::hard_link(&tmp, &path);
+                let _ = fs::remove_file(&tmp);
+                match linked {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+                    Err(e) => return Err(CoreError::io("linking into place", &path, e)),
+                }
+                fsync_parent(&path)?;
+            }
+        }
+        Ok(true)
+    }
+
+    fn dirs(&self) -> Result<Vec<String>> {
+        let entries = fs::read_dir(&self.root).map_err(|e| CoreError::io("listing", &self.root, e))?;
+        let mut names = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| CoreError::io("listing", &self.root, e))?;
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                if let Some(name) = entry.file_name().to_str() {
+                    names.push(name.to_owned());
+                }
+            }
+        }
+        Ok(names)
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        let path = self.locate(key);
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CoreError::io("removing", &path, e)),
+            _ => Ok(()),
+        }
+    }
+
+    fn delete_dir(&self, dir: &str) -> Result<()> {
+        let path = self.locate(dir);
+        match fs::remove_dir_all(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CoreError::io("removing", &path, e)),
+            _ => Ok(()),
+        }
+    }
+}

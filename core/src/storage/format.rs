@@ -1,0 +1,74 @@
+//! The checkpoint metadata file's encoding (magic, version, checksum, length, bincode payload) and
+//! the check of a state file against its recorded size and checksum. The same for every storage.
+
+use std::path::Path;
+
+use crate::checkpoint::{CheckpointMetadata, FileHandle, METADATA_VERSION};
+use crate::error::{CoreError, Result};
+
+const MAGIC: &[u8; 4] = b"EXCK";
+const HEADER_LEN: usize = 4 + 4 + 4 + 8;
+
+/// The bytes of a `_metadata` file.
+pub(crate) fn encode_metadata(meta: &CheckpointMetadata) -> Result<Vec<u8>> {
+    let payload = bincode::serde::encode_to_vec(meta, bincode::config::standard())
+        .map_err(|e| CoreError::ser("checkpoint metadata", e))?;
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&METADATA_VERSION.to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&payload);
+    Ok(out)
+}
+
+/// Decodes and verifies the `_metadata` file `bytes` read from `path` (named in errors).
+pub(crate) fn decode_metadata(path: &Path, bytes: &[u8]) -> Result<CheckpointMetadata> {
+    let corrupt = |reason: String| CoreError::Corrupt {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if bytes.len() < HEADER_LEN || &bytes[..4] != MAGIC {
+        return Err(corrupt(
+            "not a checkpoint metadata file (bad magic or truncated header)".into(),
+        ));
+    }
+    let version = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
+    if version > METADATA_VERSION {
+        return Err(corrupt(format!(
+            "metadata version {version} is newer than this build understands ({METADATA_VERSION})"
+        )));
+    }
+    let crc = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+    let len = u64::from_le_bytes(bytes[12..20].try_into().expect("8 bytes")) as usize;
+    let payload = &bytes[HEADER_LEN..];
+    if payload.len() != len {
+        return Err(corrupt(format!(
+            "expected {len} bytes of metadata, found {}",
+            payload.len()
+        )));
+    }
+    if crc32fast::hash(payload) != crc {
+        return Err(corrupt("metadata checksum mismatch".into()));
+    }
+    let (meta, _): (CheckpointMetadata, _) = bincode::serde::decode_from_slice(payload, bincode::config::standard())
+        .map_err(|e| corrupt(format!("undecodable metadata: {e}")))?;
+    Ok(meta)
+}
+
+/// Checks `bytes`, read from `path`, against the size and checksum `file` records.
+pub(crate) fn verify(path: &Path, file: &FileHandle, bytes: &[u8]) -> Result<()> {
+    if bytes.len() as u64 != file.size || crc32fast::hash(bytes) != file.crc32 {
+        return Err(CoreError::Corrupt {
+            path: path.to_path_buf(),
+            reason: format!(
+                "expected {} bytes with crc32 {:08x}, found {} bytes with crc32 {:08x}",
+                file.size,
+                file.crc32,
+                bytes.len(),
+                crc32fast::hash(bytes)
+            ),
+        });
+    }
+    Ok(())
+}

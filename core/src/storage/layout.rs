@@ -1,0 +1,428 @@
+//! The checkpoint layout, the same in a local directory and in an object store prefix:
+//!
+//! ```text
+//! <root>/chk-<id>/_metadata     versioned, checksummed; written last, appears atomically, never replaced
+//! <root>/chk-<id>/<file>        state files private to checkpoint <id>
+//! <root>/shared/<file>          immutable state files referenced by several checkpoints
+//! <root>/_has_checkpoints      marker: this location has held a completed checkpoint
+//!
+//! A savepoint or exported checkpoint is a directory (or prefix) with `_metadata` and every file
+//! it references.
+//! ```
+//!
+//! A checkpoint counts as completed once its `_metadata` exists. Restore never guesses: a newest
+//! checkpoint that does not verify is an error (an older one could write again what the newer one's
+//! transactions committed), and so is a location that held checkpoints and now holds none.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::blobs::{Blobs, Dir, Put};
+use super::format::{decode_metadata, encode_metadata, verify};
+use super::object::{is_url, Bucket};
+use super::{CheckpointStorage, Snapshot, SnapshotReader, SnapshotWriter};
+use crate::checkpoint::{CheckpointMetadata, FileHandle, FileScope};
+use crate::error::{CoreError, Result};
+use crate::message::CheckpointId;
+
+pub(crate) const METADATA_FILE: &str = "_metadata";
+const MARKER_FILE: &str = "_has_checkpoints";
+const SHARED: &str = "shared";
+
+/// What happens to completed checkpoints when a job is cancelled (Flink's externalized checkpoint
+/// retention).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Retention {
+    /// Keep them: the job can be restarted from the last one.
+    #[default]
+    RetainOnCancellation,
+    /// Delete them: only savepoints survive a cancel.
+    DeleteOnCancellation,
+}
+
+/// Checkpoint storage at a location: a local directory, or an object store URL (`s3://bucket/prefix`,
+/// `gs://…`, `az://…`; see [`crate::storage`]).
+#[derive(Clone)]
+pub struct Storage {
+    blobs: Arc<dyn Blobs>,
+    root: PathBuf,
+}
+
+impl std::fmt::Debug for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Storage").field("root", &self.root).finish()
+    }
+}
+
+/// The place behind `location`: an object store prefix for a URL, else a local directory.
+fn place(location: &Path) -> Result<Arc<dyn Blobs>> {
+    if is_url(location) {
+        let url = location
+            .to_str()
+            .ok_or_else(|| CoreError::Config(format!("{} is not valid UTF-8", location.display())))?;
+        Ok(Arc::new(Bucket::open(url)?))
+    } else {
+        Ok(Arc::new(Dir {
+            root: location.to_path_buf(),
+        }))
+    }
+}
+
+/// `location` split into the location of its parent and its last name (`s3://b/p/chk-3` →
+/// `s3://b/p`, `chk-3`).
+fn split(location: &Path) -> (PathBuf, String) {
+    if is_url(location) {
+        let s = location.to_string_lossy();
+        let s = s.trim_end_matches('/');
+        let (scheme, rest) = s.split_once("://").unwrap_or(("", s));
+        return match rest.split_once('/') {
+            Some(_) => {
+                let (parent, name) = rest.rsplit_once('/').expect("has a slash");
+                (PathBuf::from(format!("{scheme}://{parent}")), name.to_owned())
+            }
+            None => (PathBuf::from(s), String::new()),
+        };
+    }
+    let name = location
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let parent = match location.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    (parent, name)
+}
+
+fn join(dir: &str, name: &str) -> String {
+    if dir.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
+fn chk(id: CheckpointId) -> String {
+    format!("chk-{id}")
+}
+
+impl Storage {
+    /// Storage at `location`: a local directory (created if missing) or an object store URL.
+    pub fn new(location: impl Into<PathBuf>) -> Result<Self> {
+        let root = location.into();
+        if !is_url(&root) {
+            let shared = root.join(SHARED);
+            fs::create_dir_all(&shared).map_err(|e| CoreError::io("creating", &shared, e))?;
+        }
+        Ok(Storage {
+            blobs: place(&root)?,
+            root,
+        })
+    }
+
+    /// The location: a directory or a URL.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where checkpoint `id` is (a directory or a URL).
+    pub fn checkpoint_dir(&self, id: CheckpointId) -> PathBuf {
+        self.blobs.locate(&chk(id))
+    }
+
+    /// Opens a checkpoint or savepoint by its location (a path or URL: `<root>/chk-N` or an exported
+    /// one) and checks that every file it references is there with its recorded size (contents
+    /// are verified as they are read).
+    pub fn open_verified(location: &Path) -> Result<Snapshot> {
+        let s = Self::open_path(location)?;
+        verify_files(&s)?;
+        Ok(s)
+    }
+
+    /// Opens a checkpoint or savepoint by its location, reading its metadata only.
+    pub fn open_path(location: &Path) -> Result<Snapshot> {
+        let (parent, name) = split(location);
+        open_in(place(&parent)?, name)
+    }
+
+    /// Records that this location holds a completed checkpoint (idempotent).
+    fn mark_has_checkpoints(&self) -> Result<()> {
+        if self.blobs.size(MARKER_FILE)?.is_some() {
+            return Ok(());
+        }
+        self.blobs.put(
+            MARKER_FILE,
+            b"This location has held completed checkpoints; a restart finding none refuses to start over.\n",
+            Put::Replace,
+        )?;
+        Ok(())
+    }
+}
+
+/// The snapshot in `dir` of `blobs` (`""`: at its root).
+fn open_in(blobs: Arc<dyn Blobs>, dir: String) -> Result<Snapshot> {
+    let key = join(&dir, METADATA_FILE);
+    let bytes = blobs.get(&key)?;
+    let meta = decode_metadata(&blobs.locate(&key), &bytes)?;
+    Ok(Snapshot {
+        meta,
+        reader: Arc::new(Reader { blobs, dir }),
+    })
+}
+
+struct Reader {
+    blobs: Arc<dyn Blobs>,
+    dir: String,
+}
+
+impl Reader {
+    fn key(&self, file: &FileHandle) -> String {
+        match file.scope {
+            FileScope::Private => join(&self.dir, &file.name),
+            FileScope::Shared => join(SHARED, &file.name),
+        }
+    }
+}
+
+impl SnapshotReader for Reader {
+    fn read(&self, file: &FileHandle) -> Result<Vec<u8>> {
+        let key = self.key(file);
+        let bytes = self.blobs.get(&key)?;
+        verify(&self.blobs.locate(&key), file, &bytes)?;
+        Ok(bytes)
+    }
+
+    fn download(&self, file: &FileHandle, dest: &Path) -> Result<()> {
+        let bytes = self.read(file)?;
+        fs::write(dest, bytes).map_err(|e| CoreError::io("writing", dest, e))
+    }
+
+    fn check(&self, file: &FileHandle) -> Result<()> {
+        let key = self.key(file);
+        match self.blobs.size(&key)? {
+            // The metadata exists and names this file: its absence is damage, not a passing outage.
+            None => Err(CoreError::Corrupt {
+                path: self.blobs.locate(&key),
+                reason: "a file the checkpoint references is missing".into(),
+            }),
+            Some(len) if len != file.size => Err(CoreError::Corrupt {
+                path: self.blobs.locate(&key),
+                reason: format!("expected {} bytes, found {len}", file.size),
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+struct Writer {
+    blobs: Arc<dyn Blobs>,
+    dir: String,
+    written: AtomicU64,
+}
+
+impl SnapshotWriter for Writer {
+    fn write_private(&self, name: &str, bytes: &[u8]) -> Result<FileHandle> {
+        self.blobs.put(&join(&self.dir, name), bytes, Put::InProgress)?;
+        self.written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        Ok(FileHandle {
+            scope: FileScope::Private,
+            name: name.to_owned(),
+            local_name: name.to_owned(),
+            size: bytes.len() as u64,
+            crc32: crc32fast::hash(bytes),
+        })
+    }
+
+    fn upload_shared(&self, name: &str, local_name: &str, src: &Path) -> Result<FileHandle> {
+        let bytes = fs::read(src).map_err(|e| CoreError::io("reading", src, e))?;
+        let handle = FileHandle {
+            scope: FileScope::Shared,
+            name: name.to_owned(),
+            local_name: local_name.to_owned(),
+            size: bytes.len() as u64,
+            crc32: crc32fast::hash(&bytes),
+        };
+        // Shared files are immutable: one already there with this name and size is this one,
+        // uploaded by an earlier checkpoint.
+        let key = join(SHARED, name);
+        if self.blobs.size(&key)? == Some(handle.size) {
+            return Ok(handle);
+        }
+        self.blobs.put(&key, &bytes, Put::Replace)?;
+        self.written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        Ok(handle)
+    }
+
+    fn bytes_written(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
+    }
+}
+
+fn shared_names(meta: &CheckpointMetadata) -> impl Iterator<Item = &str> {
+    meta.files()
+        .filter(|f| f.scope == FileScope::Shared)
+        .map(|f| f.name.as_str())
+}
+
+impl CheckpointStorage for Storage {
+    fn writer(&self, id: CheckpointId) -> Result<Arc<dyn SnapshotWriter>> {
+        Ok(Arc::new(Writer {
+            blobs: self.blobs.clone(),
+            dir: chk(id),
+            written: AtomicU64::new(0),
+        }))
+    }
+
+    fn commit(&self, meta: &CheckpointMetadata) -> Result<()> {
+        let key = join(&chk(meta.id), METADATA_FILE);
+        if !self.blobs.put(&key, &encode_metadata(meta)?, Put::Create)? {
+            return Err(CoreError::Corrupt {
+                path: self.blobs.locate(&key),
+                reason: "this checkpoint already exists: is another job writing to the same checkpoint location?"
+                    .into(),
+            });
+        }
+        self.mark_has_checkpoints()
+    }
+
+    fn abort(&self, id: CheckpointId) -> Result<()> {
+        if self.blobs.size(&join(&chk(id), METADATA_FILE))?.is_some() {
+            return Ok(()); // completed meanwhile: never delete a durable checkpoint here
+        }
+        self.blobs.delete_dir(&chk(id))
+    }
+
+    fn completed(&self) -> Result<Vec<CheckpointId>> {
+        let mut ids = Vec::new();
+        for name in self.blobs.dirs()? {
+            let Some(id) = name.strip_prefix("chk-").and_then(|n| n.parse().ok()) else {
+                continue;
+            };
+            if self.blobs.size(&join(&name, METADATA_FILE))?.is_some() {
+                ids.push(id);
+            }
+        }
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    fn open(&self, id: CheckpointId) -> Result<Snapshot> {
+        open_in(self.blobs.clone(), chk(id))
+    }
+
+    fn latest(&self) -> Result<Option<Snapshot>> {
+        let ids = self.completed()?;
+        let Some(&newest) = ids.last() else {
+            if self.blobs.size(MARKER_FILE)?.is_some() {
+                return Err(CoreError::CheckpointsVanished(self.root.clone()));
+            }
+            return Ok(None);
+        };
+        match self.open(newest).and_then(|s| verify_files(&s).map(|()| s)) {
+            Ok(s) => {
+                // Locations written before the marker existed get it on their first restore.
+                self.mark_has_checkpoints()?;
+                Ok(Some(s))
+            }
+            Err(CoreError::Corrupt { path, reason }) => {
+                let older: Vec<String> = ids[..ids.len() - 1].iter().rev().take(5).map(u64::to_string).collect();
+                Err(CoreError::NewestCheckpointUnusable {
+                    id: newest,
+                    dir: self.root.clone(),
+                    reason: format!("{}: {reason}", path.display()),
+                    older: if older.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (older checkpoints here: {})", older.join(", "))
+                    },
+                })
+            }
+            // I/O (EIO, ESTALE, permissions, an outage): the attempt fails and is retried.
+            Err(e) => Err(e),
+        }
+    }
+
+    fn retain(&self, keep: usize) -> Result<Vec<CheckpointId>> {
+        let ids = self.completed()?;
+        if ids.len() <= keep {
+            return Ok(Vec::new());
+        }
+        let (drop_ids, keep_ids) = ids.split_at(ids.len() - keep);
+        let mut still_used = BTreeSet::new();
+        for id in keep_ids {
+            // A retained checkpoint that no longer reads keeps nothing alive; it is skipped on restore.
+            if let Ok(s) = self.open(*id) {
+                still_used.extend(shared_names(&s.meta).map(str::to_owned));
+            }
+        }
+        for id in drop_ids {
+            if let Ok(s) = self.open(*id) {
+                for name in shared_names(&s.meta) {
+                    if !still_used.contains(name) {
+                        self.blobs.delete(&join(SHARED, name))?;
+                    }
+                }
+            }
+            // Metadata first: a crash midway leaves an incomplete checkpoint, never a listed
+            // checkpoint with missing files.
+            self.blobs.delete(&join(&chk(*id), METADATA_FILE))?;
+            self.blobs.delete_dir(&chk(*id))?;
+        }
+        Ok(drop_ids.to_vec())
+    }
+
+    fn discard_all(&self) -> Result<()> {
+        for id in self.completed()? {
+            self.blobs.delete(&join(&chk(id), METADATA_FILE))?;
+            self.blobs.delete_dir(&chk(id))?;
+        }
+        // Deleted on purpose (retention on cancel): the next start begins anew.
+        self.blobs.delete(MARKER_FILE)?;
+        self.blobs.delete_dir(SHARED)?;
+        if !is_url(&self.root) {
+            let shared = self.root.join(SHARED);
+            fs::create_dir_all(&shared).map_err(|e| CoreError::io("creating", &shared, e))?;
+        }
+        Ok(())
+    }
+
+    fn export(&self, id: CheckpointId, dest: &Path) -> Result<()> {
+        let source = self.open(id)?;
+        let target = place(dest)?;
+        let mut meta = source.meta.clone();
+        for op in meta.operators.values_mut() {
+            for sub in &mut op.subtasks {
+                if let Some(keyed) = &mut sub.keyed {
+                    for file in &mut keyed.files {
+                        let bytes = source.reader.read(file)?;
+                        if file.scope == FileScope::Shared {
+                            file.name = format!("shared-{}", file.name);
+                            file.scope = FileScope::Private;
+                        }
+                        target.put(&file.name, &bytes, Put::Replace)?;
+                    }
+                }
+            }
+        }
+        target.put(METADATA_FILE, &encode_metadata(&meta)?, Put::Replace)?;
+        Ok(())
+    }
+}
+
+/// Checks that every file a snapshot references exists with the recorded size.
+fn verify_files(s: &Snapshot) -> Result<()> {
+    for f in s.meta.files() {
+        s.reader.check(f)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "layout_tests.rs"]
+mod tests;

@@ -1,0 +1,253 @@
+//! Checkpoint files in an object store — S3 and S3-compatible servers, Google Cloud Storage, Azure
+//! Blob Storage — through the `object_store` crate, chosen by the location's URL (`s3://bucket/prefix`,
+//! `gs://…`, `az://…`, `abfs://…`). Credentials and endpoints come from the environment the
+//! way each store's own tools read them (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+//! `AWS_REGION`, `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`, `GOOGLE_APPLICATION_CREDENTIALS`,
+//! `AZURE_STORAGE_ACCOUNT_NAME`, …), never from the job file.
+//!
+//! Metadata is created with a conditional put (`If-None-Match: *` on S3, which AWS S3 and
+//! SeaweedFS honour; generation and ETag preconditions on GCS and Azure), so a second writer of
+//! the same checkpoint id fails instead of replacing it. A store that does not implement
+//! conditional puts (an S3-compatible server configured with `AWS_CONDITIONAL_PUT=disabled`)
+//! gets a check for the key before the write, with a warning: two jobs misconfigured onto the
+//! same prefix could then both write one checkpoint's metadata in the window between the two.
+//!
+//! Calls block the calling thread (storage calls run on blocking threads), driven by a small
+//! runtime of their own so they work from any thread.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use object_store::path::Path as Key;
+use object_store::{BackoffConfig, ObjectStore, PutMode, PutOptions, PutPayload, RetryConfig};
+use tracing::warn;
+
+use super::blobs::{Blobs, Put};
+use crate::error::{CoreError, Result};
+
+/// URL schemes that name an object store.
+const SCHEMES: [&str; 5] = ["s3", "s3a", "gs", "az", "abfs"];
+
+/// Whether `location` is an object store URL rather than a local path.
+pub(crate) fn is_url(location: &Path) -> bool {
+    location
+        .to_str()
+        .and_then(|s| s.split_once("://"))
+        .is_some_and(|(scheme, _)| SCHEMES.contains(&scheme))
+}
+
+/// A prefix of a bucket (or container).
+pub(crate) struct Bucket {
+    store: Arc<dyn ObjectStore>,
+    /// The URL of the prefix, without a trailing slash.
+    url: String,
+    prefix: String,
+    /// Cleared once the store answers a conditional put with "not implemented".
+    conditional: AtomicBool,
+}
+
+impl std::fmt::Debug for Bucket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bucket").field("url", &self.url).finish()
+    }
+}
+
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("exactly-object-store")
+            .enable_all()
+            .build()
+            .expect("starting the object store runtime")
+    })
+}
+
+/// Runs `f` on the object store runtime and waits for it, from any thread.
+fn block<F>(f: F) -> F::Output
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    runtime().spawn(async move {
+        let _ = tx.send(f.await);
+    });
+    rx.recv().expect("the object store runtime runs every task it is given")
+}
+
+/// Retries of one request: a few, within 20 s, so that an outage fails the checkpoint (and the
+/// job goes on) rather than hold it for the crate's default of 3 minutes.
+fn retry() -> RetryConfig {
+    RetryConfig {
+        backoff: BackoffConfig::default(),
+        max_retries: 3,
+        retry_timeout: Duration::from_secs(20),
+    }
+}
+
+impl Bucket {
+    /// The store and prefix of `url`, configured from the environment.
+    pub(crate) fn open(url: &str) -> Result<Bucket> {
+        let url = url.trim_end_matches('/').to_owned();
+        let config = |reason: String| CoreError::Config(format!("checkpoint location {url}: {reason}"));
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| config("not a URL".into()))?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(config("no bucket in the URL".into()));
+        }
+        let store: Arc<dyn ObjectStore> = match scheme {
+            "s3" | "s3a" => {
+                let mut b = object_store::aws::AmazonS3Builder::from_env()
+                    .with_url(url.as_str())
+                    .with_retry(retry());
+                if std::env::var_os("AWS_CONDITIONAL_PUT").is_none() {
+                    b = b.with_conditional_put(object_store::aws::S3ConditionalPut::ETagMatch);
+                }
+                Arc::new(b.build().map_err(|e| config(e.to_string()))?)
+            }
+            "gs" => Arc::new(
+                object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                    .with_url(url.as_str())
+                    .with_retry(retry())
+                    .build()
+                    .map_err(|e| config(e.to_string()))?,
+            ),
+            "az" | "abfs" => Arc::new(
+                object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_url(url.as_str())
+                    .with_retry(retry())
+                    .build()
+                    .map_err(|e| config(e.to_string()))?,
+            ),
+            other => {
+                return Err(config(format!(
+                    "unknown scheme {other}:// (expected one of {SCHEMES:?})"
+                )))
+            }
+        };
+        Ok(Bucket {
+            store,
+            prefix: prefix.trim_matches('/').to_owned(),
+            url,
+            conditional: AtomicBool::new(true),
+        })
+    }
+
+    fn key(&self, key: &str) -> Key {
+        match (self.prefix.is_empty(), key.is_empty()) {
+            (true, _) => Key::from(key),
+            (false, true) => Key::from(self.prefix.as_str()),
+            (false, false) => Key::from(format!("{}/{key}", self.prefix)),
+        }
+    }
+
+    fn error(&self, action: &'static str, key: &str, e: object_store::Error) -> CoreError {
+        let kind = match e {
+            object_store::Error::NotFound { .. } => std::io::ErrorKind::NotFound,
+            object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
+                std::io::ErrorKind::PermissionDenied
+            }
+            _ => std::io::ErrorKind::Other,
+        };
+        CoreError::io(action, self.locate(key), std::io::Error::new(kind, e))
+    }
+}
+
+impl Blobs for Bucket {
+    fn locate(&self, key: &str) -> PathBuf {
+        if key.is_empty() {
+            PathBuf::from(&self.url)
+        } else {
+            PathBuf::from(format!("{}/{key}", self.url))
+        }
+    }
+
+    fn get(&self, key: &str) -> Result<Vec<u8>> {
+        let (store, k) = (self.store.clone(), self.key(key));
+        block(async move { store.get(&k).await?.bytes().await })
+            .map(|b| b.to_vec())
+            .map_err(|e| self.error("reading", key, e))
+    }
+
+    fn size(&self, key: &str) -> Result<Option<u64>> {
+        let (store, k) = (self.store.clone(), self.key(key));
+        match block(async move { store.head(&k).await }) {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.error("reading", key, e)),
+        }
+    }
+
+    fn put(&self, key: &str, bytes: &[u8], how: Put) -> Result<bool> {
+        let payload = PutPayload::from(bytes.to_vec());
+        let conditional = how == Put::Create && self.conditional.load(Ordering::Relaxed);
+        if how == Put::Create && !conditional && self.size(key)?.is_some() {
+            return Ok(false);
+        }
+        let mode = if conditional {
+            PutMode::Create
+        } else {
+            PutMode::Overwrite
+        };
+        let (store, k) = (self.store.clone(), self.key(key));
+        let p = payload.clone();
+        match block(async move { store.put_opts(&k, p, PutOptions::from(mode)).await }) {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. })
+                if conditional =>
+            {
+                Ok(false)
+            }
+            Err(object_store::Error::NotImplemented) if conditional => {
+                warn!(
+                    location = %self.url,
+                    "This object store does not implement conditional puts: checkpoint metadata is checked for, then written (two jobs on the same prefix could both write one checkpoint)."
+                );
+                self.conditional.store(false, Ordering::Relaxed);
+                self.put(key, bytes, how)
+            }
+            Err(e) => Err(self.error("writing", key, e)),
+        }
+    }
+
+    fn dirs(&self) -> Result<Vec<String>> {
+        let (store, k) = (self.store.clone(), self.key(""));
+        let prefix = (!self.prefix.is_empty()).then_some(k);
+        let listed = block(async move { store.list_with_delimiter(prefix.as_ref()).await })
+            .map_err(|e| self.error("listing", "", e))?;
+        Ok(listed
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().map(str::to_owned))
+            .collect())
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        let (store, k) = (self.store.clone(), self.key(key));
+        match block(async move { store.delete(&k).await }) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.error("removing", key, e)),
+        }
+    }
+
+    fn delete_dir(&self, dir: &str) -> Result<()> {
+        let (store, k) = (self.store.clone(), self.key(dir));
+        block(async move {
+            let keys: Vec<Key> = store.list(Some(&k)).map_ok(|m| m.location).try_collect().await?;
+            for key in keys {
+                match store.delete(&key).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        })
+        .map_err(|e| self.error("removing", dir, e))
+    }
+}
