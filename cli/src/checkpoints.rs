@@ -117,25 +117,24 @@ fn listed(path: &Path, meta: &CheckpointMetadata) -> Listed {
 /// range of a split job sits at `checkpoints/savepoints/subtasks-…/NAME/savepoint-N`) that holds a
 /// snapshot.
 fn snapshot_dirs(root: &Path) -> Result<Vec<PathBuf>> {
-    if !root.is_dir() {
+    let is_snapshot = |p: &Path| Storage::is_snapshot(p).with_context(|| format!("reading {}", p.display()));
+    if !Storage::is_url(root) && !root.is_dir() {
         bail!("{} is not a directory", root.display());
     }
     let mut out = Vec::new();
     let mut stack = vec![(root.to_owned(), 0)];
     while let Some((dir, depth)) = stack.pop() {
-        if dir.join("_metadata").is_file() {
+        if is_snapshot(&dir)? {
             out.push(dir);
             continue;
         }
         if depth == 6 {
             continue;
         }
-        let entries = std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))?;
-        for e in entries.flatten() {
-            let p = e.path();
-            let name = e.file_name();
-            if p.is_dir() && name != "shared" && !name.to_string_lossy().starts_with("rocksdb") {
-                stack.push((p, depth + 1));
+        let names = Storage::list_dirs(&dir).with_context(|| format!("listing {}", dir.display()))?;
+        for name in names {
+            if name != "shared" && !name.starts_with("rocksdb") {
+                stack.push((dir.join(name), depth + 1));
             }
         }
     }
@@ -196,7 +195,7 @@ pub fn contents(meta: &CheckpointMetadata) -> (Vec<Offset>, Vec<PendingTransacti
 
 /// Inspects one snapshot directory, or the latest snapshot under a checkpoint root.
 pub fn inspect(path: &Path) -> Result<Inspected> {
-    let dir = if path.join("_metadata").is_file() {
+    let dir = if Storage::is_snapshot(path).with_context(|| format!("reading {}", path.display()))? {
         path.to_owned()
     } else {
         let (all, _) = list(path)?;

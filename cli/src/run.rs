@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use exactly_core::runtime::{JobBuilder, JobConfig, JobControl, JobOutcome, SubtaskRange};
+use exactly_core::storage::Storage;
 use exactly_core::BoxError;
 use exactly_kafka_sink::{KafkaSink, ProducerRecord};
 use exactly_kafka_source::{Deserializer, KafkaRecord, KafkaSource};
@@ -105,18 +106,12 @@ impl Deserializer<Option<Prepared>> for Prepare {
 /// subtask range. Refuses a range that overlaps another range's checkpoints (their state would
 /// be missing here and partitions would be read again).
 pub fn checkpoint_dir(base: &Path, subtasks: Option<SubtaskRange>, parallelism: u32) -> Result<PathBuf> {
-    let mut others = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(base) {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(rest) = name.strip_prefix("subtasks-") {
-                others.push((name.clone(), rest.to_owned()));
-            }
-        }
-    }
-    let has_checkpoints = std::fs::read_dir(base)
-        .map(|mut d| d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("chk-"))))
-        .unwrap_or(false);
+    let names = Storage::list_dirs(base).with_context(|| format!("listing {}", base.display()))?;
+    let others: Vec<(String, String)> = names
+        .iter()
+        .filter_map(|name| Some((name.clone(), name.strip_prefix("subtasks-")?.to_owned())))
+        .collect();
+    let has_checkpoints = names.iter().any(|n| n.starts_with("chk-"));
     let Some(r) = subtasks else {
         if !others.is_empty() {
             bail!(
@@ -203,7 +198,7 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
     config.accept_replay = opts.accept_replay;
     config.subtasks = opts.subtasks;
     if let Some(from) = &opts.from {
-        if !from.join("_metadata").exists() {
+        if !Storage::is_snapshot(from).with_context(|| format!("--from {}", from.display()))? {
             bail!(
                 "--from {}: not a checkpoint or savepoint directory (no _metadata file); `exactly checkpoints list DIR` shows the stored ones",
                 from.display()

@@ -76,6 +76,8 @@ pub(crate) struct Job<'a> {
     pub(crate) transaction_timeout: &'a str,
     /// The body of a `[kafka]` section (security settings), if any.
     pub(crate) kafka: Option<String>,
+    /// Where checkpoints go (default: `DIR/checkpoints`), e.g. an `s3://` URL.
+    pub(crate) checkpoints: Option<String>,
 }
 
 impl<'a> Job<'a> {
@@ -94,6 +96,7 @@ impl<'a> Job<'a> {
             bootstrap: None,
             transaction_timeout: "2m",
             kafka: None,
+            checkpoints: None,
         }
     }
 
@@ -134,7 +137,10 @@ topic = "{output}"
 delivery = {{ type = "exactly_once", transactional_id_prefix = "{prefix}", pool_size = 3, transaction_timeout = "{transaction_timeout}" }}
 "#,
             parallelism = self.parallelism,
-            checkpoints = dir.join("checkpoints").display(),
+            checkpoints = self
+                .checkpoints
+                .clone()
+                .unwrap_or_else(|| dir.join("checkpoints").display().to_string()),
             interval = self.interval,
             timeout = self.checkpoint_timeout,
             bootstrap = self.bootstrap.as_deref().unwrap_or(&env.kafka_bootstrap),
@@ -262,4 +268,63 @@ pub(crate) async fn wait_for_more_output(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+fn job_still_failed_by_timing(e: &anyhow::Error) -> bool {
+    e.to_string().contains("did not reach")
+}
+
+/// Runs the job of `args`, with input arriving, and SIGKILLs it at each named step of the
+/// two-phase protocol, `rounds` times over, restarting it each time. Returns the number of kills.
+pub(crate) fn sigkill_at_every_step(
+    env: &TestEnv,
+    args: &[String],
+    input: &str,
+    next: &Arc<std::sync::Mutex<Vec<usize>>>,
+    rounds: usize,
+) -> Result<usize> {
+    let steps: &[(&str, &str)] = &[
+        ("sink.before_pre_commit", "sink.before_pre_commit=freeze@4"),
+        ("sink.after_pre_commit", "sink.after_pre_commit=freeze@3"),
+        ("checkpoint.after_durable", "checkpoint.after_durable=freeze@3"),
+        // A pre-commit slow enough for its checkpoint to time out leaves two transactions to
+        // commit at the next completion: die between them.
+        (
+            "sink.between_commits",
+            "sink.before_pre_commit=delay@1500ms@3;sink.between_commits=freeze@1",
+        ),
+        ("sink.after_commit", "sink.after_commit=freeze@2"),
+    ];
+    let mut kills = 0;
+    for round in 0..rounds {
+        for (point, spec) in steps {
+            // Reaching a point can depend on timing (a checkpoint must time out first for
+            // `between_commits`): an attempt that does not get there within its time is killed
+            // anyway (a kill at an arbitrary point) and the step is tried again.
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                let feeder = feed(env, input, next.clone());
+                let mut job = ChildJob::spawn(exactly(), args, spec)?;
+                let reached = job.wait_for_failpoint(point, Duration::from_secs(30));
+                let reached = reached.map_err(|e| anyhow::anyhow!("{e}\n{}", job.tail(300)));
+                job.kill();
+                feeder.finish()?;
+                kills += 1;
+                match reached {
+                    Ok(()) => break,
+                    Err(e) if attempt < 5 && job_still_failed_by_timing(&e) => {
+                        eprintln!("round {round}: {point} not reached (attempt {attempt}); killed anyway");
+                        if std::env::var_os("EXACTLY_DEBUG_CRASH").is_some() {
+                            eprintln!("{e}");
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            eprintln!("round {round}: killed at {point}");
+        }
+    }
+
+    Ok(kills)
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::chain::{BackendFactory, Notification};
 use super::graph::{PrepareInputs, Vertex};
@@ -922,7 +922,7 @@ impl Run<'_> {
         });
         for b in subsumed {
             self.broadcast(Control::Notify(Notification::Aborted(b.id)));
-            let _ = storage.abort(b.id);
+            self.discard_files(b.id);
         }
         crate::failpoint::hit("checkpoint.after_durable");
         // Durable first, then notify: sinks commit on this.
@@ -970,13 +970,23 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Deletes what aborted checkpoint `id` wrote, in the background: the coordinator goes on
+    /// triggering checkpoints while a slow or failing store (an object store coming back from an
+    /// outage) takes its time. Best effort: what stays behind is never listed (it has no metadata).
+    fn discard_files(&self, id: CheckpointId) {
+        if let Some(s) = self.storage.clone() {
+            tokio::task::spawn_blocking(move || {
+                if let Err(e) = s.abort(id) {
+                    debug!(checkpoint_id = id, error = %e, "Deleting an aborted checkpoint's files failed.");
+                }
+            });
+        }
+    }
+
     async fn abort(&mut self, barrier: CheckpointBarrier, reason: &str) -> Result<()> {
         warn!(checkpoint_id = barrier.id, %reason, "Checkpoint aborted.");
         self.broadcast(Control::Notify(Notification::Aborted(barrier.id)));
-        if let Some(s) = self.storage.clone() {
-            let id = barrier.id;
-            let _ = tokio::task::spawn_blocking(move || s.abort(id)).await;
-        }
+        self.discard_files(barrier.id);
         self.job.metrics.update(|s| s.failed += 1);
         if let Some(w) = self.waiters.remove(&barrier.id) {
             let _ = w.reply.send(Err(CoreError::CheckpointAborted {

@@ -151,6 +151,27 @@ impl Storage {
         open_in(place(&parent)?, name)
     }
 
+    /// The names directly under `location` that hold files (subdirectories, or prefixes in an
+    /// object store), sorted; none for a local directory that does not exist.
+    pub fn list_dirs(location: &Path) -> Result<Vec<String>> {
+        let mut names = match place(location)?.dirs() {
+            Err(CoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            other => other?,
+        };
+        names.sort();
+        Ok(names)
+    }
+
+    /// Whether `location` is an object store URL (`s3://`, `gs://`, `az://`, ...) rather than a path.
+    pub fn is_url(location: &Path) -> bool {
+        is_url(location)
+    }
+
+    /// Whether `location` holds a checkpoint or savepoint (its `_metadata`).
+    pub fn is_snapshot(location: &Path) -> Result<bool> {
+        Ok(place(location)?.size(METADATA_FILE)?.is_some())
+    }
+
     /// Records that this location holds a completed checkpoint (idempotent).
     fn mark_has_checkpoints(&self) -> Result<()> {
         if self.blobs.size(MARKER_FILE)?.is_some() {

@@ -1,0 +1,62 @@
+//! The object store holding a job's checkpoints (SeaweedFS, started by `scripts/services`) is
+//! SIGKILLed while a Kafka-to-Kafka exactly-once job runs, and restarted 8 s later: checkpoints
+//! fail while it is gone (their output stays uncommitted), the job goes on, checkpoints and
+//! commits resume when it is back, and the read_committed output ends exactly once. Alone in its
+//! test binary: no other test may use the store while it is down.
+
+mod k2k;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use exactly_integration_tests::{create_topic, read_committed, unique, ChildJob, TestEnv};
+use k2k::{drain_and_verify, exactly, feed, wait_for_more_output, Job, KEYS};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_object_store_killed_mid_run_fails_checkpoints_not_the_job() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let s3 = env.s3()?;
+    let input = unique("s3o-in");
+    let output = unique("s3o-out");
+    create_topic(env, &input, 3).await?;
+    create_topic(env, &output, 3).await?;
+    let dir = tempfile::tempdir()?;
+    let args = Job {
+        checkpoints: Some(s3.url(&unique("k2k-outage"))),
+        ..Job::new(&input, &output)
+    }
+    .write(env, dir.path(), "k2k");
+    let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
+
+    let feeder = feed(env, &input, next.clone());
+    let mut job = ChildJob::spawn(exactly(), &args, "")?;
+    wait_for_more_output(env, &output, 0, &mut job, Duration::from_secs(60)).await?;
+    let before = read_committed(env, &output, Duration::from_secs(30))?.len();
+
+    env.services("kill-s3")?;
+    // Checkpoints cannot become durable while the store is gone: output stays uncommitted.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let during = read_committed(env, &output, Duration::from_secs(30))?.len();
+    env.services("start-s3")?;
+    let (after, took) = wait_for_more_output(env, &output, during, &mut job, Duration::from_secs(120)).await?;
+    feeder.finish()?;
+    if took > Duration::from_secs(10) {
+        // Not a failure (no timing thresholds in tests), but the slow path is worth reading.
+        eprintln!("slow resume; the job's log:\n{}", job.log(200));
+    }
+    assert!(job.running(), "the job went on:\n{}", job.log(40));
+    let log = job.log(400);
+    assert!(
+        log.contains("18333") || log.contains("s3://"),
+        "the job's log names the failing store:\n{log}"
+    );
+    job.kill();
+    eprintln!(
+        "store down 8 s: committed records {before} before, {during} at the end of the outage, {after} {took:?} after it was back"
+    );
+
+    let out = drain_and_verify(env, &args, &output, &next).await?;
+    eprintln!("{out} records out, 0 duplicates, 0 missing");
+    Ok(())
+}
