@@ -144,6 +144,10 @@ enum Command {
         /// MySQL URL.
         #[arg(long, env = "EXACTLY_MYSQL_URL")]
         mysql: Option<String>,
+        /// Object store location for `bench storage` (`s3://bucket/prefix`; credentials and
+        /// endpoint from AWS_* variables).
+        #[arg(long, env = "EXACTLY_BENCH_CHECKPOINTS")]
+        checkpoints: Option<String>,
         /// Also write the figures as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -374,6 +378,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             rounds,
             bootstrap,
             mysql,
+            checkpoints,
             json,
         } => {
             let report = bench::run(
@@ -384,6 +389,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                     rounds,
                     bootstrap,
                     mysql,
+                    checkpoints,
                 },
             )
             .await?;

@@ -4,6 +4,10 @@
 //! p50/p99 checkpoint duration.
 //!
 //! `exactly bench core [--records N] [--rounds R]`
+//!
+//! [`storage`] runs the same job with RocksDB state and checkpoints every second in a local
+//! directory and in an object store (`exactly bench storage --checkpoints s3://bucket/prefix`),
+//! alternating: records/s and checkpoint durations of both.
 
 use std::time::{Duration, Instant};
 
@@ -69,12 +73,18 @@ impl Sink<u64> for Discard {
     }
 }
 
-async fn run(records: u64, checkpoints: bool, dir: &std::path::Path) -> (f64, Vec<Duration>) {
+/// Runs the job once: checkpoints every `interval` into `checkpoints` (none: off), state in
+/// `backend`. Returns records/s and the checkpoint durations.
+async fn run(
+    records: u64,
+    checkpoints: Option<(&std::path::Path, Duration)>,
+    backend: StateBackendConfig,
+) -> (f64, Vec<Duration>) {
     let mut config = JobConfig::new("bench");
-    config.state_backend = StateBackendConfig::Memory;
-    if checkpoints {
+    config.state_backend = backend;
+    if let Some((dir, interval)) = checkpoints {
         let mut c = CheckpointConfig::new(dir);
-        c.interval = Duration::from_millis(100);
+        c.interval = interval;
         config.checkpointing = Some(c);
     }
     let mut job = JobBuilder::new(config);
@@ -97,6 +107,11 @@ async fn run(records: u64, checkpoints: bool, dir: &std::path::Path) -> (f64, Ve
     (records as f64 / secs, metrics.checkpoints().durations)
 }
 
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 fn quantile(d: &mut [Duration], q: f64) -> Duration {
     d.sort_unstable();
     d.get(((d.len().saturating_sub(1)) as f64 * q).round() as usize)
@@ -112,9 +127,15 @@ pub(crate) async fn overhead(records: u64, rounds: usize, report: &mut Report) -
     let mut without = Vec::new();
     let mut durations = Vec::new();
     for round in 0..rounds {
-        let (r, _) = run(records, false, dir.path()).await;
+        let (r, _) = run(records, None, StateBackendConfig::Memory).await;
         without.push(r);
-        let (r, d) = run(records, true, &dir.path().join(format!("round-{round}"))).await;
+        let at = dir.path().join(format!("round-{round}"));
+        let (r, d) = run(
+            records,
+            Some((at.as_path(), Duration::from_millis(100))),
+            StateBackendConfig::Memory,
+        )
+        .await;
         with.push(r);
         durations.extend(d);
         eprintln!(
@@ -124,10 +145,6 @@ pub(crate) async fn overhead(records: u64, rounds: usize, report: &mut Report) -
             with[round]
         );
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let (on, off) = (median(&mut with), median(&mut without));
     println!("records per run:            {records}");
     println!("checkpointing off:          {off:>12.0} records/s (median of {rounds})");
@@ -146,6 +163,71 @@ pub(crate) async fn overhead(records: u64, rounds: usize, report: &mut Report) -
             ("checkpoints", durations.len() as f64),
             ("p50_ms", quantile(&mut durations, 0.5).as_secs_f64() * 1000.0),
             ("p99_ms", quantile(&mut durations, 0.99).as_secs_f64() * 1000.0),
+        ],
+    );
+    Ok(())
+}
+
+/// Checkpoints in a local directory vs in the object store at `url` (RocksDB state, incremental
+/// checkpoints every second), `rounds` interleaved rounds of `records` records.
+pub(crate) async fn storage(records: u64, rounds: usize, url: &str, report: &mut Report) -> anyhow::Result<()> {
+    let rounds = rounds.max(1);
+    let dir = tempfile::tempdir()?;
+    let rocks = || StateBackendConfig::RocksDb {
+        local_dir: Some(dir.path().join("rocksdb")),
+    };
+    let interval = Duration::from_secs(1);
+    let (mut local, mut remote) = (Vec::new(), Vec::new());
+    let (mut local_d, mut remote_d) = (Vec::new(), Vec::new());
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis();
+    for round in 0..rounds {
+        let at = dir.path().join(format!("round-{round}"));
+        let (r, d) = run(records, Some((at.as_path(), interval)), rocks()).await;
+        local.push(r);
+        local_d.extend(d);
+        let at = std::path::PathBuf::from(format!("{}/bench-{stamp}/round-{round}", url.trim_end_matches('/')));
+        let (r, d) = run(records, Some((at.as_path(), interval)), rocks()).await;
+        remote.push(r);
+        remote_d.extend(d);
+        eprintln!(
+            "round {}: local {:.0} rec/s, object store {:.0} rec/s",
+            round + 1,
+            local[round],
+            remote[round]
+        );
+    }
+    let (l, r) = (median(&mut local), median(&mut remote));
+    println!("records per run:              {records} (RocksDB state, checkpoints every 1 s)");
+    println!("local directory:              {l:>12.0} records/s (median of {rounds})");
+    println!("object store ({url}): {r:>12.0} records/s");
+    println!("ratio object store/local:     {:>12.3}", r / l);
+    for (name, d) in [("local", &mut local_d), ("object store", &mut remote_d)] {
+        println!(
+            "{name:<13} checkpoints {:>4}, duration p50 {:>10.2?}, p99 {:>10.2?}",
+            d.len(),
+            quantile(d, 0.5),
+            quantile(d, 0.99)
+        );
+    }
+    report.row(
+        "storage",
+        "checkpoints in an object store vs a local directory",
+        &[
+            ("local_records_per_s", l),
+            ("object_store_records_per_s", r),
+            ("ratio", r / l),
+            ("local_p50_ms", quantile(&mut local_d, 0.5).as_secs_f64() * 1000.0),
+            ("local_p99_ms", quantile(&mut local_d, 0.99).as_secs_f64() * 1000.0),
+            (
+                "object_store_p50_ms",
+                quantile(&mut remote_d, 0.5).as_secs_f64() * 1000.0,
+            ),
+            (
+                "object_store_p99_ms",
+                quantile(&mut remote_d, 0.99).as_secs_f64() * 1000.0,
+            ),
         ],
     );
     Ok(())

@@ -56,7 +56,9 @@ pub enum Which {
     K2k,
     /// Kafka-to-MySQL XA and upsert vs a plain batched INSERT loop.
     Mysql,
-    /// All of the above.
+    /// Checkpoints in an object store (`--checkpoints URL`) vs a local directory.
+    Storage,
+    /// All of the above but storage.
     All,
 }
 
@@ -73,6 +75,8 @@ pub struct BenchOptions {
     pub bootstrap: Option<String>,
     /// MySQL URL.
     pub mysql: Option<String>,
+    /// Object store location of the storage benchmark (`s3://bucket/prefix`).
+    pub checkpoints: Option<String>,
 }
 
 fn need<'a>(v: &'a Option<String>, what: &str, flag: &str, env: &str) -> Result<&'a str> {
@@ -106,6 +110,15 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
         let b = need(&o.bootstrap, "mysql", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
         let m = need(&o.mysql, "mysql", "--mysql", "EXACTLY_MYSQL_URL")?;
         kafka::bench_mysql(b, m, o.records.unwrap_or(100_000), &mut report).await?;
+    }
+    if which == Which::Storage {
+        let url = need(
+            &o.checkpoints,
+            "storage",
+            "--checkpoints s3://BUCKET/PREFIX",
+            "EXACTLY_BENCH_CHECKPOINTS",
+        )?;
+        core::storage(o.records.unwrap_or(3_000_000), o.rounds, url, &mut report).await?;
     }
     Ok(report)
 }
