@@ -8,7 +8,9 @@
 //! sends from a page of another origin are refused (`Origin` / `Sec-Fetch-Site`), so a web page
 //! cannot drive a job on localhost. Savepoints are written only under the job's savepoint root
 //! (`<checkpoints.dir>/savepoints`): a `dir` is taken relative to it, and a path that leaves it is
-//! refused.
+//! refused. A process running a range of a split job writes into `DIR/subtasks-A-B-of-P`, so the
+//! savepoints of every range under one `DIR` form one job-level savepoint that `exactly run --from
+//! DIR` restores in any layout.
 
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
@@ -32,10 +34,19 @@ struct AdminState {
     registry: Arc<Registry>,
     control: JobControl,
     /// Where savepoints go, and the only place they may go.
-    savepoint_dir: Option<PathBuf>,
+    savepoint_dir: Option<SavepointDir>,
     token: Option<Secret>,
     /// Listening on a loopback address only.
     loopback: bool,
+}
+
+/// Where a job's savepoints go.
+#[derive(Debug, Clone)]
+pub struct SavepointDir {
+    /// The root (`<checkpoints.dir>/savepoints`): requests name directories under it.
+    pub root: PathBuf,
+    /// The range of a split job (`subtasks-A-B-of-P`), written under the directory asked for.
+    pub range: Option<String>,
 }
 
 /// Who may use the endpoint.
@@ -148,13 +159,17 @@ async fn status(State(s): State<Arc<AdminState>>) -> Response {
 
 /// The directory a request may write a savepoint to.
 fn target(s: &AdminState, asked: Option<PathBuf>) -> std::result::Result<PathBuf, String> {
-    let Some(root) = &s.savepoint_dir else {
+    let Some(d) = &s.savepoint_dir else {
         return Err("this job has no checkpointing: savepoints need it".into());
     };
-    match asked {
-        None => Ok(root.clone()),
-        Some(a) => savepoint_target(root, &a),
-    }
+    let dir = match asked {
+        None => d.root.clone(),
+        Some(a) => savepoint_target(&d.root, &a)?,
+    };
+    Ok(match &d.range {
+        Some(r) => dir.join(r),
+        None => dir,
+    })
 }
 
 async fn savepoint(State(s): State<Arc<AdminState>>, Query(q): Query<SavepointQuery>) -> Response {
@@ -215,7 +230,7 @@ pub async fn serve(
     addr: &str,
     registry: Arc<Registry>,
     control: JobControl,
-    savepoint_dir: Option<PathBuf>,
+    savepoint_dir: Option<SavepointDir>,
     access: AdminAccess,
 ) -> Result<tokio::task::JoinHandle<()>> {
     let loopback = check_access(addr, &access)?;

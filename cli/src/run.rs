@@ -102,16 +102,53 @@ impl Deserializer<Option<Prepared>> for Prepare {
     }
 }
 
+/// The note in a checkpoint directory naming the savepoint its layout started from (none: the
+/// job's first start).
+const GENERATION: &str = "_restored_from";
+
 /// Where a process keeps its checkpoints: the configured directory, or under it a directory per
 /// subtask range. Refuses a range that overlaps another range's checkpoints (their state would
 /// be missing here and partitions would be read again).
-pub fn checkpoint_dir(base: &Path, subtasks: Option<SubtaskRange>, parallelism: u32) -> Result<PathBuf> {
-    let names = Storage::list_dirs(base).with_context(|| format!("listing {}", base.display()))?;
-    let others: Vec<(String, String)> = names
-        .iter()
-        .filter_map(|name| Some((name.clone(), name.strip_prefix("subtasks-")?.to_owned())))
-        .collect();
-    let has_checkpoints = names.iter().any(|n| n.starts_with("chk-"));
+///
+/// Layouts have generations: a start with `--from SAVEPOINT` begins a new one (noted in the
+/// directory as `_restored_from`), and directories of an older generation — the layout the
+/// savepoint was taken from — are stale and ignored: a job of 6 subtasks over 3 processes,
+/// stopped with a savepoint, continues as 4 over 2 or as 1 process. (A range's own directory that
+/// holds older checkpoints is the restore plan's business: it restores the savepoint, and refuses
+/// when a checkpoint there is newer unless replay is accepted.)
+pub fn checkpoint_dir(
+    base: &Path,
+    subtasks: Option<SubtaskRange>,
+    parallelism: u32,
+    from: Option<&Path>,
+) -> Result<PathBuf> {
+    let list = |dir: &Path| Storage::list_dirs(dir).with_context(|| format!("listing {}", dir.display()));
+    let generation = |dir: &Path| -> Result<String> {
+        Ok(Storage::read_note(dir, GENERATION)
+            .with_context(|| format!("reading {}", dir.display()))?
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default())
+    };
+    let mine_name = subtasks.map(|r| format!("subtasks-{}-{}-of-{parallelism}", r.first, r.last));
+    let mine = mine_name.as_ref().map_or_else(|| base.to_owned(), |n| base.join(n));
+    let current = match from {
+        Some(f) => f.display().to_string(),
+        None => generation(&mine)?,
+    };
+    let names = list(base)?;
+    let mut others = Vec::new();
+    for name in &names {
+        if Some(name) == mine_name.as_ref() {
+            continue;
+        }
+        if let Some(rest) = name.strip_prefix("subtasks-") {
+            // Another layout's generation: stale, superseded by the savepoint this one started from.
+            if generation(&base.join(name))? == current {
+                others.push((name.clone(), rest.to_owned()));
+            }
+        }
+    }
+    let whole_job = mine_name.is_some() && names.iter().any(|n| n.starts_with("chk-")) && generation(base)? == current;
     let Some(r) = subtasks else {
         if !others.is_empty() {
             bail!(
@@ -120,19 +157,18 @@ pub fn checkpoint_dir(base: &Path, subtasks: Option<SubtaskRange>, parallelism: 
                 others.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
             );
         }
+        if from.is_some() {
+            Storage::write_note(base, GENERATION, current.as_bytes())?;
+        }
         return Ok(base.to_owned());
     };
-    if has_checkpoints {
+    if whole_job {
         bail!(
             "{} holds checkpoints of the whole job: a range of subtasks cannot continue from them (restore with --from a savepoint of a job with the same subtasks)",
             base.display()
         );
     }
-    let mine = format!("subtasks-{}-{}-of-{parallelism}", r.first, r.last);
     for (name, rest) in &others {
-        if *name == mine {
-            continue;
-        }
         let parsed = rest.split_once("-of-").and_then(|(range, p)| {
             let (a, b) = range.split_once('-')?;
             Some((a.parse::<u32>().ok()?, b.parse::<u32>().ok()?, p.parse::<u32>().ok()?))
@@ -140,7 +176,7 @@ pub fn checkpoint_dir(base: &Path, subtasks: Option<SubtaskRange>, parallelism: 
         match parsed {
             Some((a, b, p)) if p == parallelism && (b < r.first || a > r.last) => {}
             Some((_, _, p)) if p != parallelism => bail!(
-                "{} holds checkpoints of the same job with parallelism {p} ({name}); this process runs parallelism {parallelism}: changing it needs a savepoint of every range",
+                "{} holds checkpoints of the same job with parallelism {p} ({name}); this process runs parallelism {parallelism}: changing it needs a savepoint of every range (stop each with a savepoint into one directory, then start every new range with --from that directory)",
                 base.display()
             ),
             _ => bail!(
@@ -151,7 +187,10 @@ pub fn checkpoint_dir(base: &Path, subtasks: Option<SubtaskRange>, parallelism: 
             ),
         }
     }
-    Ok(base.join(mine))
+    if from.is_some() {
+        Storage::write_note(&mine, GENERATION, current.as_bytes())?;
+    }
+    Ok(mine)
 }
 
 /// Runs `job` until it ends, is stopped (SIGTERM/SIGINT: final checkpoint and commits; a second
@@ -167,15 +206,24 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
             bail!("--subtasks {r}: the last subtask must be below the parallelism ({parallelism})");
         }
     }
+    if let Some(from) = &opts.from {
+        if let Err(e) = Storage::open_verified(from) {
+            bail!(
+                "--from {}: not a checkpoint or savepoint directory (nor the savepoints of every range of a split job): {e}; `exactly checkpoints list DIR` shows the stored ones",
+                from.display()
+            );
+        }
+    }
     let mut config = JobConfig::new(f.job.name.clone());
     let mut savepoint_dir = None;
     if let Some(c) = &f.checkpoints {
         let mut c = c.clone();
-        c.dir = checkpoint_dir(&c.dir, opts.subtasks, parallelism)?;
-        let base = f.checkpoints.as_ref().map(|c| c.dir.join("savepoints")).expect("set");
-        savepoint_dir = Some(match opts.subtasks {
-            Some(r) => base.join(format!("subtasks-{}-{}-of-{parallelism}", r.first, r.last)),
-            None => base,
+        c.dir = checkpoint_dir(&c.dir, opts.subtasks, parallelism, opts.from.as_deref())?;
+        savepoint_dir = Some(admin::SavepointDir {
+            root: f.checkpoints.as_ref().map(|c| c.dir.join("savepoints")).expect("set"),
+            range: opts
+                .subtasks
+                .map(|r| format!("subtasks-{}-{}-of-{parallelism}", r.first, r.last)),
         });
         config.checkpointing = Some(c);
     }
@@ -197,14 +245,6 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
     config.restore_from = opts.from.clone();
     config.accept_replay = opts.accept_replay;
     config.subtasks = opts.subtasks;
-    if let Some(from) = &opts.from {
-        if !Storage::is_snapshot(from).with_context(|| format!("--from {}", from.display()))? {
-            bail!(
-                "--from {}: not a checkpoint or savepoint directory (no _metadata file); `exactly checkpoints list DIR` shows the stored ones",
-                from.display()
-            );
-        }
-    }
 
     let range = opts.subtasks.map_or_else(|| "all".to_owned(), |r| r.to_string());
     let registry = Registry::new(&f.job.name, parallelism, range.clone());

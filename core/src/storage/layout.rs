@@ -139,7 +139,15 @@ impl Storage {
     /// Opens a checkpoint or savepoint by its location (a path or URL: `<root>/chk-N` or an exported
     /// one) and checks that every file it references is there with its recorded size (contents
     /// are verified as they are read).
+    ///
+    /// A location that holds no snapshot itself but one per range of a split job
+    /// (`subtasks-<first>-<last>-of-<p>/…`) is opened as their merge (see `split.rs`).
     pub fn open_verified(location: &Path) -> Result<Snapshot> {
+        if !Self::is_snapshot(location)? {
+            if let Some(s) = super::split::open(location)? {
+                return Ok(s);
+            }
+        }
         let s = Self::open_path(location)?;
         verify_files(&s)?;
         Ok(s)
@@ -160,6 +168,21 @@ impl Storage {
         };
         names.sort();
         Ok(names)
+    }
+
+    /// The small file `name` directly under `location` (a note such as a job's layout generation),
+    /// `None` when there is none.
+    pub fn read_note(location: &Path, name: &str) -> Result<Option<Vec<u8>>> {
+        let blobs = place(location)?;
+        if blobs.size(name)?.is_none() {
+            return Ok(None);
+        }
+        blobs.get(name).map(Some)
+    }
+
+    /// Writes the small file `name` directly under `location` (atomically, replacing it).
+    pub fn write_note(location: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+        place(location)?.put(name, bytes, Put::Replace).map(|_| ())
     }
 
     /// Whether `location` is an object store URL (`s3://`, `gs://`, `az://`, ...) rather than a path.

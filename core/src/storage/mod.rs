@@ -8,6 +8,7 @@ mod blobs;
 mod format;
 mod layout;
 mod object;
+mod split;
 
 use std::path::Path;
 use std::sync::Arc;
