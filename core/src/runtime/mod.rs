@@ -8,9 +8,11 @@
 
 mod api;
 mod chain;
+mod coordination;
 mod executor;
 mod graph;
 mod metrics;
+mod region;
 mod restore;
 mod task;
 

@@ -1,0 +1,364 @@
+//! The coordinator side of one run: the loop that drives tasks and checkpoints (trigger,
+//! acknowledge, complete, abort), makes checkpoints durable, notifies completion and writes
+//! savepoints. Region failover is in `region.rs`; the restart loop around runs in `executor.rs`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+use super::chain::Notification;
+use super::executor::{now_ms, Command, Job, RunEnd, Spawner};
+use super::restore::RestorePlan;
+use super::task::{Control, TaskEvent};
+use crate::coordinator::{Acknowledged, CheckpointConfig, CheckpointCoordinator, PendingCheckpoint};
+use crate::error::{CoreError, Result};
+use crate::message::{CheckpointBarrier, CheckpointId, SnapshotKind};
+use crate::restart::RestartTracker;
+use crate::storage::{CheckpointStorage, Storage};
+
+pub(super) struct Waiter {
+    pub(super) dir: Option<PathBuf>,
+    pub(super) reply: oneshot::Sender<Result<PathBuf>>,
+}
+
+/// The coordinator side of one run.
+pub(super) struct Run<'a> {
+    pub(super) job: &'a Job,
+    pub(super) spawner: Spawner<'a>,
+    /// (vertex, subtask index) of every task.
+    pub(super) places: Vec<(usize, u32)>,
+    /// Our task id of every tokio task (to place a panic).
+    pub(super) tokio_ids: BTreeMap<tokio::task::Id, usize>,
+    pub(super) tracker: &'a mut RestartTracker,
+    pub(super) started: Instant,
+    pub(super) attempt: u32,
+    pub(super) region_restarts: u32,
+    pub(super) storage: Option<Arc<Storage>>,
+    pub(super) plan: &'a RestorePlan,
+    pub(super) coordinator: Option<CheckpointCoordinator>,
+    pub(super) controls: Vec<mpsc::UnboundedSender<Control>>,
+    pub(super) sources: Vec<bool>,
+    pub(super) ended: BTreeSet<usize>,
+    pub(super) waiters: BTreeMap<CheckpointId, Waiter>,
+    /// Shut down once this checkpoint is complete and notified (final checkpoint, stop).
+    pub(super) shutdown_after: Option<CheckpointId>,
+    pub(super) shutting_down: bool,
+    pub(super) completed: &'a mut u64,
+    pub(super) last_id: &'a mut CheckpointId,
+}
+
+impl Run<'_> {
+    pub(super) fn config(&self) -> Option<&CheckpointConfig> {
+        self.job.config.checkpointing.as_ref()
+    }
+
+    pub(super) fn broadcast(&self, c: Control) {
+        for tx in &self.controls {
+            let _ = tx.send(c);
+        }
+    }
+
+    pub(super) fn shutdown(&mut self) {
+        self.shutting_down = true;
+        self.broadcast(Control::Shutdown);
+    }
+
+    pub(super) async fn drive(
+        &mut self,
+        set: &mut JoinSet<(usize, Result<()>)>,
+        mut events: mpsc::UnboundedReceiver<TaskEvent>,
+        commands: &mut mpsc::UnboundedReceiver<Command>,
+    ) -> RunEnd {
+        let tasks = self.controls.len();
+        let mut finished = 0usize;
+        loop {
+            let wake = self.next_wake();
+            tokio::select! {
+                joined = set.join_next() => match joined {
+                    None => return RunEnd::Finished,
+                    Some(Ok((_, Ok(())))) => {
+                        finished += 1;
+                        if !self.shutting_down {
+                            return RunEnd::Failed(CoreError::TaskLost { task: "a task".into(), reason: "ended before the job did".into() });
+                        }
+                        if finished == tasks {
+                            return RunEnd::Finished;
+                        }
+                    }
+                    Some(Ok((task, Err(e)))) => {
+                        warn!(task, error = %e, "Task failed.");
+                        if let Err(end) = self.restart_region(set, task, e).await {
+                            return end;
+                        }
+                    }
+                    Some(Err(e)) => {
+                        let task = self.tokio_ids.get(&e.id()).copied();
+                        let error = CoreError::TaskLost { task: "a task".into(), reason: e.to_string() };
+                        match task {
+                            Some(task) => {
+                                if let Err(end) = self.restart_region(set, task, error).await {
+                                    return end;
+                                }
+                            }
+                            None => return RunEnd::Failed(error),
+                        }
+                    }
+                },
+                Some(event) = events.recv() => {
+                    if let Err(e) = self.on_event(event).await {
+                        return RunEnd::Failed(e);
+                    }
+                }
+                Some(cmd) = commands.recv(), if !self.shutting_down => match cmd {
+                    Command::Cancel => {
+                        info!(job = %self.job.config.name, "Cancelling.");
+                        self.shutdown();
+                        while set.join_next().await.is_some() {}
+                        return RunEnd::Cancelled;
+                    }
+                    Command::Savepoint { dir, stop, reply } => {
+                        if self.coordinator.is_none() {
+                            let _ = reply.send(Err(CoreError::Config(
+                                "checkpointing is disabled for this job: savepoints need it".into(),
+                            )));
+                            continue;
+                        }
+                        let kind = if dir.is_some() { SnapshotKind::Savepoint } else { SnapshotKind::Checkpoint };
+                        let id = self.trigger(kind, stop);
+                        self.waiters.insert(id, Waiter { dir, reply });
+                        if stop {
+                            self.shutdown_after = Some(id);
+                        }
+                    }
+                },
+                _ = tokio::time::sleep_until(wake.into()) => {
+                    if let Err(e) = self.on_timer().await {
+                        return RunEnd::Failed(e);
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn next_wake(&self) -> Instant {
+        let soon = Instant::now() + Duration::from_millis(100);
+        match &self.coordinator {
+            Some(c) => c.next_due().min(soon),
+            None => soon,
+        }
+    }
+
+    /// Starts a checkpoint: barriers at live sources, direct snapshots at ended tasks.
+    pub(super) fn trigger(&mut self, kind: SnapshotKind, stop: bool) -> CheckpointId {
+        let coordinator = self.coordinator.as_mut().expect("checkpointing on");
+        let barrier = coordinator.trigger(Instant::now(), kind, now_ms());
+        *self.last_id = barrier.id;
+        for (task, tx) in self.controls.iter().enumerate() {
+            let c = if self.ended.contains(&task) {
+                Control::SnapshotIfEnded(barrier)
+            } else if self.sources[task] {
+                Control::Trigger { barrier, stop }
+            } else {
+                continue;
+            };
+            let _ = tx.send(c);
+        }
+        barrier.id
+    }
+
+    pub(super) async fn on_timer(&mut self) -> Result<()> {
+        let Some(c) = self.coordinator.as_mut() else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        for b in c.expired(now) {
+            self.abort(b, "timed out").await?;
+        }
+        let c = self.coordinator.as_ref().expect("checked");
+        if !self.shutting_down && self.shutdown_after.is_none() && self.ended.len() < self.controls.len() && c.due(now)
+        {
+            self.trigger(SnapshotKind::Checkpoint, false);
+        }
+        Ok(())
+    }
+
+    pub(super) async fn on_event(&mut self, event: TaskEvent) -> Result<()> {
+        match event {
+            TaskEvent::Ack { task, id, snapshot } => {
+                let Some(c) = self.coordinator.as_mut() else {
+                    return Ok(());
+                };
+                if let Acknowledged::AllAcknowledged(p) = c.acknowledge(id, task, snapshot) {
+                    self.complete(p).await?;
+                }
+            }
+            TaskEvent::Decline { id, reason, task } => {
+                let Some(c) = self.coordinator.as_mut() else {
+                    return Ok(());
+                };
+                if let Some(b) = c.decline(id) {
+                    warn!(checkpoint_id = id, task, %reason, "Checkpoint declined.");
+                    self.abort(b, &reason).await?;
+                }
+            }
+            TaskEvent::Ended { task } => {
+                self.ended.insert(task);
+                // A source was sent every pending checkpoint's trigger while it was live and
+                // snapshots it from its queue, ended or not; asking again would snapshot twice
+                // (and a sink chained to it would restage the checkpoint empty). Other tasks
+                // acknowledge each barrier before their end: what they lack never reached them.
+                if let (Some(c), false) = (&self.coordinator, self.sources[task]) {
+                    for p in c.pending() {
+                        if !p.acknowledged_by(task) {
+                            let _ = self.controls[task].send(Control::SnapshotIfEnded(p.barrier));
+                        }
+                    }
+                }
+                if self.ended.len() == self.controls.len() && self.shutdown_after.is_none() {
+                    if self.coordinator.is_some() {
+                        // Final checkpoint: every task snapshots its end state; sinks commit on completion.
+                        let id = self.trigger(SnapshotKind::Checkpoint, false);
+                        self.shutdown_after = Some(id);
+                    } else {
+                        self.shutdown();
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) async fn complete(&mut self, p: PendingCheckpoint) -> Result<()> {
+        let barrier = p.barrier;
+        let duration = p.started.elapsed();
+        let alignment = p.max_alignment();
+        let storage = self.storage.clone().expect("checkpointing on");
+        let meta = p.into_metadata(&self.job.config.name, now_ms())?;
+        let size = meta.state_size();
+        let persisted = {
+            let storage = storage.clone();
+            let meta = meta.clone();
+            tokio::task::spawn_blocking(move || storage.commit(&meta))
+                .await
+                .unwrap_or_else(|e| {
+                    Err(CoreError::TaskLost {
+                        task: "storage".into(),
+                        reason: e.to_string(),
+                    })
+                })
+        };
+        if let Err(e) = persisted {
+            warn!(checkpoint_id = barrier.id, error = %e, "Writing checkpoint metadata failed.");
+            return self.abort(barrier, &format!("not persisted: {e}")).await;
+        }
+        let coordinator = self.coordinator.as_mut().expect("checkpointing on");
+        let subsumed = coordinator.completed(barrier.id, Instant::now());
+        *self.completed += 1;
+        self.tracker.mark_started();
+        info!(
+            checkpoint_id = barrier.id,
+            duration_ms = duration.as_millis() as u64,
+            alignment_ms = alignment.as_millis() as u64,
+            state_bytes = size,
+            "Checkpoint complete."
+        );
+        self.job.metrics.update(|s| {
+            s.completed += 1;
+            s.latest_id = Some(barrier.id);
+            if s.durations.len() >= 10_000 {
+                s.durations.remove(0);
+            }
+            s.durations.push(duration);
+            s.last_alignment = alignment;
+            s.last_state_size = size;
+        });
+        for b in subsumed {
+            self.broadcast(Control::Notify(Notification::Aborted(b.id)));
+            self.discard_files(b.id);
+        }
+        crate::failpoint::hit("checkpoint.after_durable");
+        // Durable first, then notify: sinks commit on this.
+        self.broadcast(Control::Notify(Notification::Complete(barrier.id)));
+        if let Some(keep) = self.config().map(|c| c.retained) {
+            let s = storage.clone();
+            match tokio::task::spawn_blocking(move || s.retain(keep)).await {
+                Ok(Err(e)) => warn!(error = %e, "Deleting old checkpoints failed."),
+                Err(e) => warn!(error = %e, "Deleting old checkpoints failed."),
+                Ok(Ok(_)) => {}
+            }
+        }
+        if let Some(w) = self.waiters.remove(&barrier.id) {
+            let is_savepoint = w.dir.is_some();
+            let result = match w.dir {
+                Some(dir) => {
+                    let s = storage.clone();
+                    let out = dir.join(format!("savepoint-{}", barrier.id));
+                    let out2 = out.clone();
+                    tokio::task::spawn_blocking(move || s.export(barrier.id, &out2))
+                        .await
+                        .unwrap_or_else(|e| {
+                            Err(CoreError::TaskLost {
+                                task: "storage".into(),
+                                reason: e.to_string(),
+                            })
+                        })
+                        .map(|()| out)
+                }
+                None => Ok(storage.checkpoint_dir(barrier.id)),
+            };
+            if let Ok(path) = &result {
+                let what = if is_savepoint {
+                    "Savepoint written."
+                } else {
+                    "Requested checkpoint complete."
+                };
+                info!(checkpoint_id = barrier.id, path = %path.display(), "{what}");
+            }
+            let _ = w.reply.send(result);
+        }
+        if self.shutdown_after == Some(barrier.id) {
+            self.shutdown();
+        }
+        Ok(())
+    }
+
+    /// Deletes what aborted checkpoint `id` wrote, in the background: the coordinator goes on
+    /// triggering checkpoints while a slow or failing store (an object store coming back from an
+    /// outage) takes its time. Best effort: what stays behind is never listed (it has no metadata).
+    pub(super) fn discard_files(&self, id: CheckpointId) {
+        if let Some(s) = self.storage.clone() {
+            tokio::task::spawn_blocking(move || {
+                if let Err(e) = s.abort(id) {
+                    debug!(checkpoint_id = id, error = %e, "Deleting an aborted checkpoint's files failed.");
+                }
+            });
+        }
+    }
+
+    pub(super) async fn abort(&mut self, barrier: CheckpointBarrier, reason: &str) -> Result<()> {
+        warn!(checkpoint_id = barrier.id, %reason, "Checkpoint aborted.");
+        self.broadcast(Control::Notify(Notification::Aborted(barrier.id)));
+        self.discard_files(barrier.id);
+        self.job.metrics.update(|s| s.failed += 1);
+        if let Some(w) = self.waiters.remove(&barrier.id) {
+            let _ = w.reply.send(Err(CoreError::CheckpointAborted {
+                id: barrier.id,
+                reason: reason.to_owned(),
+            }));
+        }
+        if self.shutdown_after == Some(barrier.id) {
+            // Sources stopped after this barrier: only a restart resumes them.
+            return Err(CoreError::CheckpointAborted {
+                id: barrier.id,
+                reason: reason.to_owned(),
+            });
+        }
+        let c = self.coordinator.as_mut().expect("checkpointing on");
+        c.failed(Instant::now())
+    }
+}
