@@ -17,9 +17,11 @@
 //! Consumers of the output must read with `isolation.level=read_committed`.
 
 pub mod admin;
+mod broker;
 mod committable;
 mod config;
 mod error;
+mod exactly_once;
 mod partitioner;
 mod pool;
 mod protocol;
@@ -30,10 +32,11 @@ mod writer;
 pub use committable::{KafkaCommittable, Probe, COMMITTABLE_VERSION};
 pub use config::{DeliveryGuarantee, KafkaSinkConfig, PartitionerKind, OWNED_KEYS};
 pub use error::{Result, SinkError};
+pub use exactly_once::{KafkaTransaction, TransactionalKafkaSink};
 pub use partitioner::{murmur2, to_positive, FixedPartitioner, KeyHashPartitioner, Partitioner, RoundRobinPartitioner};
 pub use protocol::{END_TXN_TV2_VERSION, END_TXN_VERSION};
 pub use transactional_id::{parse as parse_transactional_id, transactional_id};
-pub use writer::{KafkaSink, KafkaTransaction, KafkaWriter, TransactionalKafkaSink};
+pub use writer::{KafkaSink, KafkaWriter};
 
 /// A record to write.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

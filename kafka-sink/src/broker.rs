@@ -1,0 +1,102 @@
+//! What the sink asks the broker before it writes: the topic's partitions and the broker's
+//! transaction timeout limit; fails at once, naming the address, while the job is starting.
+
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
+
+use crate::config::{KafkaSinkConfig, PartitionerKind};
+use crate::error::{Result, SinkError};
+use crate::partitioner::{FixedPartitioner, KeyHashPartitioner, Partitioner, RoundRobinPartitioner};
+
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(30);
+
+pub(crate) fn partitioner_for(kind: PartitionerKind) -> Box<dyn Partitioner> {
+    match kind {
+        PartitionerKind::KeyHash => Box::new(KeyHashPartitioner::default()),
+        PartitionerKind::Fixed => Box::new(FixedPartitioner::default()),
+        PartitionerKind::RoundRobin => Box::new(RoundRobinPartitioner::default()),
+    }
+}
+
+/// What the broker says about the topic and its limits.
+pub(crate) struct BrokerFacts {
+    pub(crate) partitions: Vec<i32>,
+    pub(crate) brokers: Vec<String>,
+    pub(crate) max_transaction_timeout: Option<Duration>,
+}
+
+/// What the broker says. While the job is `starting`, an unreachable bootstrap list fails at
+/// once, naming each address (see `exactly_core::net::reachable`), and so do wrong credentials
+/// and untrusted certificates, with what the broker or TLS said (`wire::check`).
+pub(crate) async fn broker_facts(config: &KafkaSinkConfig, starting: bool) -> Result<BrokerFacts> {
+    if starting {
+        let cluster = config.cluster();
+        tokio::task::block_in_place(|| exactly_core::net::reachable(&cluster.bootstrap))
+            .map_err(SinkError::Unreachable)?;
+        exactly_kafka_client::wire::check(&cluster, TIMEOUT)
+            .await
+            .map_err(crate::protocol::wire_error)?;
+        // A missing ACL is found now, by name, not from a transaction the broker aborts later.
+        let access = exactly_kafka_client::wire::topic_access(&cluster, &config.topic)
+            .await
+            .map_err(crate::protocol::wire_error)?;
+        if !access.allows(4) || !access.allows(8) {
+            return Err(SinkError::Config(format!(
+                "the job's principal may not Write (and Describe) topic {:?} at {}: grant it the ACLs README.md lists (Write, Describe, Read on the topic; Write, Describe on the transactional-id prefix)",
+                config.topic, cluster.bootstrap
+            )));
+        }
+    }
+    let admin: AdminClient<DefaultClientContext> = config
+        .cluster()
+        .client_config()
+        .map_err(SinkError::Config)?
+        .create()
+        .map_err(|e| SinkError::kafka("creating an admin client", e))?;
+    let md = tokio::task::block_in_place(|| {
+        admin.inner().fetch_metadata(Some(&config.topic), TIMEOUT).map_err(|e| {
+            let bootstrap = &config.bootstrap_servers;
+            let why = exactly_core::net::diagnose(bootstrap);
+            SinkError::kafka(format!("fetching metadata from {bootstrap} ({why})"), e)
+        })
+    })?;
+    let topic = md.topics().iter().find(|t| t.name() == config.topic);
+    let partitions: Vec<i32> = topic
+        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+        .unwrap_or_default();
+    if partitions.is_empty() {
+        return Err(SinkError::Config(format!(
+            "topic {:?} does not exist or has no partitions (the sink does not create topics)",
+            config.topic
+        )));
+    }
+    let brokers: Vec<String> = md
+        .brokers()
+        .iter()
+        .map(|b| format!("{}:{}", b.host(), b.port()))
+        .collect();
+    let mut max_transaction_timeout = None;
+    if let Some(b) = md.brokers().first() {
+        let results = admin
+            .describe_configs(
+                &[ResourceSpecifier::Broker(b.id())],
+                &AdminOptions::new().request_timeout(Some(TIMEOUT)),
+            )
+            .await
+            .map_err(|e| SinkError::kafka("describing broker configuration", e))?;
+        if let Some(Ok(resource)) = results.first() {
+            max_transaction_timeout = resource
+                .get("transaction.max.timeout.ms")
+                .and_then(|e| e.value.as_deref())
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(Duration::from_millis);
+        }
+    }
+    Ok(BrokerFacts {
+        partitions,
+        brokers,
+        max_transaction_timeout,
+    })
+}

@@ -1,0 +1,424 @@
+//! The exactly-once sink: a pool of transactional producers driven by the two-phase driver
+//! (pre-commit at the barrier, commit when the checkpoint completes, recovery of what a
+//! restored checkpoint left to commit, clean-up of lingering transactions).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use exactly_core::runtime::SubtaskInfo;
+use exactly_core::CheckpointId;
+use exactly_twophase::{CommitError, PreCommitted, RecoveryContext, TwoPhaseCommitSink};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::Producer;
+use tracing::{info, warn};
+
+use crate::broker::{broker_facts, TIMEOUT};
+use crate::committable::{KafkaCommittable, Probe, COMMITTABLE_VERSION};
+use crate::config::{DeliveryGuarantee, KafkaSinkConfig};
+use crate::error::{Result, SinkError};
+use crate::partitioner::Partitioner;
+use crate::pool::{check_deliveries, create_producer, flush, send_all, Deliveries, Producer_};
+use crate::protocol::Wire;
+use crate::recovery::commit_recovered;
+use crate::transactional_id::{parse, transactional_id};
+use crate::ProducerRecord;
+
+/// The exactly-once sink: a pool of transactional producers driven by [`exactly_twophase::TwoPhaseSink`].
+pub struct TransactionalKafkaSink {
+    config: KafkaSinkConfig,
+    prefix: String,
+    pool_size: usize,
+    transaction_timeout: Duration,
+    partitioner: Box<dyn Partitioner>,
+    partitions: Vec<i32>,
+    brokers: Vec<String>,
+    wire: Wire,
+    info: Option<SubtaskInfo>,
+    slots: Vec<Slot>,
+    next_slot: usize,
+}
+
+struct Slot {
+    id: String,
+    producer: Producer_,
+    deliveries: Arc<Deliveries>,
+    state: SlotState,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum SlotState {
+    Free,
+    Open,
+    Prepared(KafkaCommittable),
+    /// Fenced or failed fatally: unusable until the job restarts.
+    Broken,
+}
+
+/// An open transaction: the pool slot holding it.
+#[derive(Debug)]
+pub struct KafkaTransaction {
+    slot: usize,
+    records: u64,
+}
+
+impl TransactionalKafkaSink {
+    /// An exactly-once sink for `config` (whose delivery must be `exactly_once`).
+    pub fn new(config: KafkaSinkConfig, partitioner: Box<dyn Partitioner>) -> Result<Self> {
+        config.validate()?;
+        let DeliveryGuarantee::ExactlyOnce {
+            transactional_id_prefix,
+            pool_size,
+            transaction_timeout,
+        } = config.delivery.clone()
+        else {
+            return Err(SinkError::Config(
+                "TransactionalKafkaSink needs delivery.type = \"exactly_once\"".into(),
+            ));
+        };
+        let wire = Wire::new(config.cluster(), TIMEOUT);
+        Ok(TransactionalKafkaSink {
+            config,
+            prefix: transactional_id_prefix,
+            pool_size,
+            transaction_timeout,
+            partitioner,
+            partitions: Vec::new(),
+            brokers: Vec::new(),
+            wire,
+            info: None,
+            slots: Vec::new(),
+            next_slot: 0,
+        })
+    }
+
+    /// A producer for `id` with transactions initialised: fences older producers of the id
+    /// (zombies) and aborts what they left open.
+    fn init_producer(&self, id: &str) -> Result<(Producer_, Arc<Deliveries>)> {
+        tokio::task::block_in_place(|| self.init_producer_blocking(id))
+    }
+
+    /// Creates the producer of `id` and initialises its transactions (blocks for the round trips).
+    fn init_producer_blocking(&self, id: &str) -> Result<(Producer_, Arc<Deliveries>)> {
+        let (producer, deliveries) = create_producer(
+            &self.config.cluster(),
+            &self.config.client,
+            Some((id, self.transaction_timeout)),
+        )?;
+        producer
+            .init_transactions(TIMEOUT)
+            .map_err(|e| SinkError::kafka(format!("init_transactions for {id}"), e))?;
+        Ok((producer, deliveries))
+    }
+
+    fn free_slots(&self) -> usize {
+        self.slots.iter().filter(|s| s.state == SlotState::Free).count()
+    }
+
+    /// Adds a producer to the pool (an id past the configured pool size; the next start fences it
+    /// like any id this subtask owns).
+    fn add_slot(&mut self) -> Result<()> {
+        let me = self.info.as_ref().map_or(0, |i| i.index);
+        let id = transactional_id(&self.prefix, me, self.slots.len());
+        warn!(transactional_id = %id, "All transactional producers wait for checkpoints; adding one to the pool.");
+        let (producer, deliveries) = self.init_producer(&id)?;
+        self.slots.push(Slot {
+            id,
+            producer,
+            deliveries,
+            state: SlotState::Free,
+        });
+        Ok(())
+    }
+
+    /// Aborts whatever is open under `id` by initialising a producer with it (fences and aborts).
+    fn fence_and_abort(&self, id: &str) -> Result<()> {
+        self.init_producer(id).map(drop)
+    }
+}
+
+pub(crate) fn commit_error(e: KafkaError) -> CommitError {
+    match &e {
+        KafkaError::Transaction(t) if t.is_retriable() => CommitError::Retriable(e.into()),
+        KafkaError::Transaction(t) if t.txn_requires_abort() => CommitError::Lost {
+            what: "the transaction".into(),
+            source: e.into(),
+        },
+        _ => CommitError::Fenced(e.into()),
+    }
+}
+
+impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
+    type Transaction = KafkaTransaction;
+    type Committable = KafkaCommittable;
+
+    async fn open(&mut self, info: &SubtaskInfo) -> exactly_core::Result<()> {
+        // The metadata request waits for the cluster (a broker restarting); the version check
+        // then finds it up.
+        let facts = broker_facts(&self.config, info.starting).await?;
+        self.wire.check_versions().await?;
+        if let Some(max) = facts.max_transaction_timeout {
+            if self.transaction_timeout > max {
+                return Err(SinkError::Config(format!(
+                    "delivery.transaction_timeout ({}) exceeds the broker's transaction.max.timeout.ms ({}): lower it, or raise the broker setting",
+                    humantime::format_duration(self.transaction_timeout),
+                    humantime::format_duration(max)
+                ))
+                .into());
+            }
+        }
+        self.partitions = facts.partitions;
+        self.brokers = facts.brokers;
+        self.partitioner.open(info.index, info.parallelism);
+        self.info = Some(info.clone());
+        Ok(())
+    }
+
+    async fn begin(&mut self, _checkpoint_id: CheckpointId) -> exactly_core::Result<KafkaTransaction> {
+        let n = self.slots.len();
+        let slot = (0..n)
+            .map(|i| (self.next_slot + i) % n)
+            .find(|i| self.slots[*i].state == SlotState::Free)
+            .ok_or_else(|| SinkError::Protocol("no free transactional producer (all pending or broken)".into()))?;
+        self.next_slot = (slot + 1) % n;
+        let s = &mut self.slots[slot];
+        s.deliveries.reset();
+        s.producer
+            .begin_transaction()
+            .map_err(|e| SinkError::kafka(format!("begin_transaction on {}", s.id), e))?;
+        s.state = SlotState::Open;
+        Ok(KafkaTransaction { slot, records: 0 })
+    }
+
+    async fn write(&mut self, txn: &mut KafkaTransaction, records: Vec<ProducerRecord>) -> exactly_core::Result<()> {
+        txn.records += records.len() as u64;
+        let s = &self.slots[txn.slot];
+        send_all(
+            &s.producer,
+            &self.config.topic,
+            &self.partitions,
+            self.partitioner.as_ref(),
+            records,
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn pre_commit(
+        &mut self,
+        txn: KafkaTransaction,
+        checkpoint_id: CheckpointId,
+    ) -> exactly_core::Result<PreCommitted<KafkaCommittable, KafkaTransaction>> {
+        if txn.records == 0 {
+            let s = &mut self.slots[txn.slot];
+            tokio::task::block_in_place(|| s.producer.abort_transaction(TIMEOUT))
+                .map_err(|e| SinkError::kafka("aborting an empty transaction", e))?;
+            s.state = SlotState::Free;
+            return Ok(PreCommitted::Empty);
+        }
+        // A failed delivery (e.g. fenced by a newer instance) fails now, not after a decline.
+        check_deliveries(&self.slots[txn.slot].deliveries, &self.config.topic)?;
+        if self.free_slots() == 0 {
+            // Every producer holds a transaction waiting for a checkpoint. When those belong to
+            // checkpoints that were aborted, only a completed checkpoint frees them, and this one
+            // cannot complete without a producer for what follows: grow the pool (up to twice its
+            // size) rather than decline forever. Beyond that, decline: backpressure.
+            if self.slots.len() < 2 * self.pool_size {
+                self.add_slot()?;
+            } else {
+                return Ok(PreCommitted::Declined {
+                    reason: format!(
+                        "all {} transactional producers of this subtask wait for their checkpoints to complete",
+                        self.slots.len()
+                    ),
+                    txn,
+                });
+            }
+        }
+        let s = &self.slots[txn.slot];
+        flush(
+            &s.producer,
+            &s.deliveries,
+            &self.config.topic,
+            self.config.flush_timeout,
+        )?;
+        let probe = s.deliveries.probe().map(|(partition, offset)| Probe {
+            topic: self.config.topic.clone(),
+            partition,
+            offset,
+        });
+        let desc = self.wire.describe(&s.id).await?;
+        if desc.state != "Ongoing" {
+            return Err(SinkError::Protocol(format!(
+                "transaction {} is {} at pre-commit, expected Ongoing (fenced by another producer?)",
+                s.id, desc.state
+            ))
+            .into());
+        }
+        let committable = KafkaCommittable {
+            version: COMMITTABLE_VERSION,
+            transactional_id: s.id.clone(),
+            producer_id: desc.producer_id,
+            producer_epoch: desc.producer_epoch,
+            txn_start_ms: desc.start_time_ms,
+            checkpoint_id,
+            probe,
+        };
+        self.slots[txn.slot].state = SlotState::Prepared(committable.clone());
+        Ok(PreCommitted::Committable(committable))
+    }
+
+    async fn commit(&mut self, c: &KafkaCommittable) -> Result<(), CommitError> {
+        let own = self
+            .slots
+            .iter()
+            .position(|s| s.state == SlotState::Prepared(c.clone()));
+        let Some(i) = own else {
+            // Pre-committed by an earlier run: finish it through the protocol.
+            return commit_recovered(&self.wire, c).await;
+        };
+        let s = &mut self.slots[i];
+        match tokio::task::block_in_place(|| s.producer.commit_transaction(TIMEOUT)) {
+            Ok(()) => {
+                s.state = SlotState::Free;
+                Ok(())
+            }
+            Err(e) => {
+                let err = commit_error(e);
+                match &err {
+                    CommitError::Retriable(_) => {}
+                    CommitError::Lost { .. } => {
+                        let _ = tokio::task::block_in_place(|| s.producer.abort_transaction(TIMEOUT));
+                        s.state = SlotState::Free;
+                        return Err(CommitError::Lost {
+                            what: c.to_string(),
+                            source: err.into(),
+                        });
+                    }
+                    _ => s.state = SlotState::Broken,
+                }
+                Err(err)
+            }
+        }
+    }
+
+    async fn abort(&mut self, txn: KafkaTransaction) -> exactly_core::Result<()> {
+        let s = &mut self.slots[txn.slot];
+        tokio::task::block_in_place(|| s.producer.abort_transaction(TIMEOUT))
+            .map_err(|e| SinkError::kafka(format!("abort_transaction on {}", s.id), e))?;
+        s.state = SlotState::Free;
+        Ok(())
+    }
+
+    async fn abort_unneeded(&mut self, ctx: &RecoveryContext<'_, KafkaCommittable>) -> exactly_core::Result<()> {
+        // An open transaction of ours that no restored committable is would pin the last stable
+        // offset of its partitions, and the read_committed check of a restored transaction would
+        // wait on it until the broker's timeout aborts it.
+        let me = ctx.info.index;
+        let parallelism = ctx.info.parallelism;
+        for t in self.wire.list(&self.brokers).await? {
+            let Some((subtask, _)) = parse(&self.prefix, &t.transactional_id) else {
+                continue;
+            };
+            let mine = subtask == me || (me == 0 && subtask >= parallelism);
+            if !mine || t.state != "Ongoing" {
+                continue;
+            }
+            let Some(d) = self.wire.describe_known(&t.transactional_id).await? else {
+                continue;
+            };
+            let needed = ctx.all_restored.iter().any(|(_, c)| {
+                c.transactional_id == t.transactional_id
+                    && c.is_same_transaction(d.producer_id, d.producer_epoch, d.start_time_ms)
+            });
+            if !needed {
+                warn!(transactional_id = %t.transactional_id, "Aborting an open transaction no checkpoint needs before recovering.");
+                self.fence_and_abort(&t.transactional_id)?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn abort_lingering(&mut self, ctx: &RecoveryContext<'_, KafkaCommittable>) -> exactly_core::Result<()> {
+        let me = ctx.info.index;
+        let parallelism = ctx.info.parallelism;
+        // Transactions others are committing right now (restored committables that are still the
+        // open transaction of their id) must be left alone.
+        let pending: BTreeMap<&str, &KafkaCommittable> = ctx
+            .all_restored
+            .iter()
+            .map(|(_, c)| (c.transactional_id.as_str(), c))
+            .collect();
+        let listed = self.wire.list(&self.brokers).await?;
+        let mut aborted = BTreeSet::new();
+        for t in listed {
+            let Some((subtask, slot)) = parse(&self.prefix, &t.transactional_id) else {
+                continue;
+            };
+            let mine = subtask == me || (me == 0 && subtask >= parallelism);
+            if !mine || (subtask == me && slot < self.pool_size) {
+                continue; // not ours, or handled by initialising our pool below
+            }
+            // Any state: initialising the id also fences a zombie that might still use it.
+            if matches!(t.state.as_str(), "Dead" | "PrepareEpochFence") {
+                continue;
+            }
+            if let Some(c) = pending.get(t.transactional_id.as_str()) {
+                let d = self.wire.describe_known(&t.transactional_id).await?;
+                if d.is_some_and(|d| c.is_same_transaction(d.producer_id, d.producer_epoch, d.start_time_ms)) {
+                    continue;
+                }
+            }
+            if t.state == "Ongoing" {
+                warn!(transactional_id = %t.transactional_id, "Aborting a lingering transaction.");
+            }
+            self.fence_and_abort(&t.transactional_id)?;
+            aborted.insert(t.transactional_id);
+        }
+        // Our own pool: initialising each id fences older producers (zombies) and aborts what
+        // they left open. Restored committables of these ids were committed before this. The ids
+        // are independent: initialised side by side (each waits for its own round trips, and for
+        // the abort of what its predecessor left open).
+        let ids: Vec<String> = (0..self.pool_size)
+            .map(|slot| transactional_id(&self.prefix, me, slot))
+            .collect();
+        let this = &*self;
+        let inited: Vec<Result<(Producer_, Arc<Deliveries>)>> = tokio::task::block_in_place(|| {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = ids
+                    .iter()
+                    .map(|id| scope.spawn(move || this.init_producer_blocking(id)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| Err(SinkError::Protocol("initialising a producer panicked".into())))
+                    })
+                    .collect()
+            })
+        });
+        let mut slots = Vec::with_capacity(self.pool_size);
+        for (id, r) in ids.into_iter().zip(inited) {
+            let (producer, deliveries) = r?;
+            slots.push(Slot {
+                id,
+                producer,
+                deliveries,
+                state: SlotState::Free,
+            });
+        }
+        self.slots = slots;
+        info!(
+            subtask = me,
+            pool = self.pool_size,
+            lingering_aborted = aborted.len(),
+            "Transactional producers ready."
+        );
+        Ok(())
+    }
+
+    fn transaction_timeout(&self) -> Option<Duration> {
+        Some(self.transaction_timeout)
+    }
+}
