@@ -3,7 +3,10 @@
 //! writes the figures too.
 
 mod core;
+mod k2k;
 mod kafka;
+mod mysql;
+mod source;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -97,19 +100,19 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
     }
     if all || which == Which::Source {
         let b = need(&o.bootstrap, "source", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
-        kafka::bench_source(b, o.records.unwrap_or(1_000_000), &mut report).await?;
+        source::bench_source(b, o.records.unwrap_or(1_000_000), &mut report).await?;
     }
     if all || which == Which::K2k {
         let b = need(&o.bootstrap, "k2k", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
         // Two rates: written (a read_uncommitted reader has the backlog) and committed (a
         // read_committed reader has it; exactly-once includes the last commit, up to one
         // checkpoint interval after the last record: use enough records).
-        kafka::bench_k2k(b, o.records.unwrap_or(1_000_000), &o.sizes, o.rounds, &mut report).await?;
+        k2k::bench_k2k(b, o.records.unwrap_or(1_000_000), &o.sizes, o.rounds, &mut report).await?;
     }
     if all || which == Which::Mysql {
         let b = need(&o.bootstrap, "mysql", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
         let m = need(&o.mysql, "mysql", "--mysql", "EXACTLY_MYSQL_URL")?;
-        kafka::bench_mysql(b, m, o.records.unwrap_or(100_000), &mut report).await?;
+        mysql::bench_mysql(b, m, o.records.unwrap_or(100_000), &mut report).await?;
     }
     if which == Which::Storage {
         let url = need(

@@ -1,0 +1,278 @@
+//! `exactly bench k2k`: Kafka-to-Kafka exactly-once and at-least-once vs a plain consume-produce
+//! loop (rates with a backlog, then end-to-end latency at a fixed rate).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use super::kafka::*;
+use super::Report;
+use exactly_core::runtime::{JobBuilder, JobHandle};
+use exactly_kafka_sink::{DeliveryGuarantee, KafkaSink, KafkaSinkConfig, ProducerRecord};
+use exactly_kafka_source::{KafkaRecord, KafkaSource, KafkaSourceConfig, RawBytes};
+use rdkafka::producer::{BaseRecord, Producer};
+use rdkafka::Message;
+
+pub(super) fn k2k_job(
+    bootstrap: &str,
+    input: &str,
+    output: &str,
+    delivery: DeliveryGuarantee,
+    dir: &std::path::Path,
+) -> JobHandle {
+    let source = KafkaSourceConfig::new(bootstrap, vec![input.to_owned()], unique("g"));
+    let mut sink = KafkaSinkConfig::new(bootstrap, output, delivery);
+    sink.client.extend(client_overrides("BENCH_SINK_CLIENT"));
+    let mut job = JobBuilder::new(job_config(dir));
+    // One subtask by default: on 2 cores, more consumers and producers mostly add threads.
+    let parallelism: u32 = std::env::var("BENCH_PARALLELISM")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(1);
+    job.source("in", parallelism, move |_| KafkaSource::new(source.clone(), RawBytes))
+        .map(|r: KafkaRecord| ProducerRecord {
+            key: r.key,
+            value: r.value,
+            timestamp: r.timestamp,
+            headers: r.headers,
+        })
+        .sink("out", move |_| KafkaSink::new(sink.clone()).expect("valid"));
+    job.build().expect("valid job").start()
+}
+
+/// The baseline: one rdkafka consumer, one idempotent producer, a loop.
+pub(super) fn plain_loop(bootstrap: &str, input: &str, output: &str, n: u64) -> Result<()> {
+    let c = consumer(bootstrap, input, true)?;
+    let p = producer(bootstrap)?;
+    let mut moved = 0;
+    while moved < n {
+        if let Some(m) = c.poll(Duration::from_millis(100)) {
+            let m = m?;
+            let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(output).partition(m.partition());
+            if let Some(k) = m.key() {
+                rec = rec.key(k);
+            }
+            if let Some(v) = m.payload() {
+                rec = rec.payload(v);
+            }
+            if let Some(ts) = m.timestamp().to_millis() {
+                rec = rec.timestamp(ts);
+            }
+            loop {
+                match p.send(rec) {
+                    Ok(()) => break,
+                    Err((_, back)) => {
+                        rec = back;
+                        p.poll(Duration::from_millis(1));
+                    }
+                }
+            }
+            moved += 1;
+        }
+    }
+    p.flush(Duration::from_secs(60))?;
+    Ok(())
+}
+
+pub(super) fn quantile(v: &mut [i64], q: f64) -> i64 {
+    v.sort_unstable();
+    v.get(((v.len().saturating_sub(1)) as f64 * q) as usize)
+        .copied()
+        .unwrap_or(0)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+pub(super) enum K2k {
+    Plain,
+    AtLeastOnce,
+    ExactlyOnce,
+}
+
+/// Figures of one mode with a backlog: records/s written (seen by a read_uncommitted reader, from
+/// its first record to the last: the pipeline's own rate, start-up excluded), the start-up (job
+/// start to first record written) and records/s committed (job start until a read_committed
+/// reader has them all: start-up and the last commit included); then latency at a fixed rate.
+pub(super) struct K2kFigures {
+    written: f64,
+    startup_ms: u128,
+    committed: f64,
+    p50: i64,
+    p99: i64,
+}
+
+/// Records/s with a backlog of `n`, then latency at `rate`/s for `secs`.
+pub(super) async fn k2k_run(
+    bootstrap: &str,
+    mode: K2k,
+    n: u64,
+    size: usize,
+    rate: u64,
+    secs: u64,
+) -> Result<K2kFigures> {
+    let (input, output) = (unique("bench-in"), unique("bench-out"));
+    topic(bootstrap, &input).await?;
+    topic(bootstrap, &output).await?;
+    backlog(bootstrap, &input, n, size, false)?;
+    let dir = tempfile::tempdir()?;
+    let delivery = |m| match m {
+        K2k::ExactlyOnce => DeliveryGuarantee::ExactlyOnce {
+            transactional_id_prefix: unique("bench"),
+            pool_size: 3,
+            transaction_timeout: Duration::from_secs(120),
+        },
+        _ => DeliveryGuarantee::AtLeastOnce,
+    };
+    let paced = n + rate * secs;
+    let start = Instant::now();
+    let (b, o) = (bootstrap.to_owned(), output.clone());
+    // read_committed, every record: when the backlog's last arrived, and the latencies.
+    let seen = Arc::new(AtomicU64::new(0));
+    let seen2 = seen.clone();
+    let verifier = std::thread::spawn(move || verify(&b, &o, paced, n, true, &seen2, Duration::from_secs(600)));
+    let (b, i, o) = (bootstrap.to_owned(), input.clone(), output.clone());
+    let job = match mode {
+        K2k::Plain => {
+            std::thread::spawn(move || plain_loop(&b, &i, &o, paced));
+            None
+        }
+        m => Some(k2k_job(bootstrap, &input, &output, delivery(m), dir.path())),
+    };
+    // The pipeline's rate: until a read_uncommitted reader has the backlog (for exactly-once,
+    // written in transactions not yet committed: the final commit waits for the next checkpoint,
+    // up to one interval, which the committed figure below includes).
+    let (b, o) = (bootstrap.to_owned(), output.clone());
+    let written =
+        tokio::task::spawn_blocking(move || verify(&b, &o, n, n, false, &AtomicU64::new(0), Duration::from_secs(600)))
+            .await??;
+    let startup_ms = written.first.duration_since(start).as_millis();
+    let written = (n - 1) as f64 / written.marked.duration_since(written.first).as_secs_f64();
+    // Paced phase: records stamped at send time. It starts once the read_committed reader has the
+    // backlog: a reader still catching up (4 GB of 1 KB records) would add its own delay.
+    while seen.load(Ordering::Relaxed) < n {
+        if verifier.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let p = producer(bootstrap)?;
+    let interval = Duration::from_micros(1_000_000 / rate.max(1));
+    let begin = Instant::now();
+    for i in 0..rate * secs {
+        let due = begin + interval * i as u32;
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            tokio::time::sleep(wait).await;
+        }
+        send(&p, &input, format!("k{}", i % 1000).as_bytes(), &vec![b'y'; size]);
+        p.poll(Duration::ZERO);
+    }
+    p.flush(Duration::from_secs(60))?;
+    let seen = tokio::task::spawn_blocking(move || verifier.join().expect("verifier")).await??;
+    let committed = n as f64 / seen.marked.duration_since(start).as_secs_f64();
+    let mut lat = seen.lat;
+    let mut paced_lat: Vec<i64> = lat.split_off(n as usize);
+    if let Some(j) = job {
+        j.cancel();
+        j.join().await?;
+    }
+    delete_topics(bootstrap, &[&input, &output]).await;
+    // The broker removes the files a moment later (gigabytes at 8 M records): let that happen
+    // before the next mode is measured rather than during it.
+    tokio::time::sleep(SETTLE).await;
+    Ok(K2kFigures {
+        written,
+        startup_ms,
+        committed,
+        p50: quantile(&mut paced_lat, 0.5),
+        p99: quantile(&mut paced_lat, 0.99),
+    })
+}
+
+pub(crate) async fn bench_k2k(
+    bootstrap: &str,
+    n: u64,
+    sizes: &[usize],
+    rounds: usize,
+    report: &mut Report,
+) -> Result<()> {
+    let rounds = rounds.max(1);
+    println!("Kafka-to-Kafka pass-through, {PARTITIONS} partitions, one subtask (BENCH_PARALLELISM), checkpoints every 1 s, {n} records backlog, then 5 s at 2000 records/s; {rounds} round(s), the three modes one after the other in each");
+    println!("written/s: a read_uncommitted reader's rate from its first record to the backlog's last (the pipeline's rate); start: job start to first record written; committed/s: job start until a read_committed reader has the backlog (start-up and, exactly-once, the last commit included)");
+    println!(
+        "{:<8} {:<6} {:<14} {:>10} {:>7} {:>8} {:>11} {:>7} {:>7} {:>7}",
+        "record", "round", "mode", "written/s", "ratio", "start ms", "committed/s", "ratio", "p50 ms", "p99 ms"
+    );
+    let modes = [
+        (K2k::Plain, "plain loop"),
+        (K2k::AtLeastOnce, "at-least-once"),
+        (K2k::ExactlyOnce, "exactly-once"),
+    ];
+    for &size in sizes {
+        // Per mode: (written ratio, committed ratio) of each round.
+        let mut ratios: Vec<Vec<(f64, f64)>> = vec![Vec::new(); modes.len()];
+        for round in 1..=rounds {
+            let mut plain = (0.0, 0.0);
+            for (i, &(mode, name)) in modes.iter().enumerate() {
+                let f = k2k_run(bootstrap, mode, n, size, 2000, 5).await?;
+                if mode == K2k::Plain {
+                    plain = (f.written, f.committed);
+                }
+                let r = (f.written / plain.0, f.committed / plain.1);
+                ratios[i].push(r);
+                println!(
+                    "{:<8} {:<6} {:<14} {:>10.0} {:>7.3} {:>8} {:>11.0} {:>7.3} {:>7} {:>7}",
+                    format!("{size} B"),
+                    round,
+                    name,
+                    f.written,
+                    r.0,
+                    f.startup_ms,
+                    f.committed,
+                    r.1,
+                    f.p50,
+                    f.p99
+                );
+                report.row(
+                    "k2k",
+                    &format!("{size} B round {round} {name}"),
+                    &[
+                        ("written_records_per_s", f.written),
+                        ("written_ratio_to_plain", r.0),
+                        ("startup_ms", f.startup_ms as f64),
+                        ("committed_records_per_s", f.committed),
+                        ("committed_ratio_to_plain", r.1),
+                        ("p50_ms", f.p50 as f64),
+                        ("p99_ms", f.p99 as f64),
+                    ],
+                );
+            }
+        }
+        if rounds > 1 {
+            for (i, &(_, name)) in modes.iter().enumerate().skip(1) {
+                let written = median(ratios[i].iter().map(|r| r.0).collect());
+                let committed = median(ratios[i].iter().map(|r| r.1).collect());
+                println!(
+                    "{:<8} {:<6} {:<14} {:>10} {:>7.3} {:>8} {:>11} {:>7.3}",
+                    format!("{size} B"),
+                    "median",
+                    name,
+                    "",
+                    written,
+                    "",
+                    "",
+                    committed
+                );
+                report.row(
+                    "k2k",
+                    &format!("{size} B median {name}"),
+                    &[
+                        ("written_ratio_to_plain", written),
+                        ("committed_ratio_to_plain", committed),
+                    ],
+                );
+            }
+        }
+    }
+    Ok(())
+}
