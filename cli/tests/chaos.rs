@@ -18,15 +18,11 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use common::{orders, spawn_run, status, wait_exit, Examples};
-use exactly_integration_tests::{
-    connect_mysql, query_i64, query_pairs, read_committed, signal, ChildJob, Feed, TestEnv,
-};
+use common::{checkpoints_completed, committed_records, spawn_run, wait_exit, Examples, OrderFeeder};
+use exactly_integration_tests::{connect_mysql, query_i64, query_pairs, read_committed, signal, ChildJob, TestEnv};
 
 /// A small deterministic generator (splitmix64), so a seed replays the same schedule.
 struct Rng(u64);
@@ -104,10 +100,7 @@ impl Job {
 
     /// Checkpoints completed by the current process (0 while it does not answer yet).
     fn completed(&self) -> u64 {
-        status(self.port)
-            .ok()
-            .and_then(|s| s["checkpoints"]["completed"].as_u64())
-            .unwrap_or(0)
+        checkpoints_completed(self.port).unwrap_or(0)
     }
 
     fn all_logs(&self) -> String {
@@ -170,34 +163,9 @@ async fn example_jobs_survive_random_kills_of_jobs_broker_and_database() -> Resu
     let dir = tempfile::tempdir()?;
     let ex = Examples::prepare(env, dir.path(), "chaos").await?;
 
-    // Orders arrive throughout; a batch in flight while the broker is down waits for it (the
-    // producer is idempotent, so its own retries add no duplicate input). Should a batch still
-    // fail, it is sent again by a new producer and may then be in the input twice: the checks
-    // below compare the output with the input as it is in Kafka, not with what was meant.
-    let produced = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let feeder = {
-        let (env, topic, produced, stop) = (env.clone(), ex.orders.clone(), produced.clone(), stop.clone());
-        std::thread::spawn(move || -> Result<()> {
-            let mut feed = Feed::new(&env)?;
-            while !stop.load(Ordering::SeqCst) {
-                let first = produced.load(Ordering::SeqCst);
-                let batch = orders(first..first + 100);
-                let mut tries = 0;
-                while let Err(e) = feed.send(&topic, &batch) {
-                    tries += 1;
-                    if tries == 5 {
-                        return Err(e);
-                    }
-                    eprintln!("chaos feeder: {e:#}; sending the batch again with a new producer");
-                    feed = Feed::new(&env)?;
-                }
-                produced.store(first + 100, Ordering::SeqCst);
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Ok(())
-        })
-    };
+    // Orders arrive throughout; the checks below compare the output with the input as it is in
+    // Kafka (see `OrderFeeder`).
+    let feeder = OrderFeeder::start(env, &ex.orders, 100, Duration::from_millis(100));
 
     let mut k2k = Job::start("orders-k2k", ex.k2k.clone(), ex.k2k_port)?;
     let mut k2m = Job::start("orders-k2m", ex.k2m.clone(), ex.k2m_port)?;
@@ -231,9 +199,7 @@ async fn example_jobs_survive_random_kills_of_jobs_broker_and_database() -> Resu
         );
     }
 
-    stop.store(true, Ordering::SeqCst);
-    feeder.join().map_err(|_| anyhow::anyhow!("feeder panicked"))??;
-    let ids = produced.load(Ordering::SeqCst);
+    let ids = feeder.finish()?;
     // The input as it is in Kafka: how many times each order id is there (once, unless the
     // feeder had to send a batch again).
     let mut input: BTreeMap<u64, usize> = BTreeMap::new();
@@ -248,11 +214,7 @@ async fn example_jobs_survive_random_kills_of_jobs_broker_and_database() -> Resu
     // Both jobs catch up with the whole input.
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
-        let k2k_done = status(ex.k2k_port).is_ok_and(|s| {
-            s["partitions"]
-                .as_array()
-                .is_some_and(|p| p.iter().map(|p| p["committed"].as_u64().unwrap_or(0)).sum::<u64>() >= total)
-        });
+        let k2k_done = committed_records(ex.k2k_port).is_some_and(|n| n >= total);
         let rows = match connect_mysql(env).await {
             Ok(mut sql) => query_i64(&mut sql, &format!("SELECT COUNT(*) FROM {}", ex.table))
                 .await

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use common::{orders, spawn_run, status, wait, wait_exit, Examples};
+use common::{checkpoints_completed, committed_records, orders, spawn_run, status, wait, wait_exit, Examples};
 use exactly_integration_tests::{connect_mysql, produce, query_i64, read_committed, signal, TestEnv};
 
 const TOTAL: u64 = 20_000;
@@ -56,7 +56,7 @@ async fn demo_orders_to_kafka_and_mysql_with_a_sigkill() -> Result<()> {
             if !k2k_job.running() {
                 bail!("the job exited:\n{}", k2k_job.tail(30));
             }
-            Ok(status(k2k_port).is_ok_and(|s| s["checkpoints"]["completed"].as_u64() >= Some(3)))
+            Ok(checkpoints_completed(k2k_port) >= Some(3))
         },
     )?;
     let before = status(k2k_port)?;
@@ -70,11 +70,7 @@ async fn demo_orders_to_kafka_and_mysql_with_a_sigkill() -> Result<()> {
     let mut sql = connect_mysql(env).await?;
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
-        let k2k_done = status(k2k_port).is_ok_and(|s| {
-            s["partitions"]
-                .as_array()
-                .is_some_and(|p| p.iter().map(|p| p["committed"].as_u64().unwrap_or(0)).sum::<u64>() >= TOTAL)
-        });
+        let k2k_done = committed_records(k2k_port).is_some_and(|n| n >= TOTAL);
         let rows = query_i64(&mut sql, &format!("SELECT COUNT(*) FROM {table}"))
             .await
             .unwrap_or(0);

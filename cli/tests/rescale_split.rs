@@ -10,45 +10,11 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use common::{exactly, free_port, orders, spawn_run, status, wait_exit, K2k};
-use exactly_integration_tests::{create_topic, read_committed, unique, ChildJob, Feed, TestEnv};
-
-/// Orders produced in small batches until stopped; returns how many.
-struct Feeder {
-    stop: Arc<AtomicBool>,
-    produced: Arc<AtomicU64>,
-    handle: std::thread::JoinHandle<Result<()>>,
-}
-
-fn feed(env: &TestEnv, topic: &str) -> Feeder {
-    let stop = Arc::new(AtomicBool::new(false));
-    let produced = Arc::new(AtomicU64::new(0));
-    let (env, topic, flag, count) = (env.clone(), topic.to_owned(), stop.clone(), produced.clone());
-    let handle = std::thread::spawn(move || -> Result<()> {
-        let feed = Feed::new(&env)?;
-        while !flag.load(Ordering::SeqCst) {
-            let first = count.load(Ordering::SeqCst);
-            feed.send(&topic, &orders(first..first + 50))?;
-            count.store(first + 50, Ordering::SeqCst);
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(())
-    });
-    Feeder { stop, produced, handle }
-}
-
-impl Feeder {
-    fn finish(self) -> Result<u64> {
-        self.stop.store(true, Ordering::SeqCst);
-        self.handle.join().map_err(|_| anyhow::anyhow!("feeder panicked"))??;
-        Ok(self.produced.load(Ordering::SeqCst))
-    }
-}
+use common::{checkpoints_completed, committed_records, exactly, free_port, spawn_run, wait_exit, K2k, OrderFeeder};
+use exactly_integration_tests::{create_topic, read_committed, unique, ChildJob, TestEnv};
 
 /// One layout: a process per range, each with its admin port.
 struct Layout {
@@ -90,7 +56,7 @@ impl Layout {
         let deadline = std::time::Instant::now() + Duration::from_secs(120);
         for (job, port) in &mut self.jobs {
             loop {
-                if status(*port).is_ok_and(|s| s["checkpoints"]["completed"].as_u64() >= Some(n)) {
+                if checkpoints_completed(*port) >= Some(n) {
                     break;
                 }
                 if !job.running() {
@@ -171,7 +137,7 @@ async fn scenario(name: &str, partitions: i32, layouts: &[(u32, &[&str])]) -> Re
     }
     .write();
     let savepoints = dir.path().join("checkpoints").join("savepoints");
-    let feeder = feed(env, &input);
+    let feeder = OrderFeeder::start(env, &input, 50, Duration::from_millis(50));
     let (last, before) = layouts.split_last().expect("a layout");
     let mut from = None;
     for (i, (parallelism, ranges)) in before.iter().enumerate() {
@@ -198,12 +164,7 @@ async fn drain(mut layout: Layout, total: u64, env: &TestEnv, output: &str) -> R
         let committed: u64 = layout
             .jobs
             .iter()
-            .filter_map(|(_, port)| status(*port).ok())
-            .map(|s| {
-                s["partitions"].as_array().map_or(0, |p| {
-                    p.iter().map(|p| p["committed"].as_u64().unwrap_or(0)).sum::<u64>()
-                })
-            })
+            .filter_map(|(_, port)| committed_records(*port))
             .sum();
         if committed >= total {
             break;

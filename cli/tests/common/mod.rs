@@ -252,3 +252,63 @@ impl Examples {
         })
     }
 }
+
+/// Checkpoints the job behind `port` has completed (`None` while it does not answer).
+pub fn checkpoints_completed(port: u16) -> Option<u64> {
+    status(port).ok()?["checkpoints"]["completed"].as_u64()
+}
+
+/// Input records the job behind `port` has committed, over all its partitions (`None` while it
+/// does not answer).
+pub fn committed_records(port: u16) -> Option<u64> {
+    let s = status(port).ok()?;
+    let partitions = s["partitions"].as_array()?;
+    Some(partitions.iter().map(|p| p["committed"].as_u64().unwrap_or(0)).sum())
+}
+
+/// Orders `0, 1, 2, …` produced in batches of `batch` every `pause` until finished, by one
+/// idempotent producer. A batch that still fails (e.g. across a broker restart) is sent again by a
+/// new producer, up to 5 times, and may then be in the input twice: checks that must hold across
+/// that compare the output with the input as it is in Kafka.
+pub struct OrderFeeder {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    produced: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    handle: std::thread::JoinHandle<Result<()>>,
+}
+
+impl OrderFeeder {
+    /// Starts feeding `topic`.
+    pub fn start(env: &TestEnv, topic: &str, batch: u64, pause: Duration) -> OrderFeeder {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let produced = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (env, topic, flag, count) = (env.clone(), topic.to_owned(), stop.clone(), produced.clone());
+        let handle = std::thread::spawn(move || -> Result<()> {
+            let mut feed = exactly_integration_tests::Feed::new(&env)?;
+            while !flag.load(Ordering::SeqCst) {
+                let first = count.load(Ordering::SeqCst);
+                let records = orders(first..first + batch);
+                let mut tries = 0;
+                while let Err(e) = feed.send(&topic, &records) {
+                    tries += 1;
+                    if tries == 5 {
+                        return Err(e);
+                    }
+                    eprintln!("feeder: {e:#}; sending the batch again with a new producer");
+                    feed = exactly_integration_tests::Feed::new(&env)?;
+                }
+                count.store(first + batch, Ordering::SeqCst);
+                std::thread::sleep(pause);
+            }
+            Ok(())
+        });
+        OrderFeeder { stop, produced, handle }
+    }
+
+    /// Stops feeding; returns how many order ids were produced.
+    pub fn finish(self) -> Result<u64> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.handle.join().map_err(|_| anyhow::anyhow!("feeder panicked"))??;
+        Ok(self.produced.load(std::sync::atomic::Ordering::SeqCst))
+    }
+}
