@@ -494,6 +494,16 @@ impl<T: Send + 'static> Output<T> for ChannelOut<T> {
         Box::pin(async { Ok(()) })
     }
     fn record(&mut self, record: T) -> Result<()> {
+        if let Partitioner::Copy { clone } = &self.partitioner {
+            if let Some((last, rest)) = self.buffers.split_last_mut() {
+                for b in rest {
+                    b.push(clone(&record));
+                }
+                last.push(record);
+            }
+            self.pending_idle = false;
+            return Ok(());
+        }
         let target = match &self.partitioner {
             Partitioner::Forward => 0,
             Partitioner::Rebalance => {
@@ -504,6 +514,7 @@ impl<T: Send + 'static> Output<T> for ChannelOut<T> {
                 let kg = key_group(&key(&record), *max_parallelism);
                 crate::state::subtask_for_key_group(*max_parallelism, self.targets.len() as u32, kg) as usize
             }
+            Partitioner::Copy { .. } => unreachable!("handled above"),
         };
         self.buffers[target].push(record);
         self.pending_idle = false;

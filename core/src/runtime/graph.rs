@@ -24,7 +24,12 @@ pub(crate) enum Partitioner<T> {
     Rebalance,
     /// By key group of the key.
     Hash { key: KeyFn<T>, max_parallelism: u32 },
+    /// A copy to every target (one per branch of a fan-out, each the same subtask index).
+    Copy { clone: CloneFn<T> },
 }
+
+/// Copies a record (for the branches of a fan-out).
+pub(crate) type CloneFn<T> = Arc<dyn Fn(&T) -> T + Send + Sync>;
 
 impl<T> Clone for Partitioner<T> {
     fn clone(&self) -> Self {
@@ -35,6 +40,7 @@ impl<T> Clone for Partitioner<T> {
                 key: key.clone(),
                 max_parallelism: *max_parallelism,
             },
+            Partitioner::Copy { clone } => Partitioner::Copy { clone: clone.clone() },
         }
     }
 }
@@ -108,6 +114,9 @@ struct Graph {
     uids: BTreeSet<String>,
     /// Whether some edge is not forward (key_by, rebalance, union of unequal parallelism).
     shuffles: bool,
+    /// Stage inputs (by index in `inputs`) whose stream has not yet ended in a sink or a stage
+    /// boundary: a stream dropped on the way would leave its upstream sending into nothing.
+    unread: BTreeSet<usize>,
     error: Option<CoreError>,
 }
 
@@ -127,6 +136,8 @@ pub struct Stream<T> {
     is_source: bool,
     attach: Attach<T>,
     record_size: Option<RecordSize<T>>,
+    /// The stage input this chain reads (none for a chain that starts at a source).
+    reads: Option<usize>,
 }
 
 /// A stream partitioned by key: the next operator sees each key on one subtask only.
@@ -145,6 +156,7 @@ impl JobBuilder {
                 inputs: Vec::new(),
                 uids: BTreeSet::new(),
                 shuffles: false,
+                unread: BTreeSet::new(),
                 error: None,
             })),
         }
@@ -174,6 +186,7 @@ impl JobBuilder {
             is_source: true,
             attach,
             record_size: None,
+            reads: None,
         }
     }
 
@@ -187,6 +200,11 @@ impl JobBuilder {
         }
         if graph.vertices.is_empty() {
             return Err(CoreError::InvalidJob("the job has no sink".into()));
+        }
+        if !graph.unread.is_empty() {
+            return Err(CoreError::InvalidJob(
+                "a stream was dropped before reaching a sink (every branch of a fan_out, rebalance or key_by needs one)".into(),
+            ));
         }
         if let Some(range) = graph.config.subtasks {
             if graph.shuffles {
@@ -242,6 +260,7 @@ impl<T: Send + 'static> Stream<T> {
             is_source: self.is_source,
             attach: Arc::new(move |ctx, next| prev(ctx, Box::new(Stateless { f: f.clone(), next }))),
             record_size: None,
+            reads: self.reads,
         }
     }
 
@@ -286,6 +305,7 @@ impl<T: Send + 'static> Stream<T> {
                 )
             }),
             record_size: None,
+            reads: self.reads,
         }
     }
 
@@ -354,7 +374,92 @@ impl<T: Send + 'static> Stream<T> {
                 }),
             )
         });
+        close_chain(&self.graph, self.reads);
         push_vertex(&self.graph, self.name, self.parallelism, self.is_source, make);
+    }
+
+    /// Sends every record to each of `names.len()` new stages, one per name, with this stream's
+    /// parallelism (subtask i feeds subtask i of every branch): one reading of the input feeding
+    /// several chains and sinks. Every branch sees every record and every barrier, so sinks of
+    /// all branches pre-commit at the same barrier and commit when that one checkpoint
+    /// completes. Every branch must end in a sink (or a stage boundary).
+    pub fn fan_out(self, names: &[&str]) -> Vec<Stream<T>>
+    where
+        T: Clone,
+    {
+        let graph = self.graph.clone();
+        let parallelism = self.parallelism;
+        let size: RecordSize<T> = self
+            .record_size
+            .clone()
+            .unwrap_or_else(|| Arc::new(|_: &T| std::mem::size_of::<T>()));
+        let branches: Vec<(String, Arc<InputSlots<T>>, usize)> = names
+            .iter()
+            .map(|name| {
+                let slots = Arc::new(InputSlots::<T> {
+                    parallelism,
+                    receivers: Mutex::new(Vec::new()),
+                    senders: Mutex::new(Vec::new()),
+                    inputs: Mutex::new(1),
+                });
+                let mut g = graph.borrow_mut();
+                g.inputs.push(slots.clone());
+                let at = g.inputs.len() - 1;
+                g.unread.insert(at);
+                ((*name).to_owned(), slots, at)
+            })
+            .collect();
+        let senders_of: Vec<Arc<InputSlots<T>>> = branches.iter().map(|(_, s, _)| s.clone()).collect();
+        let attach = self.attach;
+        let task_name = self.name.clone();
+        let make: MakeTask = Box::new(move |ctx| {
+            let targets: Vec<_> = senders_of
+                .iter()
+                .map(|s| (s.senders.lock().expect("not poisoned")[ctx.index as usize].clone(), 0))
+                .collect();
+            let out = ChannelOut {
+                task: format!("{task_name}[{}]", ctx.index),
+                buffers: targets.iter().map(|_| Vec::new()).collect(),
+                targets,
+                partitioner: Partitioner::Copy {
+                    clone: Arc::new(T::clone),
+                },
+                next_target: 0,
+                pending_watermark: None,
+                pending_idle: false,
+            };
+            attach(ctx, Box::new(out))
+        });
+        close_chain(&graph, self.reads);
+        push_vertex(&graph, self.name, parallelism, self.is_source, make);
+        branches
+            .into_iter()
+            .map(|(name, slots, at)| {
+                let size = size.clone();
+                let attach: Attach<T> = Arc::new(move |ctx, out| {
+                    let rx = slots
+                        .take_receiver(ctx.index)
+                        .ok_or_else(|| CoreError::InvalidJob("input channel taken twice (internal error)".into()))?;
+                    Ok(input_task(ctx, rx, 1, out, size.clone()))
+                });
+                Stream {
+                    graph: graph.clone(),
+                    name,
+                    parallelism,
+                    is_source: false,
+                    attach,
+                    record_size: self.record_size.clone(),
+                    reads: Some(at),
+                }
+            })
+            .collect()
+    }
+}
+
+/// A chain reading stage input `reads` ends (in a sink or a stage boundary).
+fn close_chain(graph: &Rc<RefCell<Graph>>, reads: Option<usize>) {
+    if let Some(at) = reads {
+        graph.borrow_mut().unread.remove(&at);
     }
 }
 
@@ -402,6 +507,7 @@ impl<T: Send + 'static> KeyedStream<T> {
                 )
             }),
             record_size: None,
+            reads: inner.reads,
         }
     }
 }
@@ -449,6 +555,7 @@ fn connect<T: Send + 'static>(
             up.parallelism as usize
         };
         let slots_up = slots.clone();
+        close_chain(&graph, up.reads);
         let attach = up.attach;
         let task_name = up.name.clone();
         let make: MakeTask = Box::new(move |ctx| {
@@ -480,7 +587,13 @@ fn connect<T: Send + 'static>(
         let inputs = *slots_down.inputs.lock().expect("not poisoned");
         Ok(input_task(ctx, rx, inputs, out, size.clone()))
     });
-    graph.borrow_mut().inputs.push(slots);
+    let reads = {
+        let mut g = graph.borrow_mut();
+        g.inputs.push(slots);
+        let at = g.inputs.len() - 1;
+        g.unread.insert(at);
+        at
+    };
     Stream {
         graph,
         name,
@@ -488,5 +601,6 @@ fn connect<T: Send + 'static>(
         is_source: false,
         attach,
         record_size,
+        reads: Some(reads),
     }
 }
