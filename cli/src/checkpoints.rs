@@ -306,8 +306,8 @@ pub fn print_inspected(i: &Inspected) {
     }
     for p in &i.pending_transactions {
         println!(
-            "  checkpoint {:<5} subtask {:<3} {}",
-            p.checkpoint_id, p.subtask, p.committable
+            "  {:<16} checkpoint {:<5} subtask {:<3} {}",
+            p.operator, p.checkpoint_id, p.subtask, p.committable
         );
     }
 }

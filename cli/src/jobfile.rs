@@ -35,8 +35,10 @@ pub struct JobFile {
     /// `[[transform]]`: record transforms, applied in order to JSON values.
     #[serde(default, rename = "transform")]
     pub transforms: Vec<Transform>,
-    /// `[sink.kafka]` or `[sink.mysql]`.
-    pub sink: SinkSection,
+    /// `[sink.kafka]` or `[sink.mysql]` (one sink), or `[[sink]]` entries (several sinks fed by
+    /// one reading of the source, committed on the same checkpoints).
+    #[serde(deserialize_with = "sinks")]
+    pub sink: Sinks,
     /// `[kafka]`: TLS and SASL for every Kafka client of the job (Kafka's names as dotted keys:
     /// `security.protocol`, `sasl.mechanism`, `sasl.username`, `sasl.password` /
     /// `sasl.password_file`, `ssl.ca.location`, ...). Plaintext when absent.
@@ -89,6 +91,74 @@ pub struct SinkSection {
     /// A MySQL/MariaDB table.
     #[serde(default)]
     pub mysql: Option<MysqlSinkConfig>,
+}
+
+/// One `[[sink]]` entry of a job with several sinks.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamedSink {
+    /// Names the sink in logs, metrics and checkpoints (its operator uid): keep it across
+    /// restarts, like a Flink uid.
+    pub name: String,
+    /// `[[sink.transform]]`: transforms of this sink only, after the job's own `[[transform]]`s.
+    #[serde(default, rename = "transform")]
+    pub transforms: Vec<Transform>,
+    /// A Kafka topic.
+    #[serde(default)]
+    pub kafka: Option<KafkaSinkConfig>,
+    /// A MySQL/MariaDB table.
+    #[serde(default)]
+    pub mysql: Option<MysqlSinkConfig>,
+}
+
+/// The `sink` of a job file: one table, or an array of named tables.
+#[derive(Debug, Clone)]
+pub enum Sinks {
+    /// `[sink.kafka]` or `[sink.mysql]`.
+    One(SinkSection),
+    /// `[[sink]]` entries.
+    Many(Vec<NamedSink>),
+}
+
+/// Takes `sink` as a table or as an array of tables; errors keep their place in the file.
+fn sinks<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Sinks, D::Error> {
+    struct V;
+    impl<'de> serde::de::Visitor<'de> for V {
+        type Value = Sinks;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a [sink.kafka] or [sink.mysql] table, or [[sink]] entries")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Sinks, A::Error> {
+            SinkSection::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Sinks::One)
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Sinks, A::Error> {
+            Vec::<NamedSink>::deserialize(serde::de::value::SeqAccessDeserializer::new(seq)).map(Sinks::Many)
+        }
+    }
+    d.deserialize_any(V)
+}
+
+/// One sink of a checked job.
+#[derive(Debug, Clone)]
+pub struct JobSink {
+    /// Its operator uid: the entry's `name`, or `kafka-sink` / `mysql-sink` for a job's only sink.
+    pub name: String,
+    /// Where it is in the file ("sink" or "sink[1]").
+    pub field: String,
+    /// Its own transforms (after the job's).
+    pub transforms: Vec<Transform>,
+    /// What it writes to.
+    pub kind: SinkKind,
+}
+
+impl JobSink {
+    /// "kafka topic T" or "mysql table T".
+    pub fn describe(&self) -> String {
+        match &self.kind {
+            SinkKind::Kafka(k) => format!("kafka topic {}", k.topic),
+            SinkKind::Mysql(m) => format!("mysql table {}", m.table),
+        }
+    }
 }
 
 /// The sink a job writes to.
@@ -177,8 +247,8 @@ pub struct Job {
     pub path: PathBuf,
     /// Its content.
     pub file: JobFile,
-    /// The sink.
-    pub sink: SinkKind,
+    /// The sinks (one, or several fed by one reading of the source).
+    pub sinks: Vec<JobSink>,
 }
 
 /// One step of a field path: a table key or an index into an array of tables.
@@ -293,32 +363,72 @@ impl Job {
                 ));
             }
             file.source.security = security.clone();
-            if let Some(k) = &mut file.sink.kafka {
-                if k.security != KafkaSecurity::default() {
-                    return Err(err(
-                        "sink.kafka.security",
-                        "the job has a [kafka] section: keep the security settings there only".into(),
-                    ));
-                }
-                k.security = security.clone();
-            }
         }
-        let sink = match (&file.sink.kafka, &file.sink.mysql) {
-            (Some(k), None) => SinkKind::Kafka(Box::new(k.clone())),
-            (None, Some(m)) => SinkKind::Mysql(Box::new(m.clone())),
-            (None, None) => {
-                return Err(err(
-                    "sink",
-                    "no sink: add a [sink.kafka] or a [sink.mysql] table".into(),
-                ))
-            }
-            (Some(_), Some(_)) => {
-                return Err(err(
-                    "sink",
-                    "one sink per job: keep either [sink.kafka] or [sink.mysql]".into(),
-                ))
-            }
-        };
+        let entries: Vec<(String, String, Vec<Transform>, Option<KafkaSinkConfig>, Option<MysqlSinkConfig>)> =
+            match &file.sink {
+                Sinks::One(one) => vec![(String::new(), "sink".into(), Vec::new(), one.kafka.clone(), one.mysql.clone())],
+                Sinks::Many(list) => list
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| {
+                        (
+                            n.name.clone(),
+                            format!("sink[{i}]"),
+                            n.transforms.clone(),
+                            n.kafka.clone(),
+                            n.mysql.clone(),
+                        )
+                    })
+                    .collect(),
+            };
+        if entries.is_empty() {
+            return Err(err("sink", "no sink: add a [sink.kafka] or a [sink.mysql] table, or [[sink]] entries".into()));
+        }
+        let mut sinks = Vec::new();
+        for (name, at, transforms, kafka, mysql) in entries {
+            let kind = match (kafka, mysql) {
+                (Some(mut k), None) => {
+                    // One place for the security settings: [kafka] reaches every Kafka sink.
+                    if let Some(security) = &file.kafka {
+                        if k.security != KafkaSecurity::default() {
+                            return Err(err(
+                                &format!("{at}.kafka.security"),
+                                "the job has a [kafka] section: keep the security settings there only".into(),
+                            ));
+                        }
+                        k.security = security.clone();
+                    }
+                    SinkKind::Kafka(Box::new(k))
+                }
+                (None, Some(m)) => SinkKind::Mysql(Box::new(m)),
+                (None, None) => {
+                    return Err(err(
+                        &at,
+                        match &file.sink {
+                            Sinks::One(_) => "no sink: add a [sink.kafka] or a [sink.mysql] table".into(),
+                            Sinks::Many(_) => "no sink: give this [[sink]] entry a [sink.kafka] or a [sink.mysql] table".into(),
+                        },
+                    ))
+                }
+                (Some(_), Some(_)) => {
+                    return Err(err(
+                        &at,
+                        "one kind per sink: keep either kafka or mysql (several sinks: one [[sink]] entry each)".into(),
+                    ))
+                }
+            };
+            let name = match (&file.sink, &kind) {
+                (Sinks::Many(_), _) => name,
+                (Sinks::One(_), SinkKind::Kafka(_)) => "kafka-sink".into(),
+                (Sinks::One(_), SinkKind::Mysql(_)) => "mysql-sink".into(),
+            };
+            sinks.push(JobSink {
+                name,
+                field: at,
+                transforms,
+                kind,
+            });
+        }
         let j = &file.job;
         if j.name.trim().is_empty() {
             return Err(err("job.name", "must not be empty".into()));
@@ -363,47 +473,92 @@ impl Job {
                 return Err(err(&format!("transform[{i}]"), m));
             }
         }
-        match &sink {
-            SinkKind::Kafka(k) => {
-                if let Err(e) = k.validate() {
-                    return Err(err("sink.kafka", e.to_string()));
+        let mut names = std::collections::BTreeSet::new();
+        let mut prefixes = std::collections::BTreeMap::new();
+        let mut xa_ids = std::collections::BTreeMap::new();
+        for s in &sinks {
+            let at = &s.field;
+            if matches!(file.sink, Sinks::Many(_)) {
+                let ok = !s.name.is_empty()
+                    && s.name.len() <= 64
+                    && s.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+                if !ok {
+                    return Err(err(
+                        &format!("{at}.name"),
+                        format!("{:?}: a sink name is 1 to 64 letters, digits, '-' or '_' (it names the sink's state in checkpoints)", s.name),
+                    ));
                 }
-                if let DeliveryGuarantee::ExactlyOnce { .. } | DeliveryGuarantee::AtLeastOnce = k.delivery {
-                    let Some(c) = &file.checkpoints else {
-                        return Err(err(
-                            "sink.kafka.delivery",
-                            "exactly_once and at_least_once need checkpoints: add a [checkpoints] table with `dir` (and `interval`)".into(),
-                        ));
-                    };
-                    let restart = file.restart.clone().unwrap_or_default();
-                    if let Err(e) = k.validate_against_checkpoints(c.interval, c.timeout, restart.longest_delay()) {
-                        return Err(err("sink.kafka.delivery.transaction_timeout", e.to_string()));
-                    }
+                if s.name == "kafka-source" || !names.insert(s.name.clone()) {
+                    return Err(err(
+                        &format!("{at}.name"),
+                        format!("{:?} names another operator of the job: give every sink its own name", s.name),
+                    ));
                 }
             }
-            SinkKind::Mysql(m) => {
-                if let Err(e) = m.validate() {
-                    return Err(err("sink.mysql", e.to_string()));
+            for (i, t) in s.transforms.iter().enumerate() {
+                if let Err(m) = t.check() {
+                    return Err(err(&format!("{at}.transform[{i}]"), m));
                 }
-                if m.mode == Mode::Xa && file.checkpoints.is_none() {
-                    return Err(err(
-                        "sink.mysql.mode",
-                        "mode \"xa\" commits on checkpoints: add a [checkpoints] table with `dir` (and `interval`)"
-                            .into(),
-                    ));
+            }
+            match &s.kind {
+                SinkKind::Kafka(k) => {
+                    if let Err(e) = k.validate() {
+                        return Err(err(&format!("{at}.kafka"), e.to_string()));
+                    }
+                    if let DeliveryGuarantee::ExactlyOnce {
+                        transactional_id_prefix, ..
+                    } = &k.delivery
+                    {
+                        if let Some(other) = prefixes.insert(transactional_id_prefix.clone(), at.clone()) {
+                            return Err(err(
+                                &format!("{at}.kafka.delivery.transactional_id_prefix"),
+                                format!("{transactional_id_prefix:?} is also the prefix of {other}: each exactly-once Kafka sink needs its own (their transactions would fence each other)"),
+                            ));
+                        }
+                    }
+                    if let DeliveryGuarantee::ExactlyOnce { .. } | DeliveryGuarantee::AtLeastOnce = k.delivery {
+                        let Some(c) = &file.checkpoints else {
+                            return Err(err(
+                                &format!("{at}.kafka.delivery"),
+                                "exactly_once and at_least_once need checkpoints: add a [checkpoints] table with `dir` (and `interval`)".into(),
+                            ));
+                        };
+                        let restart = file.restart.clone().unwrap_or_default();
+                        if let Err(e) = k.validate_against_checkpoints(c.interval, c.timeout, restart.longest_delay()) {
+                            return Err(err(&format!("{at}.kafka.delivery.transaction_timeout"), e.to_string()));
+                        }
+                    }
+                }
+                SinkKind::Mysql(m) => {
+                    if let Err(e) = m.validate() {
+                        return Err(err(&format!("{at}.mysql"), e.to_string()));
+                    }
+                    if m.mode == Mode::Xa && file.checkpoints.is_none() {
+                        return Err(err(
+                            &format!("{at}.mysql.mode"),
+                            "mode \"xa\" commits on checkpoints: add a [checkpoints] table with `dir` (and `interval`)"
+                                .into(),
+                        ));
+                    }
+                    if let Some(other) = xa_ids.insert((m.job_id.clone(), m.sink_id.clone()), at.clone()) {
+                        return Err(err(
+                            &format!("{at}.mysql.sink_id"),
+                            format!("job_id {:?} and sink_id {:?} are also those of {other}: give each MySQL sink its own sink_id (they name its transactions and progress rows)", m.job_id, m.sink_id),
+                        ));
+                    }
                 }
             }
         }
         Ok(Job {
             path: path.to_owned(),
             file,
-            sink,
+            sinks,
         })
     }
 
     /// Whether records are parsed as JSON (some transform needs it).
     pub fn needs_json(&self) -> bool {
-        !self.file.transforms.is_empty()
+        !self.file.transforms.is_empty() || self.sinks.iter().any(|s| !s.transforms.is_empty())
     }
 }
 
@@ -562,7 +717,8 @@ delivery = { type = "exactly_once", transactional_id_prefix = "orders" }
         let job = parse(GOOD).unwrap();
         assert_eq!(job.file.job.parallelism, 2);
         assert_eq!(job.file.transforms.len(), 2);
-        assert!(matches!(job.sink, SinkKind::Kafka(_)));
+        assert!(matches!(job.sinks[0].kind, SinkKind::Kafka(_)));
+        assert_eq!(job.sinks[0].name, "kafka-sink", "a job's only sink keeps the uid it always had");
     }
 
     #[test]
@@ -609,6 +765,69 @@ delivery = { type = "exactly_once", transactional_id_prefix = "orders" }
             e.to_string().contains("no sink: add a [sink.kafka] or a [sink.mysql]"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn several_sinks_parse_with_their_names_and_transforms_and_are_checked() {
+        let head = GOOD.split("[sink.kafka]").next().unwrap();
+        let two = format!(
+            r#"{head}[[sink]]
+name = "paid"
+
+[[sink.transform]]
+type = "filter"
+field = "status"
+equals = "paid"
+
+[sink.kafka]
+bootstrap_servers = "127.0.0.1:19092"
+topic = "out"
+delivery = {{ type = "exactly_once", transactional_id_prefix = "a" }}
+
+[[sink]]
+name = "table"
+
+[sink.mysql]
+url = "mysql://u:p@127.0.0.1:13306/d"
+table = "t"
+mode = "xa"
+job_id = "j"
+mapping = {{ format = {{ type = "json" }}, columns = [{{ name = "id", type = "bigint", key = true }}] }}
+"#
+        );
+        let job = parse(&two).unwrap();
+        let names: Vec<_> = job.sinks.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["paid", "table"]);
+        assert_eq!(job.sinks[0].transforms.len(), 1);
+        assert!(matches!(job.sinks[1].kind, SinkKind::Mysql(_)));
+        assert!(job.needs_json());
+
+        // Two sinks with one name; two Kafka sinks with one transactional id prefix.
+        let e = parse(&two.replace("name = \"table\"", "name = \"paid\"")).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("sink[1].name"), "{e}");
+        assert_eq!(e.line, Some(line(&two, "name = \"table\"")), "{e}");
+        let kafka_tail = two.split("[[sink]]").nth(1).unwrap();
+        let twice = format!("{head}[[sink]]{kafka_tail}[[sink]]{}", kafka_tail.replace("\"paid\"", "\"paid2\""));
+        let e = parse(&twice).unwrap_err();
+        assert!(e.message.contains("needs its own"), "{e}");
+        assert_eq!(e.field.as_deref(), Some("sink[1].kafka.delivery.transactional_id_prefix"), "{e}");
+        // A bad name; a sink's own transform; an entry without a kind; errors inside an entry
+        // keep their line.
+        let e = parse(&two.replace("name = \"table\"", "name = \"a table\"")).unwrap_err();
+        assert!(e.message.contains("letters, digits"), "{e}");
+        let e = parse(&two.replace("equals = \"paid\"\n\n[sink.kafka]", "\n[sink.kafka]")).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("sink[0].transform[0]"), "{e}");
+        let e = parse(&two.replace("[sink.mysql]", "[sink.mysqll]")).unwrap_err();
+        assert!(e.message.contains("unknown field `mysqll`"), "{e}");
+        assert_eq!(e.line, Some(line(&two, "[sink.mysql]")), "{e}");
+        let e = parse(&two.replace("table = \"t\"\n", "")).unwrap_err();
+        assert!(e.message.contains("missing field `table`"), "{e}");
+        assert!(e.line.is_some(), "{e}");
+    }
+
+    /// The 1-based line of the first line of `src` that contains `needle`.
+    fn line(src: &str, needle: &str) -> usize {
+        src.lines().position(|l| l.contains(needle)).unwrap() + 1
     }
 
     #[test]

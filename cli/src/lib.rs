@@ -10,3 +10,4 @@ pub mod logging;
 pub mod metrics;
 pub mod run;
 pub mod txn;
+pub mod verify;

@@ -124,6 +124,57 @@ enum Command {
         #[arg(long, env = "EXACTLY_KAFKA_BOOTSTRAP")]
         bootstrap: String,
     },
+    /// Check that an output holds every input record exactly once: reads a range of the input
+    /// topic and the whole output (its own read_committed consumer, or SQL) and reports records
+    /// lost, duplicated and out of order, with examples. Exit status 0: exactly once; 1: not;
+    /// 2: bad arguments or unreachable services.
+    Verify {
+        /// The input: TOPIC, or TOPIC:FROM..TO with offsets of every partition (TO exclusive) or
+        /// RFC 3339 times; either end may be left out.
+        #[arg(long, value_parser = exactly_cli::verify::parse_source)]
+        source: exactly_cli::verify::SourceRange,
+        /// The output: topic:NAME, mysql:TABLE, or a topic name.
+        #[arg(long, value_parser = exactly_cli::verify::parse_output)]
+        output: exactly_cli::verify::Output,
+        /// The field identifying a record (dots for nested fields; for a table, the column).
+        #[arg(long)]
+        id: String,
+        /// Check the order per key: the key field...
+        #[arg(long, requires = "order")]
+        key: Option<String>,
+        /// ...and the field whose values must not decrease per key (numbers or strings).
+        #[arg(long, requires = "key")]
+        order: Option<String>,
+        /// The job file: its transforms decide which input records should appear, and its
+        /// source and sink give the servers when the flags do not.
+        #[arg(long)]
+        job: Option<PathBuf>,
+        /// The job's sink the output belongs to (when the job has several).
+        #[arg(long, requires = "job")]
+        sink: Option<String>,
+        /// Kafka bootstrap servers (default: the job's source).
+        #[arg(long, env = "EXACTLY_KAFKA_BOOTSTRAP")]
+        bootstrap_servers: Option<String>,
+        /// TLS/SASL settings: a TOML file with a [kafka] table, or a job file.
+        #[arg(long)]
+        kafka_config: Option<PathBuf>,
+        /// MySQL URL of a table output (default: the job's MySQL sink).
+        #[arg(long, env = "EXACTLY_MYSQL_URL")]
+        mysql_url: Option<String>,
+        /// Examples shown per kind of problem.
+        #[arg(long, default_value_t = 5)]
+        examples: usize,
+        /// Where sorted runs of ids are spilled (24 bytes per record; default: the temporary
+        /// directory).
+        #[arg(long)]
+        spill_dir: Option<PathBuf>,
+        /// Give up when a read makes no progress for this long.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+        stall_timeout: std::time::Duration,
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Benchmarks, each against its baseline in the same run.
     Bench {
         /// Which benchmark.
@@ -275,10 +326,15 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                 "{}: ok ({} -> {}, parallelism {})",
                 job.display(),
                 j.file.source.topics.join(",") + j.file.source.topic_pattern.as_deref().unwrap_or(""),
-                match &j.sink {
-                    exactly_cli::jobfile::SinkKind::Kafka(k) => format!("kafka topic {}", k.topic),
-                    exactly_cli::jobfile::SinkKind::Mysql(m) => format!("mysql table {}", m.table),
-                },
+                j.sinks
+                    .iter()
+                    .map(|s| if j.sinks.len() > 1 {
+                        format!("{} ({})", s.describe(), s.name)
+                    } else {
+                        s.describe()
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" + "),
                 j.file.job.parallelism
             ),
             Err(e) => {
@@ -286,6 +342,64 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(2));
             }
         },
+        Command::Verify {
+            source,
+            output,
+            id,
+            key,
+            order,
+            job,
+            sink,
+            bootstrap_servers,
+            kafka_config,
+            mysql_url,
+            examples,
+            spill_dir,
+            stall_timeout,
+            json,
+        } => {
+            let job = match job {
+                Some(path) => match Job::load(&path) {
+                    Ok(j) => Some(j),
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return Ok(ExitCode::from(2));
+                    }
+                },
+                None => None,
+            };
+            let args = exactly_cli::verify::VerifyArgs {
+                source,
+                output,
+                id,
+                key,
+                order,
+                job,
+                sink,
+                bootstrap: bootstrap_servers,
+                kafka_config,
+                mysql_url,
+                examples,
+                spill_dir,
+                stall_timeout,
+            };
+            match exactly_cli::verify::verify(args).await {
+                Ok(report) => {
+                    if json {
+                        print_json(&report)?;
+                    } else {
+                        exactly_cli::verify::print(&report);
+                    }
+                    if !report.exactly_once {
+                        return Ok(ExitCode::from(1));
+                    }
+                }
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    return Ok(ExitCode::from(2));
+                }
+            }
+        }
         Command::Savepoint { admin: a, dir } => println!("{}", post_for_path(a, "/savepoint", "dir", dir).await?),
         Command::Stop { admin: a, savepoint } => {
             println!("{}", post_for_path(a, "/stop", "savepoint", savepoint).await?)

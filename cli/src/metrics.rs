@@ -29,7 +29,10 @@ pub struct Registry {
     retired_read: AtomicU64,
     retired_deserialized: AtomicU64,
     sources: Mutex<BTreeMap<u32, Arc<KafkaSourceMetrics>>>,
-    sinks: Mutex<BTreeMap<u32, Arc<TwoPhaseMetrics>>>,
+    /// Transaction metrics per (sink name, subtask).
+    sinks: Mutex<BTreeMap<(String, u32), Arc<TwoPhaseMetrics>>>,
+    /// Records handed to each sink (after its own transforms), by sink name.
+    sink_records: Mutex<BTreeMap<String, Arc<AtomicU64>>>,
     job_metrics: Mutex<Option<Arc<JobMetrics>>>,
     stopping: std::sync::atomic::AtomicBool,
 }
@@ -118,6 +121,26 @@ pub struct Status {
     pub transactions_committed: u64,
     /// Commits that failed for good.
     pub transaction_commit_failures: u64,
+    /// Each sink's figures (the totals above sum them).
+    pub sinks: Vec<SinkStatus>,
+}
+
+/// One sink's figures in the status.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct SinkStatus {
+    /// The sink's name (its operator uid).
+    pub name: String,
+    /// Records handed to it (after its own transforms; re-sent records after a restore
+    /// included).
+    pub records: u64,
+    /// Pre-committed transactions waiting for their checkpoint.
+    pub pending_transactions: u64,
+    /// Age of its oldest pending transaction (ms).
+    pub oldest_pending_transaction_ms: u64,
+    /// Transactions committed.
+    pub transactions_committed: u64,
+    /// Commits that failed for good.
+    pub transaction_commit_failures: u64,
 }
 
 impl Registry {
@@ -133,6 +156,7 @@ impl Registry {
             retired_deserialized: AtomicU64::new(0),
             sources: Mutex::default(),
             sinks: Mutex::default(),
+            sink_records: Mutex::default(),
             job_metrics: Mutex::default(),
             stopping: Default::default(),
         })
@@ -147,9 +171,20 @@ impl Registry {
         }
     }
 
-    /// Registers (or replaces) the transaction metrics of sink subtask `index`.
-    pub fn sink(&self, index: u32, m: Arc<TwoPhaseMetrics>) {
-        self.sinks.lock().expect("not poisoned").insert(index, m);
+    /// Registers (or replaces) the transaction metrics of subtask `index` of sink `name`.
+    pub fn sink(&self, name: &str, index: u32, m: Arc<TwoPhaseMetrics>) {
+        self.sinks.lock().expect("not poisoned").insert((name.to_owned(), index), m);
+    }
+
+    /// The counter of records handed to sink `name` (created on first use; listed in the status
+    /// from then on).
+    pub fn sink_records(&self, name: &str) -> Arc<AtomicU64> {
+        self.sink_records
+            .lock()
+            .expect("not poisoned")
+            .entry(name.to_owned())
+            .or_default()
+            .clone()
     }
 
     /// Sets the job's own metrics.
@@ -165,7 +200,45 @@ impl Registry {
     /// A consistent-enough snapshot of everything.
     pub fn status(&self) -> Status {
         let sources: Vec<_> = self.sources.lock().expect("not poisoned").values().cloned().collect();
-        let sinks: Vec<_> = self.sinks.lock().expect("not poisoned").values().cloned().collect();
+        let by_sink: Vec<((String, u32), Arc<TwoPhaseMetrics>)> = self
+            .sinks
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let sinks: Vec<_> = by_sink.iter().map(|(_, m)| m.clone()).collect();
+        let mut per_sink: BTreeMap<String, SinkStatus> = self
+            .sink_records
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .map(|(name, n)| {
+                let status = SinkStatus {
+                    name: name.clone(),
+                    records: n.load(Ordering::Relaxed),
+                    pending_transactions: 0,
+                    oldest_pending_transaction_ms: 0,
+                    transactions_committed: 0,
+                    transaction_commit_failures: 0,
+                };
+                (name.clone(), status)
+            })
+            .collect();
+        for ((name, _), m) in &by_sink {
+            let s = per_sink.entry(name.clone()).or_insert_with(|| SinkStatus {
+                name: name.clone(),
+                records: 0,
+                pending_transactions: 0,
+                oldest_pending_transaction_ms: 0,
+                transactions_committed: 0,
+                transaction_commit_failures: 0,
+            });
+            s.pending_transactions += m.pending();
+            s.oldest_pending_transaction_ms = s.oldest_pending_transaction_ms.max(m.oldest_pending_ms());
+            s.transactions_committed += m.committed();
+            s.transaction_commit_failures += m.commit_failures();
+        }
         let job = self.job_metrics.lock().expect("not poisoned").clone();
         let mut partitions = Vec::new();
         for s in &sources {
@@ -225,6 +298,7 @@ impl Registry {
             oldest_pending_transaction_ms: sinks.iter().map(|s| s.oldest_pending_ms()).max().unwrap_or(0),
             transactions_committed: sinks.iter().map(|s| s.committed()).sum(),
             transaction_commit_failures: sinks.iter().map(|s| s.commit_failures()).sum(),
+            sinks: per_sink.into_values().collect(),
         }
     }
 }
@@ -389,29 +463,41 @@ pub fn prometheus(s: &Status) -> String {
             ("result=\"failed\"".into(), s.offset_commits_failed as f64),
         ],
     );
+    let per_sink = |v: &dyn Fn(&SinkStatus) -> f64| -> Vec<(String, f64)> {
+        s.sinks
+            .iter()
+            .map(|k| (format!("sink=\"{}\"", escape(&k.name)), v(k)))
+            .collect()
+    };
+    metric(
+        "exactly_sink_records_total",
+        "counter",
+        "Records handed to each sink (after its own transforms).",
+        per_sink(&|k| k.records as f64),
+    );
     metric(
         "exactly_sink_pending_transactions",
         "gauge",
-        "Pre-committed transactions waiting for their checkpoint.",
-        one(s.pending_transactions as f64),
+        "Pre-committed transactions waiting for their checkpoint, per sink.",
+        per_sink(&|k| k.pending_transactions as f64),
     );
     metric(
         "exactly_sink_oldest_pending_transaction_seconds",
         "gauge",
-        "Age of the oldest pending transaction.",
-        one(s.oldest_pending_transaction_ms as f64 / 1000.0),
+        "Age of the oldest pending transaction, per sink.",
+        per_sink(&|k| k.oldest_pending_transaction_ms as f64 / 1000.0),
     );
     metric(
         "exactly_sink_commits_total",
         "counter",
-        "Transactions committed.",
-        one(s.transactions_committed as f64),
+        "Transactions committed, per sink.",
+        per_sink(&|k| k.transactions_committed as f64),
     );
     metric(
         "exactly_sink_commit_failures_total",
         "counter",
-        "Commits that failed for good.",
-        one(s.transaction_commit_failures as f64),
+        "Commits that failed for good, per sink.",
+        per_sink(&|k| k.transaction_commit_failures as f64),
     );
     out
 }

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use exactly_core::runtime::{JobBuilder, JobConfig, JobControl, JobOutcome, SubtaskRange};
+use exactly_core::runtime::{JobBuilder, JobConfig, JobControl, JobOutcome, Stream, SubtaskRange};
 use exactly_core::storage::Storage;
-use exactly_core::BoxError;
+use exactly_core::{BoxError, CoreError, ErrorClass};
 use exactly_kafka_sink::{KafkaSink, ProducerRecord};
 use exactly_kafka_source::{Deserializer, KafkaRecord, KafkaSource};
 use exactly_mysql_sink::{MysqlSink, Origin, SinkRecord};
@@ -17,7 +17,7 @@ use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::admin;
-use crate::jobfile::{Job, SinkKind, Transform};
+use crate::jobfile::{Job, JobSink, SinkKind, Transform};
 use crate::metrics::Registry;
 
 /// Flags of `exactly run` that override the job file.
@@ -68,6 +68,8 @@ pub struct Prepared {
 /// source's poison-record policy (fail, skip, dead-letter). `None`: filtered out.
 struct Prepare {
     transforms: Arc<Vec<Transform>>,
+    /// Values must be JSON even without transforms here (a sink has transforms of its own).
+    json: bool,
     registry: Arc<Registry>,
 }
 
@@ -77,7 +79,11 @@ impl Deserializer<Option<Prepared>> for Prepare {
         // A tombstone (no value) is a deletion of its key, not a JSON `null`: it passes the
         // transforms untouched, keeps its key, and each sink applies it as a deletion (Kafka: a
         // tombstone; MySQL upsert: DELETE by key; MySQL xa: its bad-record policy).
-        let value = if self.transforms.is_empty() || r.value.is_none() {
+        let value = if (self.transforms.is_empty() && !self.json) || r.value.is_none() {
+            r.value
+        } else if self.transforms.is_empty() {
+            serde_json::from_slice::<serde::de::IgnoredAny>(r.value.as_deref().unwrap_or_default())
+                .map_err(|e| format!("value is not JSON: {e}"))?;
             r.value
         } else {
             let bytes = r.value.as_deref().unwrap_or_default();
@@ -249,6 +255,7 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
     let range = opts.subtasks.map_or_else(|| "all".to_owned(), |r| r.to_string());
     let registry = Registry::new(&f.job.name, parallelism, range.clone());
     let transforms = Arc::new(f.transforms.clone());
+    let json = job.needs_json();
     let source_config = f.source.clone();
     let mut builder = JobBuilder::new(config);
     let reg = registry.clone();
@@ -258,6 +265,7 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
                 source_config.clone(),
                 Prepare {
                     transforms: transforms.clone(),
+                    json,
                     registry: reg.clone(),
                 },
             );
@@ -270,46 +278,15 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
             }
             Ok(())
         });
-    match &job.sink {
-        SinkKind::Kafka(k) => {
-            let k = (**k).clone();
-            let reg = registry.clone();
-            stream
-                .map(|r: Prepared| ProducerRecord {
-                    key: r.key,
-                    value: r.value,
-                    timestamp: r.timestamp,
-                    headers: r.headers,
-                })
-                .sink("kafka-sink", move |info| {
-                    let sink = KafkaSink::new(k.clone()).expect("checked when the job file was loaded");
-                    if let Some(m) = sink.two_phase_metrics() {
-                        reg.sink(info.index, m);
-                    }
-                    sink
-                });
-        }
-        SinkKind::Mysql(m) => {
-            let m = (**m).clone();
-            let reg = registry.clone();
-            stream
-                .map(|r: Prepared| SinkRecord {
-                    tombstone: r.value.is_none(),
-                    payload: r.value.unwrap_or_default(),
-                    key: r.key,
-                    origin: Some(Origin {
-                        topic: r.topic.to_string(),
-                        partition: r.partition,
-                        offset: r.offset,
-                    }),
-                })
-                .sink("mysql-sink", move |info| {
-                    let sink = MysqlSink::new(m.clone()).expect("checked when the job file was loaded");
-                    if let Some(m) = sink.two_phase_metrics() {
-                        reg.sink(info.index, m);
-                    }
-                    sink
-                });
+    match job.sinks.as_slice() {
+        [one] => attach_sink(stream, one, &registry),
+        several => {
+            // One reading of the source feeds every sink: each gets a copy of every record, its
+            // own transforms, and pre-commits at the same barriers as the others.
+            let names: Vec<&str> = several.iter().map(|s| s.name.as_str()).collect();
+            for (branch, sink) in stream.fan_out(&names).into_iter().zip(several) {
+                attach_sink(branch, sink, &registry);
+            }
         }
     }
     let admin_addr = opts.admin.clone().or_else(|| f.job.admin.clone());
@@ -363,6 +340,75 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
         "Job ended."
     );
     Ok(outcome)
+}
+
+/// Ends `stream` in `sink`: its own transforms, then the Kafka or MySQL sink under its name.
+fn attach_sink(stream: Stream<Prepared>, sink: &JobSink, registry: &Arc<Registry>) {
+    let name = sink.name.clone();
+    let transforms = Arc::new(sink.transforms.clone());
+    let counter = registry.sink_records(&name);
+    let stream = stream.flat_map(move |mut r: Prepared, out| {
+        if !transforms.is_empty() {
+            if let Some(bytes) = &r.value {
+                // The source parsed it already (the poison-record policy applies there).
+                let mut v: Value = serde_json::from_slice(bytes).map_err(|e| {
+                    CoreError::operator("sink transforms", ErrorClass::Fatal, format!("value is not JSON: {e}"))
+                })?;
+                for t in transforms.iter() {
+                    if !t.apply(&mut v, &mut r.key) {
+                        return Ok(());
+                    }
+                }
+                r.value = Some(serde_json::to_vec(&v).map_err(|e| CoreError::operator("sink transforms", ErrorClass::Fatal, e))?);
+            }
+        }
+        counter.fetch_add(1, Ordering::Relaxed);
+        out.emit(r)
+    });
+    match &sink.kind {
+        SinkKind::Kafka(k) => {
+            let k = (**k).clone();
+            let reg = registry.clone();
+            let n = name.clone();
+            stream
+                .map(|r: Prepared| ProducerRecord {
+                    key: r.key,
+                    value: r.value,
+                    timestamp: r.timestamp,
+                    headers: r.headers,
+                })
+                .sink(&name, move |info| {
+                    let sink = KafkaSink::new(k.clone()).expect("checked when the job file was loaded");
+                    if let Some(m) = sink.two_phase_metrics() {
+                        reg.sink(&n, info.index, m);
+                    }
+                    sink
+                });
+        }
+        SinkKind::Mysql(m) => {
+            let m = (**m).clone();
+            let reg = registry.clone();
+            let n = name.clone();
+            stream
+                .map(|r: Prepared| SinkRecord {
+                    tombstone: r.value.is_none(),
+                    payload: r.value.unwrap_or_default(),
+                    key: r.key,
+                    origin: Some(Origin {
+                        topic: r.topic.to_string(),
+                        partition: r.partition,
+                        offset: r.offset,
+                    }),
+                })
+                .sink(&name, move |info| {
+                    let sink = MysqlSink::new(m.clone()).expect("checked when the job file was loaded");
+                    if let Some(m) = sink.two_phase_metrics() {
+                        reg.sink(&n, info.index, m);
+                    }
+                    sink
+                });
+        }
+    }
 }
 
 async fn handle_signals(control: JobControl, registry: Arc<Registry>) {
@@ -483,6 +529,7 @@ mod tests {
                     field: "customer".into(),
                 },
             ]),
+            json: true,
             registry: Registry::new("t", 1, "all".into()),
         };
         let t = prepare

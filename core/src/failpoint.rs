@@ -10,6 +10,9 @@
 //! `sink.before_pre_commit`, `sink.after_pre_commit` (prepared, checkpoint not yet durable),
 //! `sink.before_commit`, `sink.between_commits`, `sink.after_commit`, `sink.before_recovery_commit`
 //! (restored, before committing the restored checkpoint's transactions).
+//!
+//! Points hit on behalf of one operator ([`hit_in`]) also answer to `<uid>:<point>`, e.g.
+//! `orders-table:sink.after_commit=freeze@2` for one sink of a job with several.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -92,6 +95,15 @@ pub fn hit(name: &str) {
         }
         Action::Freeze(_) => {}
     }
+}
+
+/// Marks that operator `uid` reached `name`: arms both `name` and `<uid>:<name>`.
+pub fn hit_in(uid: &str, name: &str) {
+    if points().is_empty() {
+        return;
+    }
+    hit(name);
+    hit(&format!("{uid}:{name}"));
 }
 
 /// Tells the test that runs this process where it is (a line of its own on stderr).

@@ -32,32 +32,35 @@ pub(crate) fn fetch<'a>(conn: &'a mut MySqlConnection, sql: String) -> BoxFut<'a
 const MAX_BINDS: usize = 30_000;
 
 pub(crate) fn connect(config: &MysqlSinkConfig) -> BoxFut<'_, Result<MySqlConnection>> {
-    Box::pin(async move {
-        let url = config.url.as_str();
-        let mut options: MySqlConnectOptions = url
-            .parse()
-            .map_err(|e| MysqlSinkError::Config(format!("url does not parse: {e}")))?;
-        if let Some(f) = &config.password_file {
-            let secret = exactly_core::secret::Secret::from_file(f).map_err(MysqlSinkError::Config)?;
-            options = options.password(secret.expose());
+    Box::pin(connect_url(&config.url, config.password_file.as_deref()))
+}
+
+/// Connects to the server of `url` (its TLS settings included), with the password of
+/// `password_file` when given; errors name the server (never the credentials) and say whether it
+/// resolves and answers.
+pub async fn connect_url(url: &str, password_file: Option<&std::path::Path>) -> Result<MySqlConnection> {
+    let mut options: MySqlConnectOptions = url
+        .parse()
+        .map_err(|e| MysqlSinkError::Config(format!("url does not parse: {e}")))?;
+    if let Some(f) = password_file {
+        let secret = exactly_core::secret::Secret::from_file(f).map_err(MysqlSinkError::Config)?;
+        options = options.password(secret.expose());
+    }
+    match options.connect().await {
+        Ok(c) => Ok(c),
+        Err(e @ (sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut)) => {
+            let address = exactly_core::net::url_address(url).unwrap_or_else(|| "the server".into());
+            let probe = address.clone();
+            let why = tokio::task::spawn_blocking(move || exactly_core::net::diagnose(&probe))
+                .await
+                .unwrap_or_default();
+            Err(MysqlSinkError::db(format!("connecting to {address} ({why})"), e))
         }
-        match options.connect().await {
-            Ok(c) => Ok(c),
-            Err(e @ (sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut)) => {
-                // Name the server (never the credentials) and say whether it resolves and answers.
-                let address = exactly_core::net::url_address(url).unwrap_or_else(|| "the server".into());
-                let probe = address.clone();
-                let why = tokio::task::spawn_blocking(move || exactly_core::net::diagnose(&probe))
-                    .await
-                    .unwrap_or_default();
-                Err(MysqlSinkError::db(format!("connecting to {address} ({why})"), e))
-            }
-            Err(e) => {
-                let address = exactly_core::net::url_address(url).unwrap_or_else(|| "the server".into());
-                Err(MysqlSinkError::db(format!("connecting to {address}"), e))
-            }
+        Err(e) => {
+            let address = exactly_core::net::url_address(url).unwrap_or_else(|| "the server".into());
+            Err(MysqlSinkError::db(format!("connecting to {address}"), e))
         }
-    })
+    }
 }
 
 /// Creates the progress table, the dead-letter table and (if asked) the target table.

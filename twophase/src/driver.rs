@@ -88,6 +88,8 @@ struct Pending<C> {
 pub struct TwoPhaseSink<T, S: TwoPhaseCommitSink<T>> {
     sink: S,
     info: Option<SubtaskInfo>,
+    /// The sink's uid (fail points answer to `<uid>:<point>` too).
+    uid: String,
     current: Option<S::Transaction>,
     /// When the open transaction began.
     current_begun: Instant,
@@ -109,6 +111,7 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
         TwoPhaseSink {
             sink,
             info: None,
+            uid: String::new(),
             current: None,
             current_begun: Instant::now(),
             current_id: 1,
@@ -191,9 +194,9 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
             );
             for (i, p) in batch.iter().enumerate() {
                 if committed_any {
-                    failpoint::hit("sink.between_commits");
+                    failpoint::hit_in(&self.uid, "sink.between_commits");
                 }
-                failpoint::hit("sink.before_commit");
+                failpoint::hit_in(&self.uid, "sink.before_commit");
                 if let Err(e) = self.commit_one(first, &p.committable).await {
                     // Keep what is not committed: a later completion or the restart retries it.
                     let rest: Vec<_> = batch.into_iter().skip(i).collect();
@@ -202,7 +205,7 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
                 }
                 committed_any = true;
             }
-            failpoint::hit("sink.after_commit");
+            failpoint::hit_in(&self.uid, "sink.after_commit");
         }
         Ok(())
     }
@@ -282,6 +285,7 @@ fn decode<C: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<(CheckpointId,
 impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S> {
     async fn initialize_state(&mut self, ctx: &InitContext<'_>) -> exactly_core::Result<()> {
         self.info = Some(ctx.info.clone());
+        self.uid = ctx.info.uid.clone();
         self.sink.open(ctx.info).await?;
         // Union state: every subtask sees every committable (so a cleanup can spare the ones
         // others commit); each commits those whose origin maps to it, which with unchanged
@@ -315,7 +319,7 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
         // producer re-initialising an id would abort them).
         self.sink.abort_unneeded(&recovery).await?;
         if !restored.is_empty() {
-            failpoint::hit("sink.before_recovery_commit");
+            failpoint::hit_in(&self.uid, "sink.before_recovery_commit");
         }
         for (id, c) in &restored {
             self.commit_one(*id, c).await?;
@@ -338,7 +342,7 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
         let id = ctx.checkpoint_id;
         let mut prepared = false;
         if let Some(txn) = self.current.take() {
-            failpoint::hit("sink.before_pre_commit");
+            failpoint::hit_in(&self.uid, "sink.before_pre_commit");
             match self.sink.pre_commit(txn, id).await? {
                 PreCommitted::Committable(c) => {
                     prepared = true;
@@ -368,7 +372,7 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
         }
         ctx.put_union_state(STATE, entries);
         if prepared {
-            failpoint::hit("sink.after_pre_commit");
+            failpoint::hit_in(&self.uid, "sink.after_pre_commit");
         }
         Ok(())
     }

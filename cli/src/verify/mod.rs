@@ -1,0 +1,578 @@
+//! `exactly verify`: an audit of an exactly-once pipeline, independent of the job's own code
+//! paths. It reads a range of the input topic and the whole output (a topic with its own
+//! read_committed consumer, or a table with its own SQL) and reports the records lost,
+//! duplicated and (optionally) out of order per key, with examples of each.
+//!
+//! Bounded memory: every record is reduced to a 128-bit hash of its id (xxh3) and where it was
+//! read (24 bytes); runs of at most [`RUN`] entries are sorted and spilled to temporary files,
+//! then merged — input and output side by side — so tens of millions of records take a few tens
+//! of MB of memory and 24 bytes per record of temporary disk. Only the order check keeps
+//! something per key (the last order value of each key).
+
+mod read;
+mod sorted;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::jobfile::{Job, SinkKind, Transform};
+pub use read::{parse_source, Bound, SourceRange};
+use sorted::{Entry, Sorter};
+
+/// Entries per sorted run (24 bytes each: ~24 MB).
+pub const RUN: usize = 1 << 20;
+
+/// Where the output is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// A Kafka topic (read with isolation.level=read_committed).
+    Topic(String),
+    /// A MySQL/MariaDB table.
+    Table(String),
+}
+
+impl std::fmt::Display for Output {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Output::Topic(t) => write!(f, "topic {t}"),
+            Output::Table(t) => write!(f, "table {t}"),
+        }
+    }
+}
+
+/// Parses `topic:NAME`, `mysql:TABLE` or a bare topic name.
+pub fn parse_output(s: &str) -> Result<Output, String> {
+    let out = match s.split_once(':') {
+        Some(("topic", t)) => Output::Topic(t.to_owned()),
+        Some(("mysql", t)) => Output::Table(t.to_owned()),
+        Some(_) => return Err(format!("{s:?}: expected topic:NAME, mysql:TABLE or a topic name")),
+        None => Output::Topic(s.to_owned()),
+    };
+    match &out {
+        Output::Topic(t) | Output::Table(t) if t.is_empty() => Err(format!("{s:?}: the name is empty")),
+        _ => Ok(out),
+    }
+}
+
+/// What `exactly verify` is asked.
+#[derive(Debug, Clone)]
+pub struct VerifyArgs {
+    /// Input topic and range.
+    pub source: SourceRange,
+    /// The output.
+    pub output: Output,
+    /// The id field (dots for nested fields; for a table, the column).
+    pub id: String,
+    /// Key field of the order check.
+    pub key: Option<String>,
+    /// Order field of the order check (numbers or strings, non-decreasing per key).
+    pub order: Option<String>,
+    /// Apply this job's transforms to the input to know which records should appear.
+    pub job: Option<Job>,
+    /// The job's sink the output belongs to (when the job has several).
+    pub sink: Option<String>,
+    /// Kafka bootstrap servers (default: the job's source).
+    pub bootstrap: Option<String>,
+    /// Kafka security settings file (a `[kafka]` table, or a job file).
+    pub kafka_config: Option<PathBuf>,
+    /// MySQL URL (default: the job's MySQL sink).
+    pub mysql_url: Option<String>,
+    /// Examples per kind of problem.
+    pub examples: usize,
+    /// Where sorted runs are spilled (default: the system's temporary directory).
+    pub spill_dir: Option<PathBuf>,
+    /// Give up when a read makes no progress for this long.
+    pub stall_timeout: Duration,
+}
+
+/// One example of a problem.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Example {
+    /// The id, as read.
+    pub id: String,
+    /// Where it was read: `topic-partition@offset` (for the input or a topic), or `table` with
+    /// the count of rows.
+    pub at: Vec<String>,
+}
+
+/// The report.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Report {
+    /// The input read ("orders", "orders:100..200").
+    pub source: String,
+    /// The output read.
+    pub output: String,
+    /// Input records read in the range.
+    pub input_records: u64,
+    /// Input records the output should hold (read, minus filtered and unreadable).
+    pub expected: u64,
+    /// Input records the job's transforms drop.
+    pub filtered: u64,
+    /// Input records without a value, not JSON, or without the id field (not expected).
+    pub input_unreadable: u64,
+    /// Ids that occur more than once in the input (each must then occur as often in the
+    /// output).
+    pub input_repeated_ids: u64,
+    /// Output records (or rows) read.
+    pub output_records: u64,
+    /// Output records without a readable id.
+    pub output_unreadable: u64,
+    /// Expected records missing from the output.
+    pub lost: u64,
+    /// Output records beyond the expected count of their id.
+    pub duplicated: u64,
+    /// Output records whose id is not in the input range (only a failure when the whole topic
+    /// was read: with a range, the output also holds what lies outside it).
+    pub outside_input: u64,
+    /// Output records whose order value is below that of an earlier record of the same key.
+    pub out_of_order: Option<u64>,
+    /// Sorted runs spilled to disk.
+    pub spilled_runs: usize,
+    /// Whether the output holds every expected record exactly once (and in order, if asked).
+    pub exactly_once: bool,
+    /// Examples of lost records.
+    pub lost_examples: Vec<Example>,
+    /// Examples of duplicated records.
+    pub duplicated_examples: Vec<Example>,
+    /// Examples of records outside the input.
+    pub outside_examples: Vec<Example>,
+    /// Examples of out-of-order records (the earlier record's place, then this one's).
+    pub out_of_order_examples: Vec<Example>,
+}
+
+/// The canonical text of an id: strings as they are, anything else as JSON.
+pub fn id_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn hash(id: &str) -> u128 {
+    xxhash_rust::xxh3::xxh3_128(id.as_bytes())
+}
+
+/// The value of `path` (dots for nested fields).
+fn field<'v>(v: &'v Value, path: &str) -> Option<&'v Value> {
+    path.split('.').try_fold(v, |v, k| v.get(k))
+}
+
+/// The transforms that decide which input records reach the output, and the output's settings
+/// from the job when the flags do not give them.
+struct FromJob {
+    transforms: Vec<Transform>,
+    bootstrap: Option<String>,
+    security: Option<exactly_kafka_client::KafkaSecurity>,
+    mysql: Option<exactly_mysql_sink::MysqlSinkConfig>,
+}
+
+fn from_job(args: &VerifyArgs) -> Result<FromJob> {
+    let Some(job) = &args.job else {
+        return Ok(FromJob {
+            transforms: Vec::new(),
+            bootstrap: None,
+            security: None,
+            mysql: None,
+        });
+    };
+    let sink = match &args.sink {
+        Some(name) => job.sinks.iter().find(|s| &s.name == name).with_context(|| {
+            format!(
+                "--sink {name}: the job has no such sink (its sinks: {})",
+                job.sinks.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+            )
+        })?,
+        None => {
+            let matching: Vec<_> = job
+                .sinks
+                .iter()
+                .filter(|s| match (&s.kind, &args.output) {
+                    (SinkKind::Kafka(k), Output::Topic(t)) => &k.topic == t,
+                    (SinkKind::Mysql(m), Output::Table(t)) => &m.table == t,
+                    _ => false,
+                })
+                .collect();
+            match (matching.as_slice(), job.sinks.as_slice()) {
+                ([one], _) => *one,
+                (_, [one]) => one,
+                _ => bail!(
+                    "the job has several sinks and none writes to {}: name one with --sink ({})",
+                    args.output,
+                    job.sinks.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+                ),
+            }
+        }
+    };
+    let mut transforms = job.file.transforms.clone();
+    transforms.extend(sink.transforms.iter().cloned());
+    Ok(FromJob {
+        transforms,
+        bootstrap: Some(job.file.source.bootstrap_servers.clone()),
+        security: Some(job.file.source.security.clone()),
+        mysql: match &sink.kind {
+            SinkKind::Mysql(m) => Some((**m).clone()),
+            SinkKind::Kafka(_) => None,
+        },
+    })
+}
+
+/// Runs the audit.
+pub async fn verify(args: VerifyArgs) -> Result<Report> {
+    if args.key.is_some() != args.order.is_some() {
+        bail!("--key and --order go together: the order field is checked per key");
+    }
+    if args.key.is_some() && matches!(args.output, Output::Table(_)) {
+        bail!("--key/--order check the order of a topic's records; rows of a table have no order");
+    }
+    let job = from_job(&args)?;
+    let cluster = match (&args.kafka_config, &args.bootstrap, &job.bootstrap) {
+        (Some(file), bootstrap, from_job) => {
+            let b = bootstrap.clone().or(from_job.clone()).context("--bootstrap-servers is required")?;
+            crate::txn::cluster(&b, Some(file))?
+        }
+        (None, Some(b), _) => match &job.security {
+            Some(s) => exactly_kafka_client::Cluster::new(b.clone(), s.clone()),
+            None => exactly_kafka_client::Cluster::plaintext(b.clone()),
+        },
+        (None, None, Some(b)) => {
+            exactly_kafka_client::Cluster::new(b.clone(), job.security.clone().unwrap_or_default())
+        }
+        (None, None, None) => bail!("--bootstrap-servers is required (or --job, whose source names them)"),
+    };
+    let spill = args.spill_dir.clone().unwrap_or_else(std::env::temp_dir);
+    let mut report = Report {
+        source: args.source.to_string(),
+        output: args.output.to_string(),
+        input_records: 0,
+        expected: 0,
+        filtered: 0,
+        input_unreadable: 0,
+        input_repeated_ids: 0,
+        output_records: 0,
+        output_unreadable: 0,
+        lost: 0,
+        duplicated: 0,
+        outside_input: 0,
+        out_of_order: args.key.as_ref().map(|_| 0),
+        spilled_runs: 0,
+        exactly_once: false,
+        lost_examples: Vec::new(),
+        duplicated_examples: Vec::new(),
+        outside_examples: Vec::new(),
+        out_of_order_examples: Vec::new(),
+    };
+
+    // The input: which ids should appear, and how often.
+    let mut input = Sorter::new(&spill, RUN)?;
+    {
+        let (c, range, id) = (cluster.clone(), args.source.clone(), args.id.clone());
+        let transforms = job.transforms.clone();
+        let stall = args.stall_timeout;
+        let (sorter, counts) = tokio::task::spawn_blocking(move || -> Result<(Sorter, [u64; 3])> {
+            let mut counts = [0u64; 3]; // read, filtered, unreadable
+            read::read_topic(&c, &range.topic, &range, "input", stall, |loc, key, value| {
+                counts[0] += 1;
+                let Some(bytes) = value else {
+                    counts[2] += 1;
+                    return Ok(());
+                };
+                let Ok(mut v) = serde_json::from_slice::<Value>(bytes) else {
+                    counts[2] += 1;
+                    return Ok(());
+                };
+                let mut key = key.map(<[u8]>::to_vec);
+                for t in &transforms {
+                    if !t.apply(&mut v, &mut key) {
+                        counts[1] += 1;
+                        return Ok(());
+                    }
+                }
+                match field(&v, &id) {
+                    Some(idv) => input.push(Entry {
+                        hash: hash(&id_text(idv)),
+                        loc,
+                    }),
+                    None => {
+                        counts[2] += 1;
+                        Ok(())
+                    }
+                }
+            })?;
+            Ok((input, counts))
+        })
+        .await??;
+        input = sorter;
+        report.input_records = counts[0];
+        report.filtered = counts[1];
+        report.input_unreadable = counts[2];
+        report.expected = counts[0] - counts[1] - counts[2];
+    }
+
+    // The output.
+    let mut output = Sorter::new(&spill, RUN)?;
+    let mut order_examples = Vec::new();
+    match &args.output {
+        Output::Topic(topic) => {
+            let (c, topic, id) = (cluster.clone(), topic.clone(), args.id.clone());
+            let (key_field, order_field) = (args.key.clone(), args.order.clone());
+            let (stall, max_examples) = (args.stall_timeout, args.examples);
+            let all = SourceRange {
+                topic: topic.clone(),
+                from: Bound::Start,
+                to: Bound::End,
+            };
+            let (sorter, counts, examples) =
+                tokio::task::spawn_blocking(move || -> Result<(Sorter, [u64; 3], Vec<Example>)> {
+                    let mut counts = [0u64; 3]; // read, unreadable, out of order
+                    let mut last: HashMap<(u32, u64), (OrderValue, u64)> = HashMap::new();
+                    let mut examples = Vec::new();
+                    read::read_topic(&c, &topic, &all, "output", stall, |loc, _key, value| {
+                        counts[0] += 1;
+                        let v = value.and_then(|b| serde_json::from_slice::<Value>(b).ok());
+                        let Some(idv) = v.as_ref().and_then(|v| field(v, &id)) else {
+                            counts[1] += 1;
+                            return Ok(());
+                        };
+                        let id_text = id_text(idv);
+                        if let (Some(kf), Some(of), Some(v)) = (&key_field, &order_field, &v) {
+                            if let (Some(k), Some(o)) = (field(v, kf), field(v, of).and_then(OrderValue::of)) {
+                                let slot = ((loc >> 48) as u32, xxhash_rust::xxh3::xxh3_64(id_text_of(k).as_bytes()));
+                                if let Some((prev, prev_loc)) = last.get(&slot) {
+                                    if o < *prev {
+                                        counts[2] += 1;
+                                        if examples.len() < max_examples {
+                                            examples.push(Example {
+                                                id: id_text.clone(),
+                                                at: vec![read::place(&topic, *prev_loc), read::place(&topic, loc)],
+                                            });
+                                        }
+                                    }
+                                }
+                                last.insert(slot, (o, loc));
+                            }
+                        }
+                        output.push(Entry {
+                            hash: hash(&id_text),
+                            loc,
+                        })
+                    })?;
+                    Ok((output, counts, examples))
+                })
+                .await??;
+            output = sorter;
+            report.output_records = counts[0];
+            report.output_unreadable = counts[1];
+            if report.out_of_order.is_some() {
+                report.out_of_order = Some(counts[2]);
+            }
+            order_examples = examples;
+        }
+        Output::Table(table) => {
+            let url = args
+                .mysql_url
+                .clone()
+                .or_else(|| job.mysql.as_ref().map(|m| m.url.clone()))
+                .context("--mysql-url is required (or --job, whose MySQL sink names it)")?;
+            let password_file = job.mysql.as_ref().and_then(|m| m.password_file.clone());
+            let (n, unreadable) =
+                read::read_table(&url, password_file.as_deref(), table, &args.id, |row, id| {
+                    output.push(Entry { hash: hash(id), loc: row })
+                })
+                .await?;
+            report.output_records = n;
+            report.output_unreadable = unreadable;
+        }
+    }
+
+    // Input and output side by side, id by id.
+    report.spilled_runs = input.spilled() + output.spilled();
+    let mut lost = Vec::new();
+    let mut duplicated = Vec::new();
+    let mut outside = Vec::new();
+    let mut ins = input.finish()?.peekable();
+    let mut outs = output.finish()?.peekable();
+    loop {
+        let next = match (ins.peek(), outs.peek()) {
+            (Some(Err(_)), _) => return Err(ins.next().expect("peeked").unwrap_err()),
+            (_, Some(Err(_))) => return Err(outs.next().expect("peeked").unwrap_err()),
+            (Some(Ok(a)), Some(Ok(b))) => a.hash.min(b.hash),
+            (Some(Ok(a)), None) => a.hash,
+            (None, Some(Ok(b))) => b.hash,
+            (None, None) => break,
+        };
+        let take = |it: &mut std::iter::Peekable<sorted::Merged>| -> Result<Vec<u64>> {
+            let mut locs = Vec::new();
+            while let Some(Ok(e)) = it.peek() {
+                if e.hash != next {
+                    break;
+                }
+                locs.push(e.loc);
+                it.next();
+            }
+            Ok(locs)
+        };
+        let in_locs = take(&mut ins)?;
+        let out_locs = take(&mut outs)?;
+        let (n_in, n_out) = (in_locs.len() as u64, out_locs.len() as u64);
+        if n_in > 1 {
+            report.input_repeated_ids += 1;
+        }
+        if n_in == 0 {
+            report.outside_input += n_out;
+            if outside.len() < args.examples {
+                outside.push((next, out_locs));
+            }
+        } else if n_out < n_in {
+            report.lost += n_in - n_out;
+            if lost.len() < args.examples {
+                lost.push((next, in_locs));
+            }
+        } else if n_out > n_in {
+            report.duplicated += n_out - n_in;
+            if duplicated.len() < args.examples {
+                duplicated.push((next, out_locs));
+            }
+        }
+    }
+
+    // Examples: the ids behind the hashes, and where they were read.
+    let input_topic = args.source.topic.clone();
+    report.lost_examples = read::resolve(&cluster, &input_topic, &args.id, &job.transforms, lost).await?;
+    match &args.output {
+        Output::Topic(t) => {
+            report.duplicated_examples = read::resolve(&cluster, t, &args.id, &[], duplicated).await?;
+            report.outside_examples = read::resolve(&cluster, t, &args.id, &[], outside).await?;
+        }
+        Output::Table(table) => {
+            let url = args
+                .mysql_url
+                .clone()
+                .or_else(|| job.mysql.as_ref().map(|m| m.url.clone()))
+                .expect("read above");
+            let password_file = job.mysql.as_ref().and_then(|m| m.password_file.clone());
+            let mut wanted: BTreeMap<u128, (bool, u64)> = BTreeMap::new();
+            for (h, locs) in &duplicated {
+                wanted.insert(*h, (true, locs.len() as u64));
+            }
+            for (h, locs) in &outside {
+                wanted.insert(*h, (false, locs.len() as u64));
+            }
+            if !wanted.is_empty() {
+                let mut found: BTreeMap<u128, String> = BTreeMap::new();
+                read::read_table(&url, password_file.as_deref(), table, &args.id, |_, id| {
+                    let h = hash(id);
+                    if wanted.contains_key(&h) {
+                        found.entry(h).or_insert_with(|| id.to_owned());
+                    }
+                    Ok(())
+                })
+                .await?;
+                for (h, (dup, rows)) in wanted {
+                    let e = Example {
+                        id: found.get(&h).cloned().unwrap_or_else(|| format!("(hash {h:032x})")),
+                        at: vec![format!("{rows} rows of {table}")],
+                    };
+                    if dup {
+                        report.duplicated_examples.push(e);
+                    } else {
+                        report.outside_examples.push(e);
+                    }
+                }
+            }
+        }
+    }
+    report.out_of_order_examples = order_examples;
+    let whole_input = args.source.from == Bound::Start && args.source.to == Bound::End;
+    report.exactly_once = report.lost == 0
+        && report.duplicated == 0
+        && report.output_unreadable == 0
+        && (!whole_input || report.outside_input == 0)
+        && report.out_of_order.unwrap_or(0) == 0;
+    Ok(report)
+}
+
+fn id_text_of(v: &Value) -> String {
+    id_text(v)
+}
+
+/// An order field's value: numbers compare as numbers, strings as strings.
+#[derive(Debug, Clone, PartialEq, PartialOrd)]
+enum OrderValue {
+    Number(f64),
+    Text(String),
+}
+
+impl OrderValue {
+    fn of(v: &Value) -> Option<OrderValue> {
+        match v {
+            Value::Number(n) => n.as_f64().map(OrderValue::Number),
+            Value::String(s) => Some(OrderValue::Text(s.clone())),
+            _ => None,
+        }
+    }
+}
+
+/// The report for people.
+pub fn print(r: &Report) {
+    println!("exactly verify: {} -> {}", r.source, r.output);
+    println!(
+        "  input:  {} records read, {} expected in the output ({} filtered by the job, {} without a readable id)",
+        r.input_records, r.expected, r.filtered, r.input_unreadable
+    );
+    if r.input_repeated_ids > 0 {
+        println!(
+            "          {} ids occur more than once in the input (each is expected as often in the output)",
+            r.input_repeated_ids
+        );
+    }
+    println!(
+        "  output: {} records read ({} without a readable id)",
+        r.output_records, r.output_unreadable
+    );
+    println!("  lost:        {}", r.lost);
+    println!("  duplicated:  {}", r.duplicated);
+    println!("  not in input: {}", r.outside_input);
+    if let Some(n) = r.out_of_order {
+        println!("  out of order: {n}");
+    }
+    let show = |title: &str, list: &[Example]| {
+        if !list.is_empty() {
+            println!("  {title}:");
+            for e in list {
+                println!("    id {} at {}", e.id, e.at.join(", "));
+            }
+        }
+    };
+    show("lost, for example", &r.lost_examples);
+    show("duplicated, for example", &r.duplicated_examples);
+    show("not in input, for example", &r.outside_examples);
+    show("out of order, for example (earlier record, then this one)", &r.out_of_order_examples);
+    if r.exactly_once {
+        println!("EXACTLY ONCE: every expected record is in the output once.");
+    } else {
+        println!("NOT EXACTLY ONCE.");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outputs_and_ids_parse() {
+        assert_eq!(parse_output("paid").unwrap(), Output::Topic("paid".into()));
+        assert_eq!(parse_output("topic:paid").unwrap(), Output::Topic("paid".into()));
+        assert_eq!(parse_output("mysql:orders").unwrap(), Output::Table("orders".into()));
+        assert!(parse_output("postgres:x").is_err());
+        assert!(parse_output("mysql:").is_err());
+        assert_eq!(id_text(&serde_json::json!(42)), "42");
+        assert_eq!(id_text(&serde_json::json!("a-1")), "a-1");
+        assert!(OrderValue::Number(2.0) < OrderValue::Number(10.0));
+        assert!(OrderValue::Text("2026-01-02".into()) > OrderValue::Text("2026-01-01".into()));
+    }
+}

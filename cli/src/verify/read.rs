@@ -1,0 +1,366 @@
+//! What `exactly verify` reads: a range of a topic with its own read_committed consumer, a
+//! table with its own SQL, and single records again for the examples.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use exactly_kafka_client::Cluster;
+use futures_util::TryStreamExt;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+use serde_json::Value;
+use sqlx::Row;
+
+use super::Example;
+use crate::jobfile::Transform;
+
+/// One end of an input range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    /// The first offset (from) — unbounded.
+    Start,
+    /// The end of the topic when the read starts (to) — unbounded.
+    End,
+    /// An offset of every partition (from: inclusive, to: exclusive).
+    Offset(i64),
+    /// A time in ms since the Unix epoch: the first record at or after it.
+    Time(i64),
+}
+
+/// A topic and a range of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceRange {
+    /// The topic.
+    pub topic: String,
+    /// Where the range starts.
+    pub from: Bound,
+    /// Where it ends.
+    pub to: Bound,
+}
+
+impl std::fmt::Display for SourceRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let b = |b: Bound| match b {
+            Bound::Start | Bound::End => String::new(),
+            Bound::Offset(o) => o.to_string(),
+            Bound::Time(t) => humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(t as u64)).to_string(),
+        };
+        write!(f, "{}", self.topic)?;
+        if (self.from, self.to) != (Bound::Start, Bound::End) {
+            write!(f, ":{}..{}", b(self.from), b(self.to))?;
+        }
+        Ok(())
+    }
+}
+
+/// Parses `TOPIC`, `TOPIC:FROM..TO` with offsets (of every partition; TO exclusive) or RFC 3339
+/// times, either end optional (`orders:..5000`, `orders:2026-12-01T10:00:00Z..`).
+pub fn parse_source(s: &str) -> Result<SourceRange, String> {
+    let (topic, range) = match s.split_once(':') {
+        Some((t, r)) => (t, Some(r)),
+        None => (s, None),
+    };
+    if topic.is_empty() {
+        return Err(format!("{s:?}: the topic is empty"));
+    }
+    let mut out = SourceRange {
+        topic: topic.to_owned(),
+        from: Bound::Start,
+        to: Bound::End,
+    };
+    let Some(range) = range else {
+        return Ok(out);
+    };
+    let Some((a, b)) = range.split_once("..") else {
+        return Err(format!(
+            "{s:?}: expected TOPIC:FROM..TO with offsets or RFC 3339 times (either end may be left out)"
+        ));
+    };
+    let bound = |x: &str, open: Bound| -> Result<Bound, String> {
+        let x = x.trim();
+        if x.is_empty() {
+            return Ok(open);
+        }
+        if let Ok(o) = x.parse::<i64>() {
+            if o < 0 {
+                return Err(format!("{x:?}: offsets are not negative"));
+            }
+            return Ok(Bound::Offset(o));
+        }
+        let t = humantime::parse_rfc3339_weak(x)
+            .map_err(|e| format!("{x:?} is neither an offset nor an RFC 3339 time ({e})"))?;
+        let ms = t.duration_since(UNIX_EPOCH).map_err(|_| format!("{x:?}: before 1970"))?;
+        Ok(Bound::Time(ms.as_millis() as i64))
+    };
+    out.from = bound(a, Bound::Start)?;
+    out.to = bound(b, Bound::End)?;
+    Ok(out)
+}
+
+/// `topic-partition@offset` of an entry's place.
+pub(super) fn place(topic: &str, loc: u64) -> String {
+    format!("{topic}-{}@{}", loc >> 48, loc & ((1 << 48) - 1))
+}
+
+fn consumer(cluster: &Cluster) -> Result<BaseConsumer> {
+    let mut c = cluster.client_config().map_err(anyhow::Error::msg)?;
+    c.set("group.id", format!("exactly-verify-{}", uuid::Uuid::new_v4()))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest");
+    c.create().context("creating the verifying consumer")
+}
+
+/// Offsets of `topic`'s partitions at or after `ms` (the end when none).
+fn offsets_at(c: &BaseConsumer, topic: &str, parts: &[i32], ms: i64, ends: &BTreeMap<i32, i64>) -> Result<BTreeMap<i32, i64>> {
+    let mut tpl = TopicPartitionList::new();
+    for p in parts {
+        tpl.add_partition_offset(topic, *p, Offset::Offset(ms))?;
+    }
+    let found = c
+        .offsets_for_times(tpl, Duration::from_secs(30))
+        .with_context(|| format!("looking up the offsets of {topic} at a time"))?;
+    let mut out = BTreeMap::new();
+    for e in found.elements() {
+        let o = match e.offset() {
+            Offset::Offset(o) => o,
+            _ => ends[&e.partition()],
+        };
+        out.insert(e.partition(), o);
+    }
+    Ok(out)
+}
+
+fn progress_bar(what: &str, topic: &str, total: u64) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} records ({per_sec}, {eta} left)")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(format!("reading {what} {topic}"));
+    bar
+}
+
+/// Reads `range` of `topic` (read_committed), calling `f(place, key, value)` for each record in
+/// offset order per partition. Progress on stderr (a bar on a terminal, a line every 10 s
+/// otherwise).
+pub(super) fn read_topic(
+    cluster: &Cluster,
+    topic: &str,
+    range: &SourceRange,
+    what: &str,
+    stall: Duration,
+    mut f: impl FnMut(u64, Option<&[u8]>, Option<&[u8]>) -> Result<()>,
+) -> Result<()> {
+    let c = consumer(cluster)?;
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(30))
+        .with_context(|| format!("reading the metadata of {topic} from {}", cluster.bootstrap))?;
+    let Some(t) = md.topics().iter().find(|t| t.name() == topic) else {
+        bail!("{topic}: no such topic");
+    };
+    if let Some(e) = t.error() {
+        bail!("{topic}: {:?}", rdkafka::types::RDKafkaRespErr::from(e));
+    }
+    let parts: Vec<i32> = t.partitions().iter().map(|p| p.id()).collect();
+    if parts.is_empty() {
+        bail!("{topic}: no such topic (no partitions)");
+    }
+    let mut lows = BTreeMap::new();
+    let mut highs = BTreeMap::new();
+    for p in &parts {
+        let (lo, hi) = c
+            .fetch_watermarks(topic, *p, Duration::from_secs(30))
+            .with_context(|| format!("reading the offsets of {topic}-{p}"))?;
+        lows.insert(*p, lo);
+        highs.insert(*p, hi);
+    }
+    let starts = match range.from {
+        Bound::Start | Bound::End => lows.clone(),
+        Bound::Offset(o) => lows.iter().map(|(p, lo)| (*p, o.max(*lo))).collect(),
+        Bound::Time(ms) => offsets_at(&c, topic, &parts, ms, &highs)?,
+    };
+    let ends = match range.to {
+        Bound::Start | Bound::End => highs.clone(),
+        Bound::Offset(o) => highs.iter().map(|(p, hi)| (*p, o.min(*hi))).collect(),
+        Bound::Time(ms) => offsets_at(&c, topic, &parts, ms, &highs)?,
+    };
+    let mut tpl = TopicPartitionList::new();
+    let mut open = BTreeSet::new();
+    let mut total = 0u64;
+    for p in &parts {
+        let (s, e) = (starts[p], ends[p]);
+        if s < e {
+            tpl.add_partition_offset(topic, *p, Offset::Offset(s))?;
+            open.insert(*p);
+            total += (e - s) as u64;
+        }
+    }
+    if open.is_empty() {
+        return Ok(());
+    }
+    c.assign(&tpl).with_context(|| format!("assigning {topic}"))?;
+    let bar = progress_bar(what, topic, total);
+    let terminal = !bar.is_hidden();
+    let started = Instant::now();
+    let mut last_line = Instant::now();
+    let mut last_record = Instant::now();
+    let mut read = 0u64;
+    while !open.is_empty() {
+        if last_record.elapsed() > stall {
+            bail!(
+                "reading {topic}: no record for {}s with partitions {open:?} not at their end (a transaction left open keeps read_committed readers waiting: `exactly txn list`)",
+                stall.as_secs()
+            );
+        }
+        if !terminal && last_line.elapsed() >= Duration::from_secs(10) {
+            eprintln!(
+                "exactly verify: reading {what} {topic}: {read} of at most {total} records, {}s",
+                started.elapsed().as_secs()
+            );
+            last_line = Instant::now();
+        }
+        match c.poll(Duration::from_millis(200)) {
+            None => {}
+            Some(Ok(m)) => {
+                last_record = Instant::now();
+                let p = m.partition();
+                if !open.contains(&p) {
+                    continue;
+                }
+                let end = ends[&p];
+                if m.offset() >= end {
+                    open.remove(&p);
+                    continue;
+                }
+                read += 1;
+                bar.inc(1);
+                f(((p as u64) << 48) | m.offset() as u64, m.key(), m.payload())?;
+                if m.offset() + 1 >= end {
+                    open.remove(&p);
+                }
+            }
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                last_record = Instant::now();
+                open.remove(&p);
+            }
+            Some(Err(e)) => return Err(e).with_context(|| format!("reading {topic}")),
+        }
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
+
+/// The examples behind `(hash, places)`: each record read again at its first place, its id
+/// taken after `transforms`.
+pub(super) async fn resolve(
+    cluster: &Cluster,
+    topic: &str,
+    id: &str,
+    transforms: &[Transform],
+    list: Vec<(u128, Vec<u64>)>,
+) -> Result<Vec<Example>> {
+    if list.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (cluster, topic, id, transforms) = (cluster.clone(), topic.to_owned(), id.to_owned(), transforms.to_vec());
+    tokio::task::spawn_blocking(move || -> Result<Vec<Example>> {
+        let c = consumer(&cluster)?;
+        let mut out = Vec::new();
+        for (_, locs) in list {
+            let first = locs[0];
+            let (p, offset) = ((first >> 48) as i32, (first & ((1 << 48) - 1)) as i64);
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(&topic, p, Offset::Offset(offset))?;
+            c.assign(&tpl)?;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut id_found = None;
+            while Instant::now() < deadline {
+                match c.poll(Duration::from_millis(200)) {
+                    Some(Ok(m)) if m.partition() == p && m.offset() == offset => {
+                        let mut key = m.key().map(<[u8]>::to_vec);
+                        id_found = m
+                            .payload()
+                            .and_then(|b| serde_json::from_slice::<Value>(b).ok())
+                            .and_then(|mut v| {
+                                transforms.iter().all(|t| t.apply(&mut v, &mut key)).then_some(v)
+                            })
+                            .and_then(|v| super::field(&v, &id).map(super::id_text));
+                        break;
+                    }
+                    Some(Ok(m)) if m.offset() > offset => break,
+                    _ => {}
+                }
+            }
+            out.push(Example {
+                id: id_found.unwrap_or_else(|| "(could not be read again)".into()),
+                at: locs.iter().take(5).map(|l| place(&topic, *l)).collect(),
+            });
+        }
+        Ok(out)
+    })
+    .await?
+}
+
+/// Reads column `id` of every row of `table`, calling `f(row number, id)`; returns the rows and
+/// those whose id is NULL.
+pub(super) async fn read_table(
+    url: &str,
+    password_file: Option<&std::path::Path>,
+    table: &str,
+    id: &str,
+    mut f: impl FnMut(u64, &str) -> Result<()>,
+) -> Result<(u64, u64)> {
+    let plain = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$');
+    if !plain(table) || !plain(id) {
+        bail!("{table:?}.{id:?}: table and column names of letters, digits, '_' and '$' only");
+    }
+    let mut conn = exactly_mysql_sink::connect_url(url, password_file).await?;
+    let sql = format!("SELECT CAST(`{id}` AS CHAR) FROM `{table}`");
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    bar.set_style(ProgressStyle::with_template("reading table {prefix}: {pos} rows ({per_sec})").expect("a valid template"));
+    bar.set_prefix(table.to_owned());
+    let mut rows = sqlx::query(&sql).fetch(&mut conn);
+    let (mut n, mut null) = (0u64, 0u64);
+    while let Some(row) = rows.try_next().await.with_context(|| format!("reading table {table}"))? {
+        let v: Option<String> = row.try_get(0).with_context(|| format!("reading column {id} of {table}"))?;
+        match v {
+            Some(v) => f(n, &v)?,
+            None => null += 1,
+        }
+        n += 1;
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok((n, null))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_parse_and_print() {
+        let r = parse_source("orders").unwrap();
+        assert_eq!((r.from, r.to), (Bound::Start, Bound::End));
+        assert_eq!(r.to_string(), "orders");
+        let r = parse_source("orders:100..200").unwrap();
+        assert_eq!((r.from, r.to), (Bound::Offset(100), Bound::Offset(200)));
+        assert_eq!(r.to_string(), "orders:100..200");
+        let r = parse_source("orders:..200").unwrap();
+        assert_eq!((r.from, r.to), (Bound::Start, Bound::Offset(200)));
+        let r = parse_source("orders:2026-12-01T10:00:00Z..").unwrap();
+        assert_eq!(r.from, Bound::Time(1_796_119_200_000));
+        assert_eq!(r.to, Bound::End);
+        assert!(parse_source("orders:abc..").is_err());
+        assert!(parse_source("orders:100").is_err());
+        assert!(parse_source(":1..2").is_err());
+        assert_eq!(place("t", (2 << 48) | 17), "t-2@17");
+    }
+}
