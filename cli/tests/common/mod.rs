@@ -279,9 +279,14 @@ pub struct OrderFeeder {
 impl OrderFeeder {
     /// Starts feeding `topic`.
     pub fn start(env: &TestEnv, topic: &str, batch: u64, pause: Duration) -> OrderFeeder {
+        Self::start_at(env, topic, 0, batch, pause)
+    }
+
+    /// Starts feeding `topic` with order `first` (`finish` then returns the next id to feed).
+    pub fn start_at(env: &TestEnv, topic: &str, first: u64, batch: u64, pause: Duration) -> OrderFeeder {
         use std::sync::atomic::Ordering;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let produced = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let produced = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(first));
         let (env, topic, flag, count) = (env.clone(), topic.to_owned(), stop.clone(), produced.clone());
         let handle = std::thread::spawn(move || -> Result<()> {
             let mut feed = exactly_integration_tests::Feed::new(&env)?;
@@ -305,7 +310,7 @@ impl OrderFeeder {
         OrderFeeder { stop, produced, handle }
     }
 
-    /// Stops feeding; returns how many order ids were produced.
+    /// Stops feeding; returns the next order id (how many were produced when started at 0).
     pub fn finish(self) -> Result<u64> {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
         self.handle.join().map_err(|_| anyhow::anyhow!("feeder panicked"))??;
