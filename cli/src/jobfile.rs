@@ -364,25 +364,39 @@ impl Job {
             }
             file.source.security = security.clone();
         }
-        let entries: Vec<(String, String, Vec<Transform>, Option<KafkaSinkConfig>, Option<MysqlSinkConfig>)> =
-            match &file.sink {
-                Sinks::One(one) => vec![(String::new(), "sink".into(), Vec::new(), one.kafka.clone(), one.mysql.clone())],
-                Sinks::Many(list) => list
-                    .iter()
-                    .enumerate()
-                    .map(|(i, n)| {
-                        (
-                            n.name.clone(),
-                            format!("sink[{i}]"),
-                            n.transforms.clone(),
-                            n.kafka.clone(),
-                            n.mysql.clone(),
-                        )
-                    })
-                    .collect(),
-            };
+        let entries: Vec<(
+            String,
+            String,
+            Vec<Transform>,
+            Option<KafkaSinkConfig>,
+            Option<MysqlSinkConfig>,
+        )> = match &file.sink {
+            Sinks::One(one) => vec![(
+                String::new(),
+                "sink".into(),
+                Vec::new(),
+                one.kafka.clone(),
+                one.mysql.clone(),
+            )],
+            Sinks::Many(list) => list
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    (
+                        n.name.clone(),
+                        format!("sink[{i}]"),
+                        n.transforms.clone(),
+                        n.kafka.clone(),
+                        n.mysql.clone(),
+                    )
+                })
+                .collect(),
+        };
         if entries.is_empty() {
-            return Err(err("sink", "no sink: add a [sink.kafka] or a [sink.mysql] table, or [[sink]] entries".into()));
+            return Err(err(
+                "sink",
+                "no sink: add a [sink.kafka] or a [sink.mysql] table, or [[sink]] entries".into(),
+            ));
         }
         let mut sinks = Vec::new();
         for (name, at, transforms, kafka, mysql) in entries {
@@ -406,7 +420,9 @@ impl Job {
                         &at,
                         match &file.sink {
                             Sinks::One(_) => "no sink: add a [sink.kafka] or a [sink.mysql] table".into(),
-                            Sinks::Many(_) => "no sink: give this [[sink]] entry a [sink.kafka] or a [sink.mysql] table".into(),
+                            Sinks::Many(_) => {
+                                "no sink: give this [[sink]] entry a [sink.kafka] or a [sink.mysql] table".into()
+                            }
                         },
                     ))
                 }
@@ -481,7 +497,9 @@ impl Job {
             if matches!(file.sink, Sinks::Many(_)) {
                 let ok = !s.name.is_empty()
                     && s.name.len() <= 64
-                    && s.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+                    && s.name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
                 if !ok {
                     return Err(err(
                         &format!("{at}.name"),
@@ -491,7 +509,10 @@ impl Job {
                 if s.name == "kafka-source" || !names.insert(s.name.clone()) {
                     return Err(err(
                         &format!("{at}.name"),
-                        format!("{:?} names another operator of the job: give every sink its own name", s.name),
+                        format!(
+                            "{:?} names another operator of the job: give every sink its own name",
+                            s.name
+                        ),
                     ));
                 }
             }
@@ -506,7 +527,8 @@ impl Job {
                         return Err(err(&format!("{at}.kafka"), e.to_string()));
                     }
                     if let DeliveryGuarantee::ExactlyOnce {
-                        transactional_id_prefix, ..
+                        transactional_id_prefix,
+                        ..
                     } = &k.delivery
                     {
                         if let Some(other) = prefixes.insert(transactional_id_prefix.clone(), at.clone()) {
@@ -718,7 +740,10 @@ delivery = { type = "exactly_once", transactional_id_prefix = "orders" }
         assert_eq!(job.file.job.parallelism, 2);
         assert_eq!(job.file.transforms.len(), 2);
         assert!(matches!(job.sinks[0].kind, SinkKind::Kafka(_)));
-        assert_eq!(job.sinks[0].name, "kafka-sink", "a job's only sink keeps the uid it always had");
+        assert_eq!(
+            job.sinks[0].name, "kafka-sink",
+            "a job's only sink keeps the uid it always had"
+        );
     }
 
     #[test]
@@ -807,10 +832,17 @@ mapping = {{ format = {{ type = "json" }}, columns = [{{ name = "id", type = "bi
         assert_eq!(e.field.as_deref(), Some("sink[1].name"), "{e}");
         assert_eq!(e.line, Some(line(&two, "name = \"table\"")), "{e}");
         let kafka_tail = two.split("[[sink]]").nth(1).unwrap();
-        let twice = format!("{head}[[sink]]{kafka_tail}[[sink]]{}", kafka_tail.replace("\"paid\"", "\"paid2\""));
+        let twice = format!(
+            "{head}[[sink]]{kafka_tail}[[sink]]{}",
+            kafka_tail.replace("\"paid\"", "\"paid2\"")
+        );
         let e = parse(&twice).unwrap_err();
         assert!(e.message.contains("needs its own"), "{e}");
-        assert_eq!(e.field.as_deref(), Some("sink[1].kafka.delivery.transactional_id_prefix"), "{e}");
+        assert_eq!(
+            e.field.as_deref(),
+            Some("sink[1].kafka.delivery.transactional_id_prefix"),
+            "{e}"
+        );
         // A bad name; a sink's own transform; an entry without a kind; errors inside an entry
         // keep their line.
         let e = parse(&two.replace("name = \"table\"", "name = \"a table\"")).unwrap_err();

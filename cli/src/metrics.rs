@@ -173,7 +173,10 @@ impl Registry {
 
     /// Registers (or replaces) the transaction metrics of subtask `index` of sink `name`.
     pub fn sink(&self, name: &str, index: u32, m: Arc<TwoPhaseMetrics>) {
-        self.sinks.lock().expect("not poisoned").insert((name.to_owned(), index), m);
+        self.sinks
+            .lock()
+            .expect("not poisoned")
+            .insert((name.to_owned(), index), m);
     }
 
     /// The counter of records handed to sink `name` (created on first use; listed in the status

@@ -359,7 +359,9 @@ fn attach_sink(stream: Stream<Prepared>, sink: &JobSink, registry: &Arc<Registry
                         return Ok(());
                     }
                 }
-                r.value = Some(serde_json::to_vec(&v).map_err(|e| CoreError::operator("sink transforms", ErrorClass::Fatal, e))?);
+                r.value = Some(
+                    serde_json::to_vec(&v).map_err(|e| CoreError::operator("sink transforms", ErrorClass::Fatal, e))?,
+                );
             }
         }
         counter.fetch_add(1, Ordering::Relaxed);

@@ -13,7 +13,10 @@ use exactly_integration_tests::{connect_mysql, create_topic, execute, produce, u
 use serde_json::{json, Value};
 
 fn rec(id: u64, key: &str, seq: u64) -> (String, String) {
-    (key.to_owned(), json!({"id": id, "key": key, "seq": seq, "status": if id % 2 == 0 { "paid" } else { "open" }}).to_string())
+    (
+        key.to_owned(),
+        json!({"id": id, "key": key, "seq": seq, "status": if id % 2 == 0 { "paid" } else { "open" }}).to_string(),
+    )
 }
 
 /// Runs `exactly verify ARGS --json`; returns the exit code and the report.
@@ -58,17 +61,43 @@ async fn verify_reports_lost_duplicated_foreign_and_out_of_order_records() -> Re
     bad_records.push(rec(13, "k3", 2));
     produce(env, &bad, &bad_records)?;
 
-    let (code, r) = verify(env, &["--source", &input, "--output", &good, "--id", "id", "--key", "key", "--order", "seq"])?;
+    let (code, r) = verify(
+        env,
+        &[
+            "--source", &input, "--output", &good, "--id", "id", "--key", "key", "--order", "seq",
+        ],
+    )?;
     assert_eq!(code, 0, "{r:#}");
     assert_eq!(
-        (r["input_records"].as_u64(), r["expected"].as_u64(), r["output_records"].as_u64()),
+        (
+            r["input_records"].as_u64(),
+            r["expected"].as_u64(),
+            r["output_records"].as_u64()
+        ),
         (Some(100), Some(100), Some(100)),
         "{r:#}"
     );
-    assert_eq!((r["lost"].as_u64(), r["duplicated"].as_u64(), r["out_of_order"].as_u64()), (Some(0), Some(0), Some(0)));
+    assert_eq!(
+        (r["lost"].as_u64(), r["duplicated"].as_u64(), r["out_of_order"].as_u64()),
+        (Some(0), Some(0), Some(0))
+    );
     assert_eq!(r["exactly_once"], true);
 
-    let (code, r) = verify(env, &["--source", &input, "--output", &format!("topic:{bad}"), "--id", "id", "--key", "key", "--order", "seq"])?;
+    let (code, r) = verify(
+        env,
+        &[
+            "--source",
+            &input,
+            "--output",
+            &format!("topic:{bad}"),
+            "--id",
+            "id",
+            "--key",
+            "key",
+            "--order",
+            "seq",
+        ],
+    )?;
     assert_eq!(code, 1, "{r:#}");
     assert_eq!(r["lost"].as_u64(), Some(1), "{r:#}");
     assert_eq!(r["duplicated"].as_u64(), Some(1), "{r:#}");
@@ -76,13 +105,20 @@ async fn verify_reports_lost_duplicated_foreign_and_out_of_order_records() -> Re
     assert_eq!(r["out_of_order"].as_u64(), Some(1), "{r:#}");
     assert_eq!(r["lost_examples"][0]["id"], "7", "{r:#}");
     assert_eq!(r["duplicated_examples"][0]["id"], "8", "{r:#}");
-    assert_eq!(r["duplicated_examples"][0]["at"].as_array().map(Vec::len), Some(2), "{r:#}");
+    assert_eq!(
+        r["duplicated_examples"][0]["at"].as_array().map(Vec::len),
+        Some(2),
+        "{r:#}"
+    );
     assert_eq!(r["outside_examples"][0]["id"], "1000", "{r:#}");
     assert_eq!(r["out_of_order_examples"][0]["id"], "13", "{r:#}");
     assert_eq!(r["exactly_once"], false);
 
     // A range of the input: offsets 0..10 of each partition.
-    let (code, r) = verify(env, &["--source", &format!("{input}:0..10"), "--output", &good, "--id", "id"])?;
+    let (code, r) = verify(
+        env,
+        &["--source", &format!("{input}:0..10"), "--output", &good, "--id", "id"],
+    )?;
     assert_eq!(code, 0, "outside the range is not a failure: {r:#}");
     assert_eq!(r["input_records"].as_u64(), Some(20), "{r:#}");
     assert_eq!(r["outside_input"].as_u64(), Some(80), "{r:#}");
@@ -90,11 +126,21 @@ async fn verify_reports_lost_duplicated_foreign_and_out_of_order_records() -> Re
     // A table: the good rows, then a duplicate row.
     let table = unique("verify").replace('-', "_");
     let mut sql = connect_mysql(env).await?;
-    execute(&mut sql, &format!("CREATE TABLE `{table}` (id BIGINT NOT NULL, status VARCHAR(16))")).await?;
-    let values: Vec<String> = (0..100).filter(|i| i % 2 == 0).map(|i| format!("({i}, 'paid')")).collect();
+    execute(
+        &mut sql,
+        &format!("CREATE TABLE `{table}` (id BIGINT NOT NULL, status VARCHAR(16))"),
+    )
+    .await?;
+    let values: Vec<String> = (0..100)
+        .filter(|i| i % 2 == 0)
+        .map(|i| format!("({i}, 'paid')"))
+        .collect();
     execute(&mut sql, &format!("INSERT INTO `{table}` VALUES {}", values.join(","))).await?;
     // Without the job's filter, the open orders count as lost.
-    let (code, r) = verify(env, &["--source", &input, "--output", &format!("mysql:{table}"), "--id", "id"])?;
+    let (code, r) = verify(
+        env,
+        &["--source", &input, "--output", &format!("mysql:{table}"), "--id", "id"],
+    )?;
     assert_eq!((code, r["lost"].as_u64()), (1, Some(50)), "{r:#}");
     // With a job whose filter keeps paid orders: exactly once.
     let dir = tempfile::tempdir()?;
@@ -128,20 +174,59 @@ mapping = {{ format = {{ type = "json" }}, columns = [{{ name = "id", type = "bi
         ),
     )?;
     let job = job.display().to_string();
-    let (code, r) = verify(env, &["--source", &input, "--output", &format!("mysql:{table}"), "--id", "id", "--job", &job])?;
+    let (code, r) = verify(
+        env,
+        &[
+            "--source",
+            &input,
+            "--output",
+            &format!("mysql:{table}"),
+            "--id",
+            "id",
+            "--job",
+            &job,
+        ],
+    )?;
     assert_eq!(code, 0, "{r:#}");
-    assert_eq!((r["expected"].as_u64(), r["filtered"].as_u64()), (Some(50), Some(50)), "{r:#}");
+    assert_eq!(
+        (r["expected"].as_u64(), r["filtered"].as_u64()),
+        (Some(50), Some(50)),
+        "{r:#}"
+    );
     execute(&mut sql, &format!("INSERT INTO `{table}` VALUES (42, 'paid')")).await?;
-    let (code, r) = verify(env, &["--source", &input, "--output", &format!("mysql:{table}"), "--id", "id", "--job", &job])?;
+    let (code, r) = verify(
+        env,
+        &[
+            "--source",
+            &input,
+            "--output",
+            &format!("mysql:{table}"),
+            "--id",
+            "id",
+            "--job",
+            &job,
+        ],
+    )?;
     assert_eq!((code, r["duplicated"].as_u64()), (1, Some(1)), "{r:#}");
     assert_eq!(r["duplicated_examples"][0]["id"], "42", "{r:#}");
 
     // Bad arguments: exit status 2 and a message.
     let out = Command::new(exactly())
-        .args(["verify", "--source", "no-such-topic-here", "--output", &good, "--id", "id"])
+        .args([
+            "verify",
+            "--source",
+            "no-such-topic-here",
+            "--output",
+            &good,
+            "--id",
+            "id",
+        ])
         .args(["--bootstrap-servers", &env.kafka_bootstrap])
         .output()?;
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no-such-topic-here"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no-such-topic-here"),
+        "{out:?}"
+    );
     Ok(())
 }

@@ -232,7 +232,10 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
     let job = from_job(&args)?;
     let cluster = match (&args.kafka_config, &args.bootstrap, &job.bootstrap) {
         (Some(file), bootstrap, from_job) => {
-            let b = bootstrap.clone().or(from_job.clone()).context("--bootstrap-servers is required")?;
+            let b = bootstrap
+                .clone()
+                .or(from_job.clone())
+                .context("--bootstrap-servers is required")?;
             crate::txn::cluster(&b, Some(file))?
         }
         (None, Some(b), _) => match &job.security {
@@ -379,11 +382,13 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
                 .or_else(|| job.mysql.as_ref().map(|m| m.url.clone()))
                 .context("--mysql-url is required (or --job, whose MySQL sink names it)")?;
             let password_file = job.mysql.as_ref().and_then(|m| m.password_file.clone());
-            let (n, unreadable) =
-                read::read_table(&url, password_file.as_deref(), table, &args.id, |row, id| {
-                    output.push(Entry { hash: hash(id), loc: row })
+            let (n, unreadable) = read::read_table(&url, password_file.as_deref(), table, &args.id, |row, id| {
+                output.push(Entry {
+                    hash: hash(id),
+                    loc: row,
                 })
-                .await?;
+            })
+            .await?;
             report.output_records = n;
             report.output_unreadable = unreadable;
         }
@@ -534,8 +539,8 @@ pub fn print(r: &Report) {
         "  output: {} records read ({} without a readable id)",
         r.output_records, r.output_unreadable
     );
-    println!("  lost:        {}", r.lost);
-    println!("  duplicated:  {}", r.duplicated);
+    println!("  lost:         {}", r.lost);
+    println!("  duplicated:   {}", r.duplicated);
     println!("  not in input: {}", r.outside_input);
     if let Some(n) = r.out_of_order {
         println!("  out of order: {n}");
@@ -551,7 +556,10 @@ pub fn print(r: &Report) {
     show("lost, for example", &r.lost_examples);
     show("duplicated, for example", &r.duplicated_examples);
     show("not in input, for example", &r.outside_examples);
-    show("out of order, for example (earlier record, then this one)", &r.out_of_order_examples);
+    show(
+        "out of order, for example (earlier record, then this one)",
+        &r.out_of_order_examples,
+    );
     if r.exactly_once {
         println!("EXACTLY ONCE: every expected record is in the output once.");
     } else {

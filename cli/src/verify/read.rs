@@ -47,7 +47,9 @@ impl std::fmt::Display for SourceRange {
         let b = |b: Bound| match b {
             Bound::Start | Bound::End => String::new(),
             Bound::Offset(o) => o.to_string(),
-            Bound::Time(t) => humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(t as u64)).to_string(),
+            Bound::Time(t) => {
+                humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(t as u64)).to_string()
+            }
         };
         write!(f, "{}", self.topic)?;
         if (self.from, self.to) != (Bound::Start, Bound::End) {
@@ -93,7 +95,9 @@ pub fn parse_source(s: &str) -> Result<SourceRange, String> {
         }
         let t = humantime::parse_rfc3339_weak(x)
             .map_err(|e| format!("{x:?} is neither an offset nor an RFC 3339 time ({e})"))?;
-        let ms = t.duration_since(UNIX_EPOCH).map_err(|_| format!("{x:?}: before 1970"))?;
+        let ms = t
+            .duration_since(UNIX_EPOCH)
+            .map_err(|_| format!("{x:?}: before 1970"))?;
         Ok(Bound::Time(ms.as_millis() as i64))
     };
     out.from = bound(a, Bound::Start)?;
@@ -117,7 +121,13 @@ fn consumer(cluster: &Cluster) -> Result<BaseConsumer> {
 }
 
 /// Offsets of `topic`'s partitions at or after `ms` (the end when none).
-fn offsets_at(c: &BaseConsumer, topic: &str, parts: &[i32], ms: i64, ends: &BTreeMap<i32, i64>) -> Result<BTreeMap<i32, i64>> {
+fn offsets_at(
+    c: &BaseConsumer,
+    topic: &str,
+    parts: &[i32],
+    ms: i64,
+    ends: &BTreeMap<i32, i64>,
+) -> Result<BTreeMap<i32, i64>> {
     let mut tpl = TopicPartitionList::new();
     for p in parts {
         tpl.add_partition_offset(topic, *p, Offset::Offset(ms))?;
@@ -288,9 +298,7 @@ pub(super) async fn resolve(
                         id_found = m
                             .payload()
                             .and_then(|b| serde_json::from_slice::<Value>(b).ok())
-                            .and_then(|mut v| {
-                                transforms.iter().all(|t| t.apply(&mut v, &mut key)).then_some(v)
-                            })
+                            .and_then(|mut v| transforms.iter().all(|t| t.apply(&mut v, &mut key)).then_some(v))
                             .and_then(|v| super::field(&v, &id).map(super::id_text));
                         break;
                     }
@@ -324,12 +332,20 @@ pub(super) async fn read_table(
     let mut conn = exactly_mysql_sink::connect_url(url, password_file).await?;
     let sql = format!("SELECT CAST(`{id}` AS CHAR) FROM `{table}`");
     let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-    bar.set_style(ProgressStyle::with_template("reading table {prefix}: {pos} rows ({per_sec})").expect("a valid template"));
+    bar.set_style(
+        ProgressStyle::with_template("reading table {prefix}: {pos} rows ({per_sec})").expect("a valid template"),
+    );
     bar.set_prefix(table.to_owned());
     let mut rows = sqlx::query(&sql).fetch(&mut conn);
     let (mut n, mut null) = (0u64, 0u64);
-    while let Some(row) = rows.try_next().await.with_context(|| format!("reading table {table}"))? {
-        let v: Option<String> = row.try_get(0).with_context(|| format!("reading column {id} of {table}"))?;
+    while let Some(row) = rows
+        .try_next()
+        .await
+        .with_context(|| format!("reading table {table}"))?
+    {
+        let v: Option<String> = row
+            .try_get(0)
+            .with_context(|| format!("reading column {id} of {table}"))?;
         match v {
             Some(v) => f(n, &v)?,
             None => null += 1,

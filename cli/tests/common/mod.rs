@@ -161,6 +161,22 @@ pub fn example(name: &str, dir: &Path, env: &TestEnv, replace: &[(&str, String)]
     Ok(out)
 }
 
+/// `exactly verify ARGS` (text report on stdout); returns its exit code and the report.
+pub fn verify_report(args: &[&str]) -> Result<(i32, String)> {
+    let out = std::process::Command::new(exactly())
+        .arg("verify")
+        .args(args)
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.code() == Some(2) {
+        bail!(
+            "exactly verify {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok((out.status.code().unwrap_or(-1), text))
+}
+
 /// Polls `f` every 200 ms until it holds; fails after `timeout` naming `what`.
 pub fn wait(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
     let deadline = Instant::now() + timeout;
@@ -173,8 +189,9 @@ pub fn wait(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<bool>) 
     Ok(())
 }
 
-/// The two example job files (`examples/orders-k2k.toml`, `examples/orders-k2m.toml`) rewritten
-/// for one run: its own topics (created), table, directories, admin ports and ids.
+/// The example job files (`examples/orders-k2k.toml`, `examples/orders-k2m.toml`,
+/// `examples/orders-fan-out.toml`) rewritten for one run: its own topics (created), tables,
+/// directories, admin ports and ids.
 #[derive(Clone)]
 pub struct Examples {
     pub k2k: PathBuf,
@@ -187,6 +204,12 @@ pub struct Examples {
     pub dlq: String,
     /// The Kafka-to-MySQL job's table (made here without a primary key).
     pub table: String,
+    /// The fan-out job (`examples/orders-fan-out.toml`): paid orders to `fan_paid`, every order
+    /// to `fan_table` (made here without a primary key).
+    pub fan_out: PathBuf,
+    pub fan_out_port: u16,
+    pub fan_paid: String,
+    pub fan_table: String,
 }
 
 impl Examples {
@@ -197,19 +220,24 @@ impl Examples {
         for t in [&orders, &paid, &dlq] {
             exactly_integration_tests::create_topic(env, t, 3).await?;
         }
+        let fan_paid = format!("{run}-fan-paid");
+        exactly_integration_tests::create_topic(env, &fan_paid, 3).await?;
         let table = run.replace('-', "_");
+        let fan_table = format!("{table}_fan");
         // The job would create the table with its key column `id` as primary key; created here
         // without one, a duplicate shows as a second row instead of an insert error.
         let mut sql = exactly_integration_tests::connect_mysql(env).await?;
-        exactly_integration_tests::execute(
-            &mut sql,
-            &format!(
-                "CREATE TABLE `{table}` (`id` BIGINT NOT NULL, `customer` VARCHAR(64) NOT NULL, \
-                 `amount` DOUBLE NOT NULL, `status` VARCHAR(16) NOT NULL) ENGINE=InnoDB"
-            ),
-        )
-        .await?;
-        let (k2k_port, k2m_port) = (free_port(), free_port());
+        for t in [&table, &fan_table] {
+            exactly_integration_tests::execute(
+                &mut sql,
+                &format!(
+                    "CREATE TABLE `{t}` (`id` BIGINT NOT NULL, `customer` VARCHAR(64) NOT NULL, \
+                     `amount` DOUBLE NOT NULL, `status` VARCHAR(16) NOT NULL) ENGINE=InnoDB"
+                ),
+            )
+            .await?;
+        }
+        let (k2k_port, k2m_port, fan_out_port) = (free_port(), free_port(), free_port());
         let k2k = example(
             "orders-k2k.toml",
             dir,
@@ -240,6 +268,24 @@ impl Examples {
                 ("group_id = \"orders-k2m\"", format!("group_id = \"{run}-k2m\"")),
             ],
         )?;
+        let fan_out = example(
+            "orders-fan-out.toml",
+            dir,
+            env,
+            &[
+                ("topics = [\"orders\"]", format!("topics = [\"{orders}\"]")),
+                ("topic = \"paid-orders\"", format!("topic = \"{fan_paid}\"")),
+                ("table = \"orders_all\"", format!("table = \"{fan_table}\"")),
+                ("/tmp/exactly/orders-fan-out", dir.join("fan-out").display().to_string()),
+                ("127.0.0.1:9251", format!("127.0.0.1:{fan_out_port}")),
+                (
+                    "transactional_id_prefix = \"orders-fan-out\"",
+                    format!("transactional_id_prefix = \"{run}-fan\""),
+                ),
+                ("job_id = \"orders-fan-out\"", format!("job_id = \"{run}-fan\"")),
+                ("group_id = \"orders-fan-out\"", format!("group_id = \"{run}-fan\"")),
+            ],
+        )?;
         Ok(Examples {
             k2k,
             k2m,
@@ -249,6 +295,10 @@ impl Examples {
             paid,
             dlq,
             table,
+            fan_out,
+            fan_out_port,
+            fan_paid,
+            fan_table,
         })
     }
 }
