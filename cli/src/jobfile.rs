@@ -115,7 +115,7 @@ pub struct NamedSink {
 #[derive(Debug, Clone)]
 pub enum Sinks {
     /// `[sink.kafka]` or `[sink.mysql]`.
-    One(SinkSection),
+    One(Box<SinkSection>),
     /// `[[sink]]` entries.
     Many(Vec<NamedSink>),
 }
@@ -129,7 +129,7 @@ fn sinks<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Sinks, D::Error> {
             f.write_str("a [sink.kafka] or [sink.mysql] table, or [[sink]] entries")
         }
         fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Sinks, A::Error> {
-            SinkSection::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Sinks::One)
+            SinkSection::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(|s| Sinks::One(Box::new(s)))
         }
         fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Sinks, A::Error> {
             Vec::<NamedSink>::deserialize(serde::de::value::SeqAccessDeserializer::new(seq)).map(Sinks::Many)
@@ -364,32 +364,21 @@ impl Job {
             }
             file.source.security = security.clone();
         }
-        let entries: Vec<(
-            String,
-            String,
-            Vec<Transform>,
-            Option<KafkaSinkConfig>,
-            Option<MysqlSinkConfig>,
-        )> = match &file.sink {
+        // (where in the file, the entry); a job's only sink is an entry without a name.
+        let entries: Vec<(String, NamedSink)> = match &file.sink {
             Sinks::One(one) => vec![(
-                String::new(),
                 "sink".into(),
-                Vec::new(),
-                one.kafka.clone(),
-                one.mysql.clone(),
+                NamedSink {
+                    name: String::new(),
+                    transforms: Vec::new(),
+                    kafka: one.kafka.clone(),
+                    mysql: one.mysql.clone(),
+                },
             )],
             Sinks::Many(list) => list
                 .iter()
                 .enumerate()
-                .map(|(i, n)| {
-                    (
-                        n.name.clone(),
-                        format!("sink[{i}]"),
-                        n.transforms.clone(),
-                        n.kafka.clone(),
-                        n.mysql.clone(),
-                    )
-                })
+                .map(|(i, n)| (format!("sink[{i}]"), n.clone()))
                 .collect(),
         };
         if entries.is_empty() {
@@ -399,7 +388,16 @@ impl Job {
             ));
         }
         let mut sinks = Vec::new();
-        for (name, at, transforms, kafka, mysql) in entries {
+        for (
+            at,
+            NamedSink {
+                name,
+                transforms,
+                kafka,
+                mysql,
+            },
+        ) in entries
+        {
             let kind = match (kafka, mysql) {
                 (Some(mut k), None) => {
                     // One place for the security settings: [kafka] reaches every Kafka sink.

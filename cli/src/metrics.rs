@@ -513,6 +513,8 @@ mod tests {
     fn prometheus_text_has_help_type_and_labelled_samples() {
         let r = Registry::new("orders \"eu\"", 2, "all".into());
         r.retired_read.store(5, Ordering::Relaxed);
+        r.sink_records("paid-orders").fetch_add(3, Ordering::Relaxed);
+        r.sink("orders-table", 1, Arc::default());
         let text = prometheus(&r.status());
         assert!(text.contains("# TYPE exactly_records_in_total counter"), "{text}");
         assert!(
@@ -523,6 +525,17 @@ mod tests {
             text.contains("exactly_checkpoints_total{job=\"orders \\\"eu\\\"\",result=\"completed\"} 0\n"),
             "{text}"
         );
+        // Each sink's figures carry its name.
+        assert!(
+            text.contains("exactly_sink_records_total{job=\"orders \\\"eu\\\"\",sink=\"paid-orders\"} 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("exactly_sink_commits_total{job=\"orders \\\"eu\\\"\",sink=\"orders-table\"} 0\n"),
+            "{text}"
+        );
+        let names: Vec<_> = r.status().sinks.iter().map(|s| s.name.clone()).collect();
+        assert_eq!(names, ["orders-table", "paid-orders"]);
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let (_, value) = line.rsplit_once(' ').unwrap();
             value.parse::<f64>().unwrap();

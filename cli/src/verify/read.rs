@@ -8,9 +8,11 @@ use anyhow::{bail, Context, Result};
 use exactly_kafka_client::Cluster;
 use futures_util::TryStreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value;
 use sqlx::Row;
@@ -110,19 +112,39 @@ pub(super) fn place(topic: &str, loc: u64) -> String {
     format!("{topic}-{}@{}", loc >> 48, loc & ((1 << 48) - 1))
 }
 
-fn consumer(cluster: &Cluster) -> Result<BaseConsumer> {
+/// Logs librdkafka's errors as the default context does, except the end of a partition: the
+/// reader asks for it (`enable.partition.eof`), it is no error here.
+struct Quiet;
+
+impl ClientContext for Quiet {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() != Some(RDKafkaErrorCode::PartitionEOF) {
+            tracing::error!("librdkafka: {error}: {reason}");
+        }
+    }
+}
+
+impl ConsumerContext for Quiet {}
+
+type Reader = BaseConsumer<Quiet>;
+
+fn consumer(cluster: &Cluster) -> Result<Reader> {
     let mut c = cluster.client_config().map_err(anyhow::Error::msg)?;
     c.set("group.id", format!("exactly-verify-{}", uuid::Uuid::new_v4()))
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
         .set("isolation.level", "read_committed")
-        .set("auto.offset.reset", "earliest");
-    c.create().context("creating the verifying consumer")
+        .set("auto.offset.reset", "earliest")
+        // Bounded memory: librdkafka's prefetch queue would otherwise hold up to 64 MB per
+        // partition.
+        .set("queued.max.messages.kbytes", "16384")
+        .set("fetch.max.bytes", "8388608");
+    c.create_with_context(Quiet).context("creating the verifying consumer")
 }
 
 /// Offsets of `topic`'s partitions at or after `ms` (the end when none).
 fn offsets_at(
-    c: &BaseConsumer,
+    c: &Reader,
     topic: &str,
     parts: &[i32],
     ms: i64,
@@ -176,7 +198,7 @@ pub(super) fn read_topic(
         bail!("{topic}: no such topic");
     };
     if let Some(e) = t.error() {
-        bail!("{topic}: {:?}", rdkafka::types::RDKafkaRespErr::from(e));
+        bail!("{topic}: {}", RDKafkaErrorCode::from(e));
     }
     let parts: Vec<i32> = t.partitions().iter().map(|p| p.id()).collect();
     if parts.is_empty() {
