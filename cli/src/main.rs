@@ -136,7 +136,8 @@ enum Command {
         /// The output: topic:NAME, mysql:TABLE, or a topic name.
         #[arg(long, value_parser = exactly_cli::verify::parse_output)]
         output: exactly_cli::verify::Output,
-        /// The field identifying a record (dots for nested fields; for a table, the column).
+        /// The field identifying a record (dots for nested fields; for a table, the column), or
+        /// @key / @value: the record's key or value as it is.
         #[arg(long)]
         id: String,
         /// Check the order per key: the key field...
@@ -152,14 +153,15 @@ enum Command {
         /// The job's sink the output belongs to (when the job has several).
         #[arg(long, requires = "job")]
         sink: Option<String>,
-        /// Kafka bootstrap servers (default: the job's source).
-        #[arg(long, env = "EXACTLY_KAFKA_BOOTSTRAP")]
+        /// Kafka bootstrap servers (default: the job's source, reached with the job's [kafka]
+        /// settings; named here, they are reached in plaintext unless --kafka-config says more).
+        #[arg(long)]
         bootstrap_servers: Option<String>,
         /// TLS/SASL settings: a TOML file with a [kafka] table, or a job file.
         #[arg(long)]
         kafka_config: Option<PathBuf>,
         /// MySQL URL of a table output (default: the job's MySQL sink).
-        #[arg(long, env = "EXACTLY_MYSQL_URL")]
+        #[arg(long)]
         mysql_url: Option<String>,
         /// Examples shown per kind of problem.
         #[arg(long, default_value_t = 5)]

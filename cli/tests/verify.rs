@@ -25,7 +25,7 @@ fn verify(env: &TestEnv, args: &[&str]) -> Result<(i32, Value)> {
         .arg("verify")
         .args(args)
         .args(["--bootstrap-servers", &env.kafka_bootstrap, "--json"])
-        .env("EXACTLY_MYSQL_URL", &env.mysql_url)
+        .args(["--mysql-url", &env.mysql_url])
         .output()?;
     let code = out.status.code().unwrap_or(-1);
     let stdout = String::from_utf8_lossy(&out.stdout);

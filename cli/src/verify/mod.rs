@@ -166,8 +166,13 @@ fn field<'v>(v: &'v Value, path: &str) -> Option<&'v Value> {
 /// from the job when the flags do not give them.
 struct FromJob {
     transforms: Vec<Transform>,
+    /// A MySQL sink whose records are delimited text: its mapping, to read the id column from
+    /// the input as the sink does.
+    columns: Option<exactly_mysql_sink::Mapping>,
     bootstrap: Option<String>,
     security: Option<exactly_kafka_client::KafkaSecurity>,
+    /// The job's consumer group: its ACLs let the verifier read (it commits nothing).
+    group: Option<String>,
     mysql: Option<exactly_mysql_sink::MysqlSinkConfig>,
 }
 
@@ -175,8 +180,10 @@ fn from_job(args: &VerifyArgs) -> Result<FromJob> {
     let Some(job) = &args.job else {
         return Ok(FromJob {
             transforms: Vec::new(),
+            columns: None,
             bootstrap: None,
             security: None,
+            group: None,
             mysql: None,
         });
     };
@@ -212,7 +219,12 @@ fn from_job(args: &VerifyArgs) -> Result<FromJob> {
     transforms.extend(sink.transforms.iter().cloned());
     Ok(FromJob {
         transforms,
+        columns: match &sink.kind {
+            SinkKind::Mysql(m) if m.mapping.format != exactly_mysql_sink::Format::Json => Some(m.mapping.clone()),
+            _ => None,
+        },
         bootstrap: Some(job.file.source.bootstrap_servers.clone()),
+        group: Some(job.file.source.group_id.clone()),
         security: Some(job.file.source.security.clone()),
         mysql: match &sink.kind {
             SinkKind::Mysql(m) => Some((**m).clone()),
@@ -230,6 +242,23 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
         bail!("--key/--order check the order of a topic's records; rows of a table have no order");
     }
     let job = from_job(&args)?;
+    if args.id.starts_with('@') {
+        if args.id != "@key" && args.id != "@value" {
+            bail!(
+                "--id {}: a field name, or @key / @value (the record's key or value as it is)",
+                args.id
+            );
+        }
+        if matches!(args.output, Output::Table(_)) {
+            bail!("--id {}: a table's id is a column", args.id);
+        }
+        if !job.transforms.is_empty() {
+            bail!(
+                "--id {}: the job's transforms change records; give the id field instead",
+                args.id
+            );
+        }
+    }
     let cluster = match (&args.kafka_config, &args.bootstrap, &job.bootstrap) {
         (Some(file), bootstrap, from_job) => {
             let b = bootstrap
@@ -238,15 +267,18 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
                 .context("--bootstrap-servers is required")?;
             crate::txn::cluster(&b, Some(file))?
         }
-        (None, Some(b), _) => match &job.security {
-            Some(s) => exactly_kafka_client::Cluster::new(b.clone(), s.clone()),
-            None => exactly_kafka_client::Cluster::plaintext(b.clone()),
-        },
+        // Servers named on the command line are reached as the flags say (plaintext unless
+        // --kafka-config), not with the job's credentials meant for its own servers.
+        (None, Some(b), _) => exactly_kafka_client::Cluster::plaintext(b.clone()),
         (None, None, Some(b)) => {
             exactly_kafka_client::Cluster::new(b.clone(), job.security.clone().unwrap_or_default())
         }
         (None, None, None) => bail!("--bootstrap-servers is required (or --job, whose source names them)"),
     };
+    let group = job
+        .group
+        .clone()
+        .unwrap_or_else(|| format!("exactly-verify-{}", uuid::Uuid::new_v4()));
     let spill = args.spill_dir.clone().unwrap_or_else(std::env::temp_dir);
     let mut report = Report {
         source: args.source.to_string(),
@@ -274,33 +306,35 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
     let mut input = Sorter::new(&spill, RUN)?;
     {
         let (c, range, id) = (cluster.clone(), args.source.clone(), args.id.clone());
+        let g = group.clone();
         let transforms = job.transforms.clone();
+        // Delimited input mapped to columns: the id is the column of that name.
+        let column = match &job.columns {
+            Some(m) => Some((
+                m.clone(),
+                m.columns
+                    .iter()
+                    .position(|c| c.name == args.id)
+                    .with_context(|| format!("--id {}: the job's MySQL mapping has no such column", args.id))?,
+            )),
+            None => None,
+        };
         let stall = args.stall_timeout;
         let (sorter, counts) = tokio::task::spawn_blocking(move || -> Result<(Sorter, [u64; 3])> {
             let mut counts = [0u64; 3]; // read, filtered, unreadable
-            read::read_topic(&c, &range.topic, &range, "input", stall, |loc, key, value| {
+            read::read_topic(&c, &g, &range.topic, &range, "input", stall, |loc, key, value| {
                 counts[0] += 1;
-                let Some(bytes) = value else {
-                    counts[2] += 1;
-                    return Ok(());
+                let read = match &column {
+                    Some((mapping, i)) => column_id(mapping, *i, value),
+                    None => read_id(&id, key, value, &transforms),
                 };
-                let Ok(mut v) = serde_json::from_slice::<Value>(bytes) else {
-                    counts[2] += 1;
-                    return Ok(());
-                };
-                let mut key = key.map(<[u8]>::to_vec);
-                for t in &transforms {
-                    if !t.apply(&mut v, &mut key) {
+                match read {
+                    Read::Id(text, _) => input.push(Entry { hash: hash(&text), loc }),
+                    Read::Filtered => {
                         counts[1] += 1;
-                        return Ok(());
+                        Ok(())
                     }
-                }
-                match field(&v, &id) {
-                    Some(idv) => input.push(Entry {
-                        hash: hash(&id_text(idv)),
-                        loc,
-                    }),
-                    None => {
+                    Read::Unreadable => {
                         counts[2] += 1;
                         Ok(())
                     }
@@ -322,6 +356,7 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
     match &args.output {
         Output::Topic(topic) => {
             let (c, topic, id) = (cluster.clone(), topic.clone(), args.id.clone());
+            let g = group.clone();
             let (key_field, order_field) = (args.key.clone(), args.order.clone());
             let (stall, max_examples) = (args.stall_timeout, args.examples);
             let all = SourceRange {
@@ -334,14 +369,19 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
                     let mut counts = [0u64; 3]; // read, unreadable, out of order
                     let mut last: HashMap<(u32, u64), (OrderValue, u64)> = HashMap::new();
                     let mut examples = Vec::new();
-                    read::read_topic(&c, &topic, &all, "output", stall, |loc, _key, value| {
+                    read::read_topic(&c, &g, &topic, &all, "output", stall, |loc, key, value| {
                         counts[0] += 1;
-                        let v = value.and_then(|b| serde_json::from_slice::<Value>(b).ok());
-                        let Some(idv) = v.as_ref().and_then(|v| field(v, &id)) else {
-                            counts[1] += 1;
-                            return Ok(());
+                        let (id_text, v) = match read_id(&id, key, value, &[]) {
+                            Read::Id(text, v) => (text, v),
+                            Read::Filtered | Read::Unreadable => {
+                                counts[1] += 1;
+                                return Ok(());
+                            }
                         };
-                        let id_text = id_text(idv);
+                        let v = match (v, &key_field) {
+                            (None, Some(_)) => value.and_then(|b| serde_json::from_slice::<Value>(b).ok()),
+                            (v, _) => v,
+                        };
                         if let (Some(kf), Some(of), Some(v)) = (&key_field, &order_field, &v) {
                             if let (Some(k), Some(o)) = (field(v, kf), field(v, of).and_then(OrderValue::of)) {
                                 let slot = ((loc >> 48) as u32, xxhash_rust::xxh3::xxh3_64(id_text_of(k).as_bytes()));
@@ -381,7 +421,11 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
                 .clone()
                 .or_else(|| job.mysql.as_ref().map(|m| m.url.clone()))
                 .context("--mysql-url is required (or --job, whose MySQL sink names it)")?;
-            let password_file = job.mysql.as_ref().and_then(|m| m.password_file.clone());
+            let password_file = job
+                .mysql
+                .as_ref()
+                .filter(|_| args.mysql_url.is_none())
+                .and_then(|m| m.password_file.clone());
             let (n, unreadable) = read::read_table(&url, password_file.as_deref(), table, &args.id, |row, id| {
                 output.push(Entry {
                     hash: hash(id),
@@ -447,11 +491,11 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
 
     // Examples: the ids behind the hashes, and where they were read.
     let input_topic = args.source.topic.clone();
-    report.lost_examples = read::resolve(&cluster, &input_topic, &args.id, &job.transforms, lost).await?;
+    report.lost_examples = read::resolve(&cluster, &group, &input_topic, &args.id, &job.transforms, lost).await?;
     match &args.output {
         Output::Topic(t) => {
-            report.duplicated_examples = read::resolve(&cluster, t, &args.id, &[], duplicated).await?;
-            report.outside_examples = read::resolve(&cluster, t, &args.id, &[], outside).await?;
+            report.duplicated_examples = read::resolve(&cluster, &group, t, &args.id, &[], duplicated).await?;
+            report.outside_examples = read::resolve(&cluster, &group, t, &args.id, &[], outside).await?;
         }
         Output::Table(table) => {
             let url = args
@@ -459,7 +503,11 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
                 .clone()
                 .or_else(|| job.mysql.as_ref().map(|m| m.url.clone()))
                 .expect("read above");
-            let password_file = job.mysql.as_ref().and_then(|m| m.password_file.clone());
+            let password_file = job
+                .mysql
+                .as_ref()
+                .filter(|_| args.mysql_url.is_none())
+                .and_then(|m| m.password_file.clone());
             let mut wanted: BTreeMap<u128, (bool, u64)> = BTreeMap::new();
             for (h, locs) in &duplicated {
                 wanted.insert(*h, (true, locs.len() as u64));
@@ -499,6 +547,59 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
         && (!whole_input || report.outside_input == 0)
         && report.out_of_order.unwrap_or(0) == 0;
     Ok(report)
+}
+
+/// What a record says about its id.
+enum Read {
+    /// Its id, and its value as JSON when it was parsed.
+    Id(String, Option<Value>),
+    /// A transform dropped it.
+    Filtered,
+    /// No value, not JSON, or no id field.
+    Unreadable,
+}
+
+/// The id of a record: `@key` and `@value` take the key or value bytes as they are; a field name
+/// is looked up in the value (JSON) after `transforms`.
+fn read_id(id: &str, key: Option<&[u8]>, value: Option<&[u8]>, transforms: &[Transform]) -> Read {
+    let raw = |b: Option<&[u8]>| {
+        b.map_or(Read::Unreadable, |b| {
+            Read::Id(String::from_utf8_lossy(b).into_owned(), None)
+        })
+    };
+    match id {
+        "@key" => return raw(key),
+        "@value" => return raw(value),
+        _ => {}
+    }
+    let Some(Ok(mut v)) = value.map(serde_json::from_slice::<Value>) else {
+        return Read::Unreadable;
+    };
+    let mut key = key.map(<[u8]>::to_vec);
+    for t in transforms {
+        if !t.apply(&mut v, &mut key) {
+            return Read::Filtered;
+        }
+    }
+    match field(&v, id).map(id_text) {
+        Some(text) => Read::Id(text, Some(v)),
+        None => Read::Unreadable,
+    }
+}
+
+/// The id of a delimited record: column `i` of `mapping`'s row, as MySQL would print it.
+fn column_id(mapping: &exactly_mysql_sink::Mapping, i: usize, value: Option<&[u8]>) -> Read {
+    use exactly_mysql_sink::SqlValue;
+    let Some(Ok(row)) = value.map(|v| mapping.row(v)) else {
+        return Read::Unreadable;
+    };
+    match row.get(i) {
+        Some(SqlValue::Int(n)) => Read::Id(n.to_string(), None),
+        Some(SqlValue::Float(f)) => Read::Id(f.to_string(), None),
+        Some(SqlValue::Bool(b)) => Read::Id(u8::from(*b).to_string(), None),
+        Some(SqlValue::Text(t)) => Read::Id(t.clone(), None),
+        Some(SqlValue::Null) | None => Read::Unreadable,
+    }
 }
 
 fn id_text_of(v: &Value) -> String {

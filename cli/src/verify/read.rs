@@ -14,7 +14,6 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
-use serde_json::Value;
 use sqlx::Row;
 
 use super::Example;
@@ -128,9 +127,11 @@ impl ConsumerContext for Quiet {}
 
 type Reader = BaseConsumer<Quiet>;
 
-fn consumer(cluster: &Cluster) -> Result<Reader> {
+/// A read_committed consumer of `group` (librdkafka needs one even for assigned partitions; it
+/// commits nothing).
+fn consumer(cluster: &Cluster, group: &str) -> Result<Reader> {
     let mut c = cluster.client_config().map_err(anyhow::Error::msg)?;
-    c.set("group.id", format!("exactly-verify-{}", uuid::Uuid::new_v4()))
+    c.set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
         .set("isolation.level", "read_committed")
@@ -184,13 +185,14 @@ fn progress_bar(what: &str, topic: &str, total: u64) -> ProgressBar {
 /// otherwise).
 pub(super) fn read_topic(
     cluster: &Cluster,
+    group: &str,
     topic: &str,
     range: &SourceRange,
     what: &str,
     stall: Duration,
     mut f: impl FnMut(u64, Option<&[u8]>, Option<&[u8]>) -> Result<()>,
 ) -> Result<()> {
-    let c = consumer(cluster)?;
+    let c = consumer(cluster, group)?;
     let md = c
         .fetch_metadata(Some(topic), Duration::from_secs(30))
         .with_context(|| format!("reading the metadata of {topic} from {}", cluster.bootstrap))?;
@@ -293,6 +295,7 @@ pub(super) fn read_topic(
 /// taken after `transforms`.
 pub(super) async fn resolve(
     cluster: &Cluster,
+    group: &str,
     topic: &str,
     id: &str,
     transforms: &[Transform],
@@ -302,8 +305,9 @@ pub(super) async fn resolve(
         return Ok(Vec::new());
     }
     let (cluster, topic, id, transforms) = (cluster.clone(), topic.to_owned(), id.to_owned(), transforms.to_vec());
+    let group = group.to_owned();
     tokio::task::spawn_blocking(move || -> Result<Vec<Example>> {
-        let c = consumer(&cluster)?;
+        let c = consumer(&cluster, &group)?;
         let mut out = Vec::new();
         for (_, locs) in list {
             let first = locs[0];
@@ -316,12 +320,14 @@ pub(super) async fn resolve(
             while Instant::now() < deadline {
                 match c.poll(Duration::from_millis(200)) {
                     Some(Ok(m)) if m.partition() == p && m.offset() == offset => {
-                        let mut key = m.key().map(<[u8]>::to_vec);
-                        id_found = m
-                            .payload()
-                            .and_then(|b| serde_json::from_slice::<Value>(b).ok())
-                            .and_then(|mut v| transforms.iter().all(|t| t.apply(&mut v, &mut key)).then_some(v))
-                            .and_then(|v| super::field(&v, &id).map(super::id_text));
+                        id_found = Some(match super::read_id(&id, m.key(), m.payload(), &transforms) {
+                            super::Read::Id(text, _) => text,
+                            // E.g. delimited text: show the record as it is.
+                            _ => {
+                                let raw = String::from_utf8_lossy(m.payload().unwrap_or_default());
+                                format!("(record {:?})", raw.chars().take(80).collect::<String>())
+                            }
+                        });
                         break;
                     }
                     Some(Ok(m)) if m.offset() > offset => break,

@@ -229,7 +229,33 @@ pub(crate) async fn drain_and_verify(
         &missing[..missing.len().min(10)]
     );
     assert_eq!(seen.len(), expected);
+    exactly_verify(&args[1], &["--id", "@value"])?;
     Ok(seen.len())
+}
+
+/// `exactly verify` of the job in `job_file` (its source topic against its sink's output, with
+/// the job's servers and credentials) must find the output exactly once.
+pub(crate) fn exactly_verify(job_file: &str, extra: &[&str]) -> Result<()> {
+    let job = exactly_cli::jobfile::Job::load(Path::new(job_file))?;
+    let input = job.file.source.topics.first().expect("a topic").clone();
+    let output = match &job.sinks[0].kind {
+        exactly_cli::jobfile::SinkKind::Kafka(k) => format!("topic:{}", k.topic),
+        exactly_cli::jobfile::SinkKind::Mysql(m) => format!("mysql:{}", m.table),
+    };
+    let out = std::process::Command::new(exactly())
+        .args(["verify", "--source", &input, "--output", &output, "--job", job_file])
+        .args(extra)
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if out.status.code() != Some(0) {
+        bail!(
+            "exactly verify found the output not exactly once (exit {:?}):\n{stdout}\n{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(stdout.contains("EXACTLY ONCE"), "{stdout}");
+    Ok(())
 }
 
 /// Waits until the read_committed output holds more than `before` records; returns how many and

@@ -145,6 +145,37 @@ pub(crate) fn stop_feed(f: Feeder) -> Result<()> {
     f.1.join().map_err(|_| anyhow::anyhow!("feeder panicked"))?
 }
 
+/// `exactly verify` of the job in `job_file` (its source topic against its table, servers and
+/// credentials from the job) must find the table exactly once.
+fn exactly_verify(job_file: &str) -> Result<()> {
+    let job = exactly_cli::jobfile::Job::load(std::path::Path::new(job_file))?;
+    let input = job.file.source.topics.first().expect("a topic").clone();
+    let exactly_cli::jobfile::SinkKind::Mysql(m) = &job.sinks[0].kind else {
+        bail!("not a MySQL job");
+    };
+    let out = std::process::Command::new(exactly())
+        .args([
+            "verify",
+            "--source",
+            &input,
+            "--output",
+            &format!("mysql:{}", m.table),
+            "--id",
+            "id",
+        ])
+        .args(["--job", job_file])
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if out.status.code() != Some(0) {
+        bail!(
+            "exactly verify found the table not exactly once (exit {:?}):\n{stdout}\n{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
 pub(crate) async fn drain_and_verify(env: &TestEnv, s: &Setup) -> Result<()> {
     let expected = s.next_id.load(Ordering::SeqCst) as i64;
     let mut job = ChildJob::spawn(exactly(), &s.args, "")?;
@@ -187,6 +218,7 @@ pub(crate) async fn drain_and_verify(env: &TestEnv, s: &Setup) -> Result<()> {
         (expected, expected, 0, expected),
         "rows, distinct ids, wrong rows, max id"
     );
+    exactly_verify(&s.args[1])?;
 
     // The progress table agrees: the newest offsets it records per partition reach the end of
     // the input.
