@@ -147,7 +147,10 @@ fn failure(status: StatusCode, message: String) -> Response {
 
 async fn metrics(State(s): State<Arc<AdminState>>) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         prometheus(&s.registry.status()),
     )
         .into_response()

@@ -2,7 +2,6 @@
 //! Prometheus text exposition built from one snapshot.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -10,6 +9,9 @@ use std::time::Instant;
 use exactly_core::runtime::JobMetrics;
 use exactly_kafka_source::KafkaSourceMetrics;
 use exactly_twophase::TwoPhaseMetrics;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use serde::Serialize;
 
 /// Counters of one job run by this process (kept across restarts of the job).
@@ -306,202 +308,206 @@ impl Registry {
     }
 }
 
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+/// Label pairs of one sample (the job's name first).
+type Labels = Vec<(String, String)>;
+
+/// Builds the exposition of one status snapshot with `prometheus-client`: every family is
+/// registered afresh with the snapshot's values (the job's counters live in the operators; this
+/// only reports them).
+struct Exposition {
+    registry: prometheus_client::registry::Registry,
+    job: String,
 }
 
-/// The Prometheus text exposition of `s`.
-pub fn prometheus(s: &Status) -> String {
-    let mut out = String::new();
-    let job = format!("job=\"{}\"", escape(&s.job));
-    let mut metric = |name: &str, kind: &str, help: &str, samples: Vec<(String, f64)>| {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        for (labels, v) in samples {
-            let sep = if labels.is_empty() { "" } else { "," };
-            let _ = writeln!(out, "{name}{{{job}{sep}{labels}}} {v}");
+impl Exposition {
+    fn labels(&self, extra: &[(&str, String)]) -> Labels {
+        let mut l = vec![("job".to_owned(), self.job.clone())];
+        l.extend(extra.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+        l
+    }
+
+    /// A gauge family `name` with one sample per label set.
+    fn gauge(&mut self, name: &str, help: &str, samples: Vec<(Vec<(&str, String)>, f64)>) {
+        let family = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        for (extra, v) in samples {
+            family.get_or_create(&self.labels(&extra)).set(v);
         }
+        // The encoder ends help texts with a period itself.
+        self.registry.register(name, help.trim_end_matches('.'), family);
+    }
+
+    /// A counter family: `name` without `_total`, which the exposition adds to every sample.
+    fn counter(&mut self, name: &str, help: &str, samples: Vec<(Vec<(&str, String)>, u64)>) {
+        let family = Family::<Labels, Counter>::default();
+        for (extra, v) in samples {
+            family.get_or_create(&self.labels(&extra)).inc_by(v);
+        }
+        self.registry.register(name, help.trim_end_matches('.'), family);
+    }
+}
+
+/// The OpenMetrics text exposition of `s` (served as `application/openmetrics-text`).
+pub fn prometheus(s: &Status) -> String {
+    let mut e = Exposition {
+        registry: prometheus_client::registry::Registry::default(),
+        job: s.job.clone(),
     };
-    let one = |v: f64| vec![(String::new(), v)];
-    metric(
+    let one = |v: f64| vec![(Vec::new(), v)];
+    let one_u = |v: u64| vec![(Vec::new(), v)];
+    e.gauge(
         "exactly_up",
-        "gauge",
         "1 while the job runs, 0 while it stops.",
         one(if s.state == "running" { 1.0 } else { 0.0 }),
     );
-    metric(
+    e.gauge(
         "exactly_uptime_seconds",
-        "gauge",
         "Seconds since the process started the job.",
         one(s.uptime_s),
     );
-    metric(
-        "exactly_records_in_total",
-        "counter",
+    e.counter(
+        "exactly_records_in",
         "Records read from Kafka (re-reads after a restore included).",
-        one(s.records_in as f64),
+        one_u(s.records_in),
     );
-    metric(
-        "exactly_records_out_total",
-        "counter",
-        "Records handed to the sink.",
-        one(s.records_out as f64),
+    e.counter(
+        "exactly_records_out",
+        "Records handed to the sinks.",
+        one_u(s.records_out),
     );
-    metric(
-        "exactly_records_filtered_total",
-        "counter",
-        "Records dropped by filter transforms.",
-        one(s.records_filtered as f64),
+    e.counter(
+        "exactly_records_filtered",
+        "Records dropped by the job's filter transforms.",
+        one_u(s.records_filtered),
     );
-    metric(
-        "exactly_records_skipped_total",
-        "counter",
+    e.counter(
+        "exactly_records_skipped",
         "Records skipped by the poison-record policy.",
-        one(s.records_skipped as f64),
+        one_u(s.records_skipped),
     );
-    metric(
-        "exactly_records_dead_lettered_total",
-        "counter",
+    e.counter(
+        "exactly_records_dead_lettered",
         "Records sent to the dead-letter topic.",
-        one(s.records_dead_lettered as f64),
+        one_u(s.records_dead_lettered),
     );
-    metric(
-        "exactly_restarts_total",
-        "counter",
+    e.counter(
+        "exactly_restarts",
         "Restarts of the job after failures.",
-        one(s.restarts as f64),
+        one_u(s.restarts),
     );
     let c = &s.checkpoints;
-    metric(
-        "exactly_checkpoints_total",
-        "counter",
+    e.counter(
+        "exactly_checkpoints",
         "Checkpoints by result.",
         vec![
-            ("result=\"completed\"".into(), c.completed as f64),
-            ("result=\"failed\"".into(), c.failed as f64),
+            (vec![("result", "completed".into())], c.completed),
+            (vec![("result", "failed".into())], c.failed),
         ],
     );
-    metric(
-        "exactly_checkpoint_restores_total",
-        "counter",
+    e.counter(
+        "exactly_checkpoint_restores",
         "Restores from a checkpoint or savepoint.",
-        one(c.restored as f64),
+        one_u(c.restored),
     );
-    metric(
+    e.gauge(
         "exactly_checkpoint_latest_id",
-        "gauge",
         "Latest completed checkpoint id.",
         one(c.latest_id.unwrap_or(0) as f64),
     );
     let mut quantiles = Vec::new();
     if let Some(p) = c.p50_ms {
-        quantiles.push(("quantile=\"0.5\"".into(), p as f64 / 1000.0));
+        quantiles.push((vec![("quantile", "0.5".into())], p as f64 / 1000.0));
     }
     if let Some(p) = c.p99_ms {
-        quantiles.push(("quantile=\"0.99\"".into(), p as f64 / 1000.0));
+        quantiles.push((vec![("quantile", "0.99".into())], p as f64 / 1000.0));
     }
-    metric(
+    e.gauge(
         "exactly_checkpoint_duration_seconds",
-        "gauge",
         "Trigger-to-durable checkpoint duration quantiles.",
         quantiles,
     );
-    metric(
+    e.gauge(
         "exactly_checkpoint_last_duration_seconds",
-        "gauge",
         "Duration of the latest completed checkpoint.",
         one(c.last_duration_ms.unwrap_or(0) as f64 / 1000.0),
     );
-    metric(
+    e.gauge(
         "exactly_checkpoint_last_size_bytes",
-        "gauge",
         "State size of the latest completed checkpoint.",
         one(c.last_size_bytes as f64),
     );
-    metric(
+    e.gauge(
         "exactly_checkpoint_last_alignment_seconds",
-        "gauge",
         "Longest barrier alignment of the latest completed checkpoint.",
         one(c.last_alignment_ms as f64 / 1000.0),
     );
-    let tp = |p: &PartitionStatus| format!("topic=\"{}\",partition=\"{}\"", escape(&p.topic), p.partition);
-    metric(
+    let tp = |p: &PartitionStatus| vec![("topic", p.topic.clone()), ("partition", p.partition.to_string())];
+    e.gauge(
         "exactly_source_partition_position",
-        "gauge",
         "Next offset to read, per partition.",
         s.partitions.iter().map(|p| (tp(p), p.position as f64)).collect(),
     );
-    metric(
+    e.gauge(
         "exactly_source_partition_committed_offset",
-        "gauge",
         "Offset committed to the consumer group, per partition.",
         s.partitions
             .iter()
             .filter_map(|p| Some((tp(p), p.committed? as f64)))
             .collect(),
     );
-    metric(
+    e.gauge(
         "exactly_source_partition_lag",
-        "gauge",
         "Consumer lag per partition (librdkafka statistics).",
         s.partitions
             .iter()
             .filter_map(|p| Some((tp(p), p.lag? as f64)))
             .collect(),
     );
-    metric(
+    e.gauge(
         "exactly_source_watermark_milliseconds",
-        "gauge",
         "Event-time watermark of the source (minimum over subtasks), when watermarks are on.",
-        s.watermark_ms
-            .map(|w| vec![(String::new(), w as f64)])
-            .unwrap_or_default(),
+        s.watermark_ms.map(|w| one(w as f64)).unwrap_or_default(),
     );
-    metric(
-        "exactly_source_offset_commits_total",
-        "counter",
+    e.counter(
+        "exactly_source_offset_commits",
         "Offset commits to the consumer group by result.",
         vec![
-            ("result=\"succeeded\"".into(), s.offset_commits_succeeded as f64),
-            ("result=\"failed\"".into(), s.offset_commits_failed as f64),
+            (vec![("result", "succeeded".into())], s.offset_commits_succeeded),
+            (vec![("result", "failed".into())], s.offset_commits_failed),
         ],
     );
-    let per_sink = |v: &dyn Fn(&SinkStatus) -> f64| -> Vec<(String, f64)> {
-        s.sinks
-            .iter()
-            .map(|k| (format!("sink=\"{}\"", escape(&k.name)), v(k)))
-            .collect()
+    let per_sink = |v: &dyn Fn(&SinkStatus) -> f64| -> Vec<(Vec<(&str, String)>, f64)> {
+        s.sinks.iter().map(|k| (vec![("sink", k.name.clone())], v(k))).collect()
     };
-    metric(
-        "exactly_sink_records_total",
-        "counter",
+    let per_sink_u = |v: &dyn Fn(&SinkStatus) -> u64| -> Vec<(Vec<(&str, String)>, u64)> {
+        s.sinks.iter().map(|k| (vec![("sink", k.name.clone())], v(k))).collect()
+    };
+    e.counter(
+        "exactly_sink_records",
         "Records handed to each sink (after its own transforms).",
-        per_sink(&|k| k.records as f64),
+        per_sink_u(&|k| k.records),
     );
-    metric(
+    e.gauge(
         "exactly_sink_pending_transactions",
-        "gauge",
         "Pre-committed transactions waiting for their checkpoint, per sink.",
         per_sink(&|k| k.pending_transactions as f64),
     );
-    metric(
+    e.gauge(
         "exactly_sink_oldest_pending_transaction_seconds",
-        "gauge",
         "Age of the oldest pending transaction, per sink.",
         per_sink(&|k| k.oldest_pending_transaction_ms as f64 / 1000.0),
     );
-    metric(
-        "exactly_sink_commits_total",
-        "counter",
+    e.counter(
+        "exactly_sink_commits",
         "Transactions committed, per sink.",
-        per_sink(&|k| k.transactions_committed as f64),
+        per_sink_u(&|k| k.transactions_committed),
     );
-    metric(
-        "exactly_sink_commit_failures_total",
-        "counter",
+    e.counter(
+        "exactly_sink_commit_failures",
         "Commits that failed for good, per sink.",
-        per_sink(&|k| k.transaction_commit_failures as f64),
+        per_sink_u(&|k| k.transaction_commit_failures),
     );
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &e.registry).expect("writing to a String does not fail");
     out
 }
 
@@ -509,14 +515,81 @@ pub fn prometheus(s: &Status) -> String {
 mod tests {
     use super::*;
 
+    /// Every sample name of the exposition: dashboards and alerts query these, so they stay.
+    const METRICS: &[&str] = &[
+        "exactly_checkpoint_duration_seconds",
+        "exactly_checkpoint_last_alignment_seconds",
+        "exactly_checkpoint_last_duration_seconds",
+        "exactly_checkpoint_last_size_bytes",
+        "exactly_checkpoint_latest_id",
+        "exactly_checkpoint_restores_total",
+        "exactly_checkpoints_total",
+        "exactly_records_dead_lettered_total",
+        "exactly_records_filtered_total",
+        "exactly_records_in_total",
+        "exactly_records_out_total",
+        "exactly_records_skipped_total",
+        "exactly_restarts_total",
+        "exactly_sink_commit_failures_total",
+        "exactly_sink_commits_total",
+        "exactly_sink_oldest_pending_transaction_seconds",
+        "exactly_sink_pending_transactions",
+        "exactly_sink_records_total",
+        "exactly_source_offset_commits_total",
+        "exactly_source_partition_committed_offset",
+        "exactly_source_partition_lag",
+        "exactly_source_partition_position",
+        "exactly_source_watermark_milliseconds",
+        "exactly_up",
+        "exactly_uptime_seconds",
+    ];
+
+    #[test]
+    fn the_grafana_dashboard_queries_only_metrics_that_exist() {
+        let dashboard = include_str!("../../docs/grafana/exactly-dashboard.json");
+        let _: serde_json::Value = serde_json::from_str(dashboard).expect("valid JSON");
+        let mut queried = std::collections::BTreeSet::new();
+        let mut rest = dashboard;
+        while let Some(at) = rest.find("exactly_") {
+            let name: String = rest[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            rest = &rest[at + name.len()..];
+            queried.insert(name);
+        }
+        assert!(queried.len() >= 10, "{queried:?}");
+        for name in &queried {
+            assert!(
+                METRICS.contains(&name.as_str()),
+                "the dashboard queries {name}, which /metrics lacks"
+            );
+        }
+    }
+
     #[test]
     fn prometheus_text_has_help_type_and_labelled_samples() {
         let r = Registry::new("orders \"eu\"", 2, "all".into());
         r.retired_read.store(5, Ordering::Relaxed);
         r.sink_records("paid-orders").fetch_add(3, Ordering::Relaxed);
         r.sink("orders-table", 1, Arc::default());
-        let text = prometheus(&r.status());
-        assert!(text.contains("# TYPE exactly_records_in_total counter"), "{text}");
+        let mut status = r.status();
+        status.partitions.push(PartitionStatus {
+            topic: "orders".into(),
+            partition: 1,
+            position: 10,
+            committed: Some(9),
+            lag: Some(2),
+        });
+        status.watermark_ms = Some(1);
+        status.checkpoints.p50_ms = Some(150);
+        status.checkpoints.p99_ms = Some(300);
+        let text = prometheus(&status);
+        assert!(text.contains("# TYPE exactly_records_in counter\n"), "{text}");
+        assert!(
+            text.contains("# HELP exactly_up 1 while the job runs, 0 while it stops.\n"),
+            "{text}"
+        );
         assert!(
             text.contains("exactly_records_in_total{job=\"orders \\\"eu\\\"\"} 5\n"),
             "{text}"
@@ -534,11 +607,22 @@ mod tests {
             text.contains("exactly_sink_commits_total{job=\"orders \\\"eu\\\"\",sink=\"orders-table\"} 0\n"),
             "{text}"
         );
+        assert!(
+            text.contains(
+                "exactly_source_partition_lag{job=\"orders \\\"eu\\\"\",topic=\"orders\",partition=\"1\"} 2.0\n"
+            ),
+            "{text}"
+        );
         let names: Vec<_> = r.status().sinks.iter().map(|s| s.name.clone()).collect();
         assert_eq!(names, ["orders-table", "paid-orders"]);
+        // The names are stable, and every sample's value is a number.
+        let mut seen = std::collections::BTreeSet::new();
         for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let (_, value) = line.rsplit_once(' ').unwrap();
+            let (sample, value) = line.rsplit_once(' ').unwrap();
             value.parse::<f64>().unwrap();
+            seen.insert(sample.split('{').next().unwrap().to_owned());
         }
+        assert_eq!(seen.iter().map(String::as_str).collect::<Vec<_>>(), METRICS);
+        assert!(text.ends_with("# EOF\n"), "{text}");
     }
 }
