@@ -1,6 +1,8 @@
-//! The admin HTTP endpoint of a running job: `GET /metrics` (Prometheus), `GET /status` (JSON),
-//! `GET /healthz` (always open: for probes), `POST /savepoint[?dir=DIR]`,
-//! `POST /stop[?savepoint=DIR]`.
+//! The admin HTTP endpoint of a running job: `GET /` (a live page: charts of the status, the
+//! latest checkpoints, savepoint and stop buttons; served from the binary, no CDN),
+//! `GET /metrics` (OpenMetrics), `GET /status` (JSON), `GET /checkpoints` (the latest checkpoints
+//! with offsets and pending transactions, JSON), `GET /healthz` (always open: for probes),
+//! `POST /savepoint[?dir=DIR]`, `POST /stop[?savepoint=DIR]`.
 //!
 //! Who may use it: with a token configured (`job.admin_token` / `admin_token_file`), every POST
 //! needs `Authorization: Bearer TOKEN`, and so does every request when the endpoint listens on a
@@ -35,6 +37,8 @@ struct AdminState {
     control: JobControl,
     /// Where savepoints go, and the only place they may go.
     savepoint_dir: Option<SavepointDir>,
+    /// This process's checkpoint directory (the latest checkpoints are shown on the page).
+    checkpoints_dir: Option<PathBuf>,
     token: Option<Secret>,
     /// Listening on a loopback address only.
     loopback: bool,
@@ -109,7 +113,9 @@ async fn guard(State(s): State<Arc<AdminState>>, req: Request, next: Next) -> Re
         return failure(StatusCode::FORBIDDEN, "cross-site requests are refused".into());
     }
     // `/healthz` says only that the process serves: probes (which cannot carry a Secret) use it.
-    let needs_token = req.uri().path() != "/healthz" && (req.method() == Method::POST || !s.loopback);
+    // `/` is the page itself, without data: its requests for data carry the token it asks for.
+    let open = matches!(req.uri().path(), "/healthz" | "/") && req.method() == Method::GET;
+    let needs_token = !open && (req.method() == Method::POST || !s.loopback);
     if needs_token {
         if let Some(token) = &s.token {
             let given = headers
@@ -154,6 +160,39 @@ async fn metrics(State(s): State<Arc<AdminState>>) -> Response {
         prometheus(&s.registry.status()),
     )
         .into_response()
+}
+
+/// The live page: charts of `/status`, the latest checkpoints, savepoint and stop buttons.
+async fn page() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        include_str!("../assets/dashboard.html"),
+    )
+        .into_response()
+}
+
+/// The latest checkpoints of this process (at most 5, newest last) with their source offsets and
+/// the transactions each would commit on restore.
+async fn checkpoints(State(s): State<Arc<AdminState>>) -> Response {
+    let Some(dir) = s.checkpoints_dir.clone() else {
+        return Json(json!([])).into_response();
+    };
+    let listed = tokio::task::spawn_blocking(move || -> Result<Vec<crate::checkpoints::Inspected>> {
+        let (all, _) = crate::checkpoints::list(&dir)?;
+        let mut latest: Vec<_> = all.into_iter().filter(|l| l.kind == "checkpoint").collect();
+        latest.sort_by_key(|l| l.id);
+        let from = latest.len().saturating_sub(5);
+        latest[from..]
+            .iter()
+            .map(|l| crate::checkpoints::inspect(&l.path))
+            .collect()
+    })
+    .await;
+    match listed {
+        Ok(Ok(list)) => Json(list).into_response(),
+        Ok(Err(e)) => failure(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")),
+        Err(e) => failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
 }
 
 async fn status(State(s): State<Arc<AdminState>>) -> Response {
@@ -234,6 +273,7 @@ pub async fn serve(
     registry: Arc<Registry>,
     control: JobControl,
     savepoint_dir: Option<SavepointDir>,
+    checkpoints_dir: Option<PathBuf>,
     access: AdminAccess,
 ) -> Result<tokio::task::JoinHandle<()>> {
     let loopback = check_access(addr, &access)?;
@@ -241,10 +281,13 @@ pub async fn serve(
         registry,
         control,
         savepoint_dir,
+        checkpoints_dir,
         token: access.token,
         loopback,
     });
     let app = Router::new()
+        .route("/", routing::get(page))
+        .route("/checkpoints", routing::get(checkpoints))
         .route("/metrics", routing::get(metrics))
         .route("/status", routing::get(status))
         .route("/healthz", routing::get(|| async { "ok" }))

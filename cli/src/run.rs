@@ -222,9 +222,11 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
     }
     let mut config = JobConfig::new(f.job.name.clone());
     let mut savepoint_dir = None;
+    let mut checkpoints_dir = None;
     if let Some(c) = &f.checkpoints {
         let mut c = c.clone();
         c.dir = checkpoint_dir(&c.dir, opts.subtasks, parallelism, opts.from.as_deref())?;
+        checkpoints_dir = Some(c.dir.clone());
         savepoint_dir = Some(admin::SavepointDir {
             root: f.checkpoints.as_ref().map(|c| c.dir.join("savepoints")).expect("set"),
             range: opts
@@ -309,9 +311,17 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
     );
 
     let admin_task = match admin_addr {
-        Some(addr) => {
-            Some(admin::serve(&addr, registry.clone(), control.clone(), savepoint_dir.clone(), access).await?)
-        }
+        Some(addr) => Some(
+            admin::serve(
+                &addr,
+                registry.clone(),
+                control.clone(),
+                savepoint_dir.clone(),
+                checkpoints_dir.clone(),
+                access,
+            )
+            .await?,
+        ),
         None => None,
     };
     let signals = tokio::spawn(handle_signals(control.clone(), registry.clone()));

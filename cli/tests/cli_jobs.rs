@@ -114,6 +114,18 @@ async fn run_status_savepoint_stop_inspect_and_resume() -> Result<()> {
         "{metrics}"
     );
     assert!(metrics.contains("exactly_source_partition_position{"), "{metrics}");
+    // The live page and the latest checkpoints it shows.
+    let page = exactly_cli::admin::get_text(&admin, "/")?;
+    assert!(
+        page.contains("<title>exactly</title>") && page.contains("fetch(\"status\""),
+        "{page}"
+    );
+    let latest = exactly_cli::admin::get(&admin, "/checkpoints")?;
+    let latest = latest.as_array().expect("a list");
+    assert!(!latest.is_empty() && latest.len() <= 5, "{latest:?}");
+    let newest = latest.last().unwrap();
+    assert_eq!(newest["kind"], "checkpoint", "{newest}");
+    assert_eq!(newest["offsets"].as_array().map(Vec::len), Some(3), "{newest}");
 
     let savepoint = stdout(cmd().args(["savepoint", "--admin", &admin]));
     assert!(
