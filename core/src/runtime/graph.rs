@@ -388,6 +388,16 @@ impl<T: Send + 'static> Stream<T> {
         T: Clone,
     {
         let graph = self.graph.clone();
+        {
+            let mut g = graph.borrow_mut();
+            let distinct: BTreeSet<&str> = names.iter().copied().collect();
+            if (names.is_empty() || distinct.len() != names.len()) && g.error.is_none() {
+                g.error = Some(CoreError::InvalidJob(format!(
+                    "{}: fan_out needs at least one branch, each with its own name (got {names:?})",
+                    self.name
+                )));
+            }
+        }
         let parallelism = self.parallelism;
         let size: RecordSize<T> = self
             .record_size

@@ -868,4 +868,27 @@ fn a_fan_out_branch_without_a_sink_is_refused() {
     drop(branches);
     let err = job.build().err().unwrap().to_string();
     assert!(err.contains("dropped before reaching a sink"), "{err}");
+    // No branch, or two with one name: refused too.
+    for names in [&[][..], &["a", "a"][..]] {
+        let mut job = JobBuilder::new(JobConfig::new("bad fan-out"));
+        for b in job
+            .source("numbers", 1, gen_source(1, Duration::ZERO))
+            .map(|n| (word(n), n))
+            .fan_out(names)
+            .into_iter()
+            .enumerate()
+        {
+            b.1.sink(&format!("out-{}", b.0), |_| StagingSink {
+                subtask: 0,
+                current: Vec::new(),
+                staged: BTreeMap::new(),
+                committed: Arc::default(),
+            });
+        }
+        let err = job.build().err().unwrap().to_string();
+        assert!(
+            err.contains("at least one branch, each with its own name"),
+            "{names:?}: {err}"
+        );
+    }
 }
