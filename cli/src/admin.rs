@@ -1,7 +1,8 @@
 //! The admin HTTP endpoint of a running job: `GET /` (a live page: charts of the status, the
 //! latest checkpoints, savepoint and stop buttons; served from the binary, no CDN),
 //! `GET /metrics` (OpenMetrics), `GET /status` (JSON), `GET /checkpoints` (the latest checkpoints
-//! with offsets and pending transactions, JSON), `GET /healthz` (always open: for probes),
+//! with offsets and pending transactions, JSON), `GET /job` (the job file, secrets masked),
+//! `GET /healthz` (always open: for probes),
 //! `POST /savepoint[?dir=DIR]`, `POST /stop[?savepoint=DIR]`.
 //!
 //! Who may use it: with a token configured (`job.admin_token` / `admin_token_file`), every POST
@@ -39,6 +40,8 @@ struct AdminState {
     savepoint_dir: Option<SavepointDir>,
     /// This process's checkpoint directory (the latest checkpoints are shown on the page).
     checkpoints_dir: Option<PathBuf>,
+    /// The job file as it was started, secrets masked.
+    job_file: String,
     token: Option<Secret>,
     /// Listening on a loopback address only.
     loopback: bool,
@@ -195,6 +198,15 @@ async fn checkpoints(State(s): State<Arc<AdminState>>) -> Response {
     }
 }
 
+/// The job file this process runs, its secrets masked.
+async fn job(State(s): State<Arc<AdminState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        s.job_file.clone(),
+    )
+        .into_response()
+}
+
 async fn status(State(s): State<Arc<AdminState>>) -> Response {
     Json(s.registry.status()).into_response()
 }
@@ -274,6 +286,7 @@ pub async fn serve(
     control: JobControl,
     savepoint_dir: Option<SavepointDir>,
     checkpoints_dir: Option<PathBuf>,
+    job_file: String,
     access: AdminAccess,
 ) -> Result<tokio::task::JoinHandle<()>> {
     let loopback = check_access(addr, &access)?;
@@ -282,12 +295,14 @@ pub async fn serve(
         control,
         savepoint_dir,
         checkpoints_dir,
+        job_file,
         token: access.token,
         loopback,
     });
     let app = Router::new()
         .route("/", routing::get(page))
         .route("/checkpoints", routing::get(checkpoints))
+        .route("/job", routing::get(job))
         .route("/metrics", routing::get(metrics))
         .route("/status", routing::get(status))
         .route("/healthz", routing::get(|| async { "ok" }))

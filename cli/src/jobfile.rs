@@ -582,6 +582,49 @@ impl Job {
     }
 }
 
+/// `src` (a job file) with its secrets masked, for showing it: the value of every key whose name
+/// says password, secret or token, and the password of every `scheme://user:password@` URL, become
+/// `***` — unless they are `${NAME}` references, which hold no secret.
+pub fn masked(src: &str) -> String {
+    let mut out = String::with_capacity(src.len());
+    for line in src.split_inclusive('\n') {
+        let mut line = line.to_owned();
+        if let Some((key, value)) = line.split_once('=') {
+            let k = key.trim().to_ascii_lowercase();
+            let secret = ["password", "secret", "token"].iter().any(|w| k.contains(w));
+            let v = value.trim();
+            if secret
+                && !k.starts_with('#')
+                && !k.ends_with("_file")
+                && !k.ends_with(".location")
+                && !v.starts_with("\"${")
+            {
+                let end = if line.ends_with('\n') { "\n" } else { "" };
+                line = format!("{key}= \"***\"{end}");
+            }
+        }
+        // scheme://user:password@host
+        let mut at = 0;
+        while let Some(i) = line[at..].find("://") {
+            let start = at + i + 3;
+            let rest = &line[start..];
+            let stop = rest.find(['/', '"', ' ', '\'']).unwrap_or(rest.len());
+            let authority = &rest[..stop];
+            if let Some((userinfo, _)) = authority.rsplit_once('@') {
+                if let Some((user, pass)) = userinfo.split_once(':') {
+                    if !pass.starts_with("${") {
+                        let replaced = format!("{user}:***");
+                        line.replace_range(start..start + userinfo.len(), &replaced);
+                    }
+                }
+            }
+            at = start;
+        }
+        out.push_str(&line);
+    }
+    out
+}
+
 fn field<'v>(value: &'v Value, path: &str) -> Option<&'v Value> {
     path.split('.').try_fold(value, |v, k| v.get(k))
 }
@@ -858,6 +901,26 @@ mapping = {{ format = {{ type = "json" }}, columns = [{{ name = "id", type = "bi
     /// The 1-based line of the first line of `src` that contains `needle`.
     fn line(src: &str, needle: &str) -> usize {
         src.lines().position(|l| l.contains(needle)).unwrap() + 1
+    }
+
+    #[test]
+    fn secrets_are_masked_but_references_and_files_shown() {
+        let src = "[job]\nadmin_token = \"abc\"\nadmin_token_file = \"/run/t\"\n[kafka]\nsasl.password = \"hunter2\"\n\
+                   ssl.key.password = \"${KEY_PASS}\"\n[sink.mysql]\nurl = \"mysql://app:s3cret@db:3306/x\"\n\
+                   other = \"mysql://app:${P}@db/x\"\nname = \"orders\"\n";
+        let m = masked(src);
+        assert!(
+            !m.contains("abc") && !m.contains("hunter2") && !m.contains("s3cret"),
+            "{m}"
+        );
+        assert!(m.contains("admin_token = \"***\"\n"), "{m}");
+        assert!(m.contains("mysql://app:***@db:3306/x"), "{m}");
+        assert!(
+            m.contains("${KEY_PASS}") && m.contains("app:${P}@db") && m.contains("/run/t"),
+            "{m}"
+        );
+        assert!(m.contains("name = \"orders\""), "{m}");
+        assert_eq!(m.lines().count(), src.lines().count());
     }
 
     #[test]

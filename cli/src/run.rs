@@ -318,6 +318,7 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
                 control.clone(),
                 savepoint_dir.clone(),
                 checkpoints_dir.clone(),
+                crate::jobfile::masked(&std::fs::read_to_string(&job.path).unwrap_or_default()),
                 access,
             )
             .await?,

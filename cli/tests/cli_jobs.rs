@@ -126,6 +126,9 @@ async fn run_status_savepoint_stop_inspect_and_resume() -> Result<()> {
     let newest = latest.last().unwrap();
     assert_eq!(newest["kind"], "checkpoint", "{newest}");
     assert_eq!(newest["offsets"].as_array().map(Vec::len), Some(3), "{newest}");
+    let shown = exactly_cli::admin::get_text(&admin, "/job")?;
+    assert_eq!(shown, exactly_cli::jobfile::masked(&std::fs::read_to_string(&file)?));
+    assert!(shown.contains("[source]"), "{shown}");
 
     let savepoint = stdout(cmd().args(["savepoint", "--admin", &admin]));
     assert!(

@@ -154,6 +154,10 @@ async fn the_admin_page_shows_the_job_moving_and_its_button_takes_a_savepoint() 
             Ok(text(&c, "#checkpoints").await?.contains("checkpoint ").then_some(()))
         })
         .await?;
+        until("the job file", Duration::from_secs(30), || async {
+            Ok(text(&c, "#jobfile").await?.contains("[source]").then_some(()))
+        })
+        .await?;
         std::fs::write(shots.join("running.png"), c.screenshot().await?)?;
 
         // The Savepoint button: the page says where the savepoint went, and it is there.
