@@ -593,7 +593,15 @@ pub fn masked(src: &str) -> String {
             let k = key.trim().to_ascii_lowercase();
             let secret = ["password", "secret", "token"].iter().any(|w| k.contains(w));
             let v = value.trim();
-            if secret
+            // An inline table that names a secret (`sasl = { password = "…" }`) is hidden whole.
+            let inline = v.starts_with('{')
+                && ["password", "secret", "token"]
+                    .iter()
+                    .any(|w| v.to_ascii_lowercase().contains(w));
+            if inline && !k.starts_with('#') {
+                let end = if line.ends_with('\n') { "\n" } else { "" };
+                line = format!("{key}= {{ *** }}{end}");
+            } else if secret
                 && !k.starts_with('#')
                 && !k.ends_with("_file")
                 && !k.ends_with(".location")
@@ -907,10 +915,10 @@ mapping = {{ format = {{ type = "json" }}, columns = [{{ name = "id", type = "bi
     fn secrets_are_masked_but_references_and_files_shown() {
         let src = "[job]\nadmin_token = \"abc\"\nadmin_token_file = \"/run/t\"\n[kafka]\nsasl.password = \"hunter2\"\n\
                    ssl.key.password = \"${KEY_PASS}\"\n[sink.mysql]\nurl = \"mysql://app:s3cret@db:3306/x\"\n\
-                   other = \"mysql://app:${P}@db/x\"\nname = \"orders\"\n";
+                   other = \"mysql://app:${P}@db/x\"\nname = \"orders\"\nsasl = { username = \"u\", password = \"pw9\" }\n";
         let m = masked(src);
         assert!(
-            !m.contains("abc") && !m.contains("hunter2") && !m.contains("s3cret"),
+            !m.contains("abc") && !m.contains("hunter2") && !m.contains("s3cret") && !m.contains("pw9"),
             "{m}"
         );
         assert!(m.contains("admin_token = \"***\"\n"), "{m}");
