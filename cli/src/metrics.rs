@@ -128,7 +128,7 @@ pub struct Status {
 }
 
 /// One sink's figures in the status.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct SinkStatus {
     /// The sink's name (its operator uid).
     pub name: String,
@@ -222,10 +222,7 @@ impl Registry {
                 let status = SinkStatus {
                     name: name.clone(),
                     records: n.load(Ordering::Relaxed),
-                    pending_transactions: 0,
-                    oldest_pending_transaction_ms: 0,
-                    transactions_committed: 0,
-                    transaction_commit_failures: 0,
+                    ..SinkStatus::default()
                 };
                 (name.clone(), status)
             })
@@ -233,11 +230,7 @@ impl Registry {
         for ((name, _), m) in &by_sink {
             let s = per_sink.entry(name.clone()).or_insert_with(|| SinkStatus {
                 name: name.clone(),
-                records: 0,
-                pending_transactions: 0,
-                oldest_pending_transaction_ms: 0,
-                transactions_committed: 0,
-                transaction_commit_failures: 0,
+                ..SinkStatus::default()
             });
             s.pending_transactions += m.pending();
             s.oldest_pending_transaction_ms = s.oldest_pending_transaction_ms.max(m.oldest_pending_ms());

@@ -371,7 +371,7 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
                     let mut examples = Vec::new();
                     read::read_topic(&c, &g, &topic, &all, "output", stall, |loc, key, value| {
                         counts[0] += 1;
-                        let (id_text, v) = match read_id(&id, key, value, &[]) {
+                        let (record_id, v) = match read_id(&id, key, value, &[]) {
                             Read::Id(text, v) => (text, v),
                             Read::Filtered | Read::Unreadable => {
                                 counts[1] += 1;
@@ -384,13 +384,13 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
                         };
                         if let (Some(kf), Some(of), Some(v)) = (&key_field, &order_field, &v) {
                             if let (Some(k), Some(o)) = (field(v, kf), field(v, of).and_then(OrderValue::of)) {
-                                let slot = ((loc >> 48) as u32, xxhash_rust::xxh3::xxh3_64(id_text_of(k).as_bytes()));
+                                let slot = ((loc >> 48) as u32, xxhash_rust::xxh3::xxh3_64(id_text(k).as_bytes()));
                                 if let Some((prev, prev_loc)) = last.get(&slot) {
                                     if o < *prev {
                                         counts[2] += 1;
                                         if examples.len() < max_examples {
                                             examples.push(Example {
-                                                id: id_text.clone(),
+                                                id: record_id.clone(),
                                                 at: vec![read::place(&topic, *prev_loc), read::place(&topic, loc)],
                                             });
                                         }
@@ -400,7 +400,7 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
                             }
                         }
                         output.push(Entry {
-                            hash: hash(&id_text),
+                            hash: hash(&record_id),
                             loc,
                         })
                     })?;
@@ -416,16 +416,7 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
             order_examples = examples;
         }
         Output::Table(table) => {
-            let url = args
-                .mysql_url
-                .clone()
-                .or_else(|| job.mysql.as_ref().map(|m| m.url.clone()))
-                .context("--mysql-url is required (or --job, whose MySQL sink names it)")?;
-            let password_file = job
-                .mysql
-                .as_ref()
-                .filter(|_| args.mysql_url.is_none())
-                .and_then(|m| m.password_file.clone());
+            let (url, password_file) = mysql_server(&args, &job)?;
             let (n, unreadable) = read::read_table(&url, password_file.as_deref(), table, &args.id, |row, id| {
                 output.push(Entry {
                     hash: hash(id),
@@ -498,16 +489,7 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
             report.outside_examples = read::resolve(&cluster, &group, t, &args.id, &[], outside).await?;
         }
         Output::Table(table) => {
-            let url = args
-                .mysql_url
-                .clone()
-                .or_else(|| job.mysql.as_ref().map(|m| m.url.clone()))
-                .expect("read above");
-            let password_file = job
-                .mysql
-                .as_ref()
-                .filter(|_| args.mysql_url.is_none())
-                .and_then(|m| m.password_file.clone());
+            let (url, password_file) = mysql_server(&args, &job)?;
             let mut wanted: BTreeMap<u128, (bool, u64)> = BTreeMap::new();
             for (h, locs) in &duplicated {
                 wanted.insert(*h, (true, locs.len() as u64));
@@ -602,8 +584,14 @@ fn column_id(mapping: &exactly_mysql_sink::Mapping, i: usize, value: Option<&[u8
     }
 }
 
-fn id_text_of(v: &Value) -> String {
-    id_text(v)
+/// The MySQL server of a table output: `--mysql-url`, or the job's MySQL sink (with its password
+/// file, which does not apply to a URL given on the command line).
+fn mysql_server(args: &VerifyArgs, job: &FromJob) -> Result<(String, Option<PathBuf>)> {
+    match (&args.mysql_url, &job.mysql) {
+        (Some(url), _) => Ok((url.clone(), None)),
+        (None, Some(m)) => Ok((m.url.clone(), m.password_file.clone())),
+        (None, None) => bail!("--mysql-url is required (or --job, whose MySQL sink names it)"),
+    }
 }
 
 /// An order field's value: numbers compare as numbers, strings as strings.

@@ -535,7 +535,8 @@ async fn failing_forward_job(failover: FailoverStrategy) -> (BTreeMap<u32, u32>,
     (inits, committed, total)
 }
 
-fn assert_each_once(case: &str, committed: &Committed, total: u64) {
+/// Every committed number, sorted (duplicates kept).
+fn committed_numbers(committed: &Committed) -> Vec<u64> {
     let mut seen: Vec<u64> = committed
         .lock()
         .unwrap()
@@ -543,6 +544,11 @@ fn assert_each_once(case: &str, committed: &Committed, total: u64) {
         .flat_map(|rows| rows.iter().map(|(_, n)| *n))
         .collect();
     seen.sort_unstable();
+    seen
+}
+
+fn assert_each_once(case: &str, committed: &Committed, total: u64) {
+    let seen = committed_numbers(committed);
     let mut dup = seen.clone();
     dup.dedup();
     let duplicates = seen.len() - dup.len();
@@ -824,15 +830,8 @@ async fn fanned_out_job(failover: FailoverStrategy) {
     let outcome = job.build().unwrap().run().await.unwrap();
     assert_eq!(outcome.restarts, 3, "{failover:?}");
     assert_each_once(&format!("{failover:?}: first branch"), &all, total);
-    let mut seen: Vec<u64> = even
-        .lock()
-        .unwrap()
-        .values()
-        .flat_map(|rows| rows.iter().map(|(_, n)| *n))
-        .collect();
-    seen.sort_unstable();
     assert_eq!(
-        seen,
+        committed_numbers(&even),
         (0..total).filter(|n| n % 2 == 0).collect::<Vec<_>>(),
         "{failover:?}: second branch, each even number once"
     );
