@@ -201,6 +201,29 @@ enum Command {
         /// endpoint from AWS_* variables).
         #[arg(long, env = "EXACTLY_BENCH_CHECKPOINTS")]
         checkpoints: Option<String>,
+        /// Checkpoint (commit) intervals (peers).
+        #[arg(long, value_delimiter = ',', default_value = "1s,100ms", value_parser = humantime::parse_duration)]
+        intervals: Vec<std::time::Duration>,
+        /// Parallelism: subtasks, stream threads (peers).
+        #[arg(long, default_value_t = 1)]
+        parallelism: u32,
+        /// Systems measured, in this order; ratios are to the first (peers).
+        #[arg(
+            long,
+            value_enum,
+            value_delimiter = ',',
+            default_value = "plain,exactly,kafka-streams,flink"
+        )]
+        systems: Vec<bench::Peer>,
+        /// The peer harnesses, built by scripts/peers (peers).
+        #[arg(long, default_value = "bench/peers")]
+        peers_dir: PathBuf,
+        /// Input topic of the plain-loop child.
+        #[arg(long, hide = true)]
+        input: Option<String>,
+        /// Output topic of the plain-loop child.
+        #[arg(long, hide = true)]
+        output: Option<String>,
         /// Also write the figures as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -495,6 +518,12 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             bootstrap,
             mysql,
             checkpoints,
+            intervals,
+            parallelism,
+            systems,
+            peers_dir,
+            input,
+            output,
             json,
         } => {
             let report = bench::run(
@@ -506,6 +535,11 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                     bootstrap,
                     mysql,
                     checkpoints,
+                    intervals,
+                    parallelism,
+                    systems,
+                    peers_dir,
+                    topics: input.zip(output),
                 },
             )
             .await?;

@@ -32,7 +32,7 @@ fn start_driver() -> Result<(Driver, u16)> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .context("starting chromedriver: the test needs Debian's chromium and chromium-driver (EXACTLY_SETUP_BROWSER=1 scripts/setup installs them; scripts/test does)")?;
+        .context("starting chromedriver: the test needs Debian's chromium and chromium-driver (EXACTLY_SETUP_TESTS=1 scripts/setup installs them; scripts/test does)")?;
     let driver = Driver(child);
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {

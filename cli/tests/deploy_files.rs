@@ -2,8 +2,8 @@
 //! manifest in `deploy/kubernetes/` validates strictly (unknown fields are errors) against the
 //! Kubernetes schemas with `kubernetes-validate`, the job file in the ConfigMap passes
 //! `exactly check`, and `docker/Dockerfile` passes hadolint. The checkers are pinned and
-//! installed by `scripts/setup` into `~/.cache/exactly/tools`; the test fails, saying so, when they
-//! are missing. Each check is shown to reject a broken file, so it cannot pass by checking nothing.
+//! installed by `EXACTLY_SETUP_TESTS=1 scripts/setup` (as `scripts/test` runs it) into
+//! `~/.cache/exactly/tools`; the test fails, saying so, when they are missing. Each check is shown to reject a broken file, so it cannot pass by checking nothing.
 
 mod common;
 
@@ -34,7 +34,7 @@ fn tool(name: &str) -> Result<PathBuf> {
     let path = dir.join("tools/bin").join(name);
     if !path.exists() {
         bail!(
-            "{} is missing: run scripts/setup, which installs the deployment checkers (kubernetes-validate, hadolint)",
+            "{} is missing: run EXACTLY_SETUP_TESTS=1 scripts/setup (scripts/test does), which installs the deployment checkers (kubernetes-validate, hadolint)",
             path.display()
         );
     }

@@ -55,6 +55,7 @@ pub enum CoreError {
         reason: String,
     },
     /// The RocksDB state backend failed.
+    #[cfg(feature = "rocksdb")]
     #[error("rocksdb state backend: {0}")]
     RocksDb(#[from] rocksdb::Error),
     /// No checkpoint or savepoint to restore from was found where one was required.
@@ -181,6 +182,7 @@ impl CoreError {
             }
             CoreError::Operator { class, .. } => *class,
             CoreError::TooManyCheckpointFailures { .. } => ErrorClass::Restart,
+            #[cfg(feature = "rocksdb")]
             CoreError::RocksDb(_) => ErrorClass::Restart,
             CoreError::Corrupt { .. }
             | CoreError::NewestCheckpointUnusable { .. }

@@ -98,6 +98,10 @@ pub(super) struct K2kFigures {
     written: f64,
     startup_ms: u128,
     committed: f64,
+    /// Timed from outside as `bench peers` times every system: from a read_uncommitted reader's
+    /// first record until a read_committed reader has the backlog (start-up excluded, the last
+    /// commit included).
+    timed: f64,
     p50: i64,
     p99: i64,
 }
@@ -147,6 +151,7 @@ pub(super) async fn k2k_run(
         tokio::task::spawn_blocking(move || verify(&b, &o, n, n, false, &AtomicU64::new(0), Duration::from_secs(600)))
             .await??;
     let startup_ms = written.first.duration_since(start).as_millis();
+    let first_written = written.first;
     let written = (n - 1) as f64 / written.marked.duration_since(written.first).as_secs_f64();
     // Paced phase: records stamped at send time. It starts once the read_committed reader has the
     // backlog: a reader still catching up (4 GB of 1 KB records) would add its own delay.
@@ -170,6 +175,7 @@ pub(super) async fn k2k_run(
     p.flush(Duration::from_secs(60))?;
     let seen = tokio::task::spawn_blocking(move || verifier.join().expect("verifier")).await??;
     let committed = n as f64 / seen.marked.duration_since(start).as_secs_f64();
+    let timed = n as f64 / seen.marked.duration_since(first_written).as_secs_f64();
     let mut lat = seen.lat;
     let mut paced_lat: Vec<i64> = lat.split_off(n as usize);
     if let Some(j) = job {
@@ -184,6 +190,7 @@ pub(super) async fn k2k_run(
         written,
         startup_ms,
         committed,
+        timed,
         p50: quantile(&mut paced_lat, 0.5),
         p99: quantile(&mut paced_lat, 0.99),
     })
@@ -198,10 +205,21 @@ pub(crate) async fn bench_k2k(
 ) -> Result<()> {
     let rounds = rounds.max(1);
     println!("Kafka-to-Kafka pass-through, {PARTITIONS} partitions, one subtask (BENCH_PARALLELISM), checkpoints every 1 s, {n} records backlog, then 5 s at 2000 records/s; {rounds} round(s), the three modes one after the other in each");
-    println!("written/s: a read_uncommitted reader's rate from its first record to the backlog's last (the pipeline's rate); start: job start to first record written; committed/s: job start until a read_committed reader has the backlog (start-up and, exactly-once, the last commit included)");
+    println!("written/s: a read_uncommitted reader's rate from its first record to the backlog's last (the pipeline's rate); start: job start to first record written; committed/s: job start until a read_committed reader has the backlog (start-up and, exactly-once, the last commit included); timed/s: from the first record written until a read_committed reader has the backlog (start-up excluded, the last commit included: how `bench peers` times every system)");
     println!(
-        "{:<8} {:<6} {:<14} {:>10} {:>7} {:>8} {:>11} {:>7} {:>7} {:>7}",
-        "record", "round", "mode", "written/s", "ratio", "start ms", "committed/s", "ratio", "p50 ms", "p99 ms"
+        "{:<8} {:<6} {:<14} {:>10} {:>7} {:>8} {:>11} {:>7} {:>10} {:>7} {:>7} {:>7}",
+        "record",
+        "round",
+        "mode",
+        "written/s",
+        "ratio",
+        "start ms",
+        "committed/s",
+        "ratio",
+        "timed/s",
+        "ratio",
+        "p50 ms",
+        "p99 ms"
     );
     let modes = [
         (K2k::Plain, "plain loop"),
@@ -209,19 +227,19 @@ pub(crate) async fn bench_k2k(
         (K2k::ExactlyOnce, "exactly-once"),
     ];
     for &size in sizes {
-        // Per mode: (written ratio, committed ratio) of each round.
-        let mut ratios: Vec<Vec<(f64, f64)>> = vec![Vec::new(); modes.len()];
+        // Per mode: (written ratio, committed ratio, timed ratio) of each round.
+        let mut ratios: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); modes.len()];
         for round in 1..=rounds {
-            let mut plain = (0.0, 0.0);
+            let mut plain = (0.0, 0.0, 0.0);
             for (i, &(mode, name)) in modes.iter().enumerate() {
                 let f = k2k_run(bootstrap, mode, n, size, 2000, 5).await?;
                 if mode == K2k::Plain {
-                    plain = (f.written, f.committed);
+                    plain = (f.written, f.committed, f.timed);
                 }
-                let r = (f.written / plain.0, f.committed / plain.1);
+                let r = (f.written / plain.0, f.committed / plain.1, f.timed / plain.2);
                 ratios[i].push(r);
                 println!(
-                    "{:<8} {:<6} {:<14} {:>10.0} {:>7.3} {:>8} {:>11.0} {:>7.3} {:>7} {:>7}",
+                    "{:<8} {:<6} {:<14} {:>10.0} {:>7.3} {:>8} {:>11.0} {:>7.3} {:>10.0} {:>7.3} {:>7} {:>7}",
                     format!("{size} B"),
                     round,
                     name,
@@ -230,6 +248,8 @@ pub(crate) async fn bench_k2k(
                     f.startup_ms,
                     f.committed,
                     r.1,
+                    f.timed,
+                    r.2,
                     f.p50,
                     f.p99
                 );
@@ -242,6 +262,8 @@ pub(crate) async fn bench_k2k(
                         ("startup_ms", f.startup_ms as f64),
                         ("committed_records_per_s", f.committed),
                         ("committed_ratio_to_plain", r.1),
+                        ("timed_records_per_s", f.timed),
+                        ("timed_ratio_to_plain", r.2),
                         ("p50_ms", f.p50 as f64),
                         ("p99_ms", f.p99 as f64),
                     ],
@@ -252,8 +274,9 @@ pub(crate) async fn bench_k2k(
             for (i, &(_, name)) in modes.iter().enumerate().skip(1) {
                 let written = median(ratios[i].iter().map(|r| r.0).collect());
                 let committed = median(ratios[i].iter().map(|r| r.1).collect());
+                let timed = median(ratios[i].iter().map(|r| r.2).collect());
                 println!(
-                    "{:<8} {:<6} {:<14} {:>10} {:>7.3} {:>8} {:>11} {:>7.3}",
+                    "{:<8} {:<6} {:<14} {:>10} {:>7.3} {:>8} {:>11} {:>7.3} {:>10} {:>7.3}",
                     format!("{size} B"),
                     "median",
                     name,
@@ -261,7 +284,9 @@ pub(crate) async fn bench_k2k(
                     written,
                     "",
                     "",
-                    committed
+                    committed,
+                    "",
+                    timed
                 );
                 report.row(
                     "k2k",
@@ -269,6 +294,7 @@ pub(crate) async fn bench_k2k(
                     &[
                         ("written_ratio_to_plain", written),
                         ("committed_ratio_to_plain", committed),
+                        ("timed_ratio_to_plain", timed),
                     ],
                 );
             }

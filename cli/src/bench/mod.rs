@@ -6,7 +6,10 @@ mod core;
 mod k2k;
 mod kafka;
 mod mysql;
+mod peers;
 mod source;
+
+pub use peers::Peer;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -61,6 +64,12 @@ pub enum Which {
     Mysql,
     /// Checkpoints in an object store (`--checkpoints URL`) vs a local directory.
     Storage,
+    /// The same pass-through by a plain loop, `exactly run`, Kafka Streams and Flink, each a
+    /// process, timed from outside (`scripts/peers` builds the Java harnesses first).
+    Peers,
+    /// The baseline loop of `peers`, run as a child process by it.
+    #[value(hide = true)]
+    PlainLoop,
     /// All of the above but storage.
     All,
 }
@@ -80,6 +89,16 @@ pub struct BenchOptions {
     pub mysql: Option<String>,
     /// Object store location of the storage benchmark (`s3://bucket/prefix`).
     pub checkpoints: Option<String>,
+    /// Checkpoint (commit) intervals of the peers benchmark.
+    pub intervals: Vec<std::time::Duration>,
+    /// Parallelism of the peers benchmark (subtasks, stream threads).
+    pub parallelism: u32,
+    /// Systems of the peers benchmark, measured in this order (ratios are to the first).
+    pub systems: Vec<Peer>,
+    /// Where the peer harnesses are (`bench/peers`).
+    pub peers_dir: std::path::PathBuf,
+    /// Input and output topics of the hidden `plain-loop` child.
+    pub topics: Option<(String, String)>,
 }
 
 fn need<'a>(v: &'a Option<String>, what: &str, flag: &str, env: &str) -> Result<&'a str> {
@@ -113,6 +132,27 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
         let b = need(&o.bootstrap, "mysql", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
         let m = need(&o.mysql, "mysql", "--mysql", "EXACTLY_MYSQL_URL")?;
         mysql::bench_mysql(b, m, o.records.unwrap_or(100_000), &mut report).await?;
+    }
+    if which == Which::Peers {
+        let b = need(&o.bootstrap, "peers", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
+        let opts = peers::PeersOptions {
+            bootstrap: b,
+            records: o.records.unwrap_or(2_000_000),
+            size: o.sizes.first().copied().unwrap_or(100),
+            rounds: o.rounds,
+            intervals: &o.intervals,
+            parallelism: o.parallelism,
+            systems: &o.systems,
+            peers_dir: &o.peers_dir,
+        };
+        peers::bench_peers(&opts, &mut report).await?;
+    }
+    if which == Which::PlainLoop {
+        let b = need(&o.bootstrap, "plain-loop", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
+        let Some((input, output)) = &o.topics else {
+            bail!("plain-loop needs --input and --output");
+        };
+        k2k::plain_loop(b, input, output, o.records.unwrap_or(1_000_000))?;
     }
     if which == Which::Storage {
         let url = need(

@@ -22,7 +22,9 @@ use crate::coordinator::CheckpointCoordinator;
 use crate::error::{CoreError, ErrorClass, Result};
 use crate::message::CheckpointId;
 use crate::restart::{RestartDecision, RestartTracker};
-use crate::state::{KeyGroupRange, KeyedStateBackend, MemoryBackend, RocksDbBackend};
+#[cfg(feature = "rocksdb")]
+use crate::state::RocksDbBackend;
+use crate::state::{KeyGroupRange, KeyedStateBackend, MemoryBackend};
 use crate::storage::{CheckpointStorage, Retention, Snapshot, Storage};
 
 /// A built job, ready to run.
@@ -321,6 +323,7 @@ impl Job {
 
     fn backend_factory(&self, restore: Option<Arc<Snapshot>>) -> BackendFactory {
         let config = self.config.state_backend.clone();
+        #[cfg(feature = "rocksdb")]
         let job = self.config.name.clone();
         Arc::new(move |info, restored| {
             let range = KeyGroupRange::for_subtask(info.max_parallelism, info.parallelism, info.index);
@@ -332,6 +335,9 @@ impl Job {
                 StateBackendConfig::Memory => {
                     Box::new(MemoryBackend::restore(range, &handles)?) as Box<dyn KeyedStateBackend>
                 }
+                #[cfg(not(feature = "rocksdb"))]
+                StateBackendConfig::RocksDb { .. } => return Err(super::rocksdb_missing()),
+                #[cfg(feature = "rocksdb")]
                 StateBackendConfig::RocksDb { local_dir } => {
                     let root = local_dir
                         .clone()

@@ -206,6 +206,10 @@ impl JobBuilder {
                 "a stream was dropped before reaching a sink (every branch of a fan_out, rebalance or key_by needs one)".into(),
             ));
         }
+        #[cfg(not(feature = "rocksdb"))]
+        if matches!(graph.config.state_backend, super::StateBackendConfig::RocksDb { .. }) {
+            return Err(super::rocksdb_missing());
+        }
         if let Some(range) = graph.config.subtasks {
             if graph.shuffles {
                 return Err(CoreError::InvalidJob(format!(

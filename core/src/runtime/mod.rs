@@ -49,6 +49,16 @@ pub enum StateBackendConfig {
     },
 }
 
+/// The error of a RocksDB state backend asked of a build without it.
+#[cfg(not(feature = "rocksdb"))]
+pub(crate) fn rocksdb_missing() -> crate::CoreError {
+    crate::CoreError::Config(
+        "the RocksDB state backend is not in this build (exactly-core's feature `rocksdb`; the `exactly` \
+         command has it unless built with --no-default-features): build with it, or use the memory backend"
+            .into(),
+    )
+}
+
 fn default_channel_capacity() -> usize {
     64
 }

@@ -275,6 +275,7 @@ async fn word_count_with_random_failures_is_exact_in_memory() {
     failing_word_count(StateBackendConfig::Memory).await;
 }
 
+#[cfg(feature = "rocksdb")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn word_count_with_random_failures_is_exact_on_rocksdb() {
     let local = tempfile::tempdir().unwrap();

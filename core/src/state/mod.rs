@@ -5,12 +5,14 @@ mod backend;
 mod key_groups;
 mod memory;
 mod operator_state;
+#[cfg(feature = "rocksdb")]
 mod rocks;
 
 pub use backend::{KeyedContext, KeyedStateBackend, ListState, MapState, ValueState};
 pub use key_groups::{hash_key, key_group, subtask_for_key_group, KeyGroupRange, DEFAULT_MAX_PARALLELISM};
 pub use memory::MemoryBackend;
 pub use operator_state::{redistribute, RestoredState};
+#[cfg(feature = "rocksdb")]
 pub use rocks::RocksDbBackend;
 
 #[cfg(test)]

@@ -1,4 +1,6 @@
 //! Backend tests: typed state, snapshot and restore, rescaling, RocksDB incremental snapshots.
+// Helpers shared with the RocksDB tests go unused in a build without them.
+#![cfg_attr(not(feature = "rocksdb"), allow(unused))]
 
 use std::collections::BTreeMap;
 
@@ -87,12 +89,14 @@ fn commit(storage: &Storage, id: u64, handles: Vec<crate::checkpoint::KeyedState
 
 enum Kind {
     Memory,
+    #[cfg(feature = "rocksdb")]
     Rocks,
 }
 
 fn new_backend(kind: &Kind, range: KeyGroupRange, dir: &std::path::Path) -> Box<dyn KeyedStateBackend> {
     match kind {
         Kind::Memory => Box::new(MemoryBackend::new(range)),
+        #[cfg(feature = "rocksdb")]
         Kind::Rocks => Box::new(RocksDbBackend::new(range, dir).unwrap()),
     }
 }
@@ -105,6 +109,7 @@ fn restore(
 ) -> Box<dyn KeyedStateBackend> {
     match kind {
         Kind::Memory => Box::new(MemoryBackend::restore(range, handles).unwrap()),
+        #[cfg(feature = "rocksdb")]
         Kind::Rocks => Box::new(RocksDbBackend::restore(range, handles, dir).unwrap()),
     }
 }
@@ -146,6 +151,7 @@ fn memory_backend_restores_and_rescales() {
     rescale_round_trip(Kind::Memory);
 }
 
+#[cfg(feature = "rocksdb")]
 #[test]
 fn rocksdb_backend_restores_and_rescales() {
     rescale_round_trip(Kind::Rocks);
@@ -163,6 +169,7 @@ fn list_state_and_clear() {
     assert!(list.get(&c).unwrap().is_empty());
 }
 
+#[cfg(feature = "rocksdb")]
 #[test]
 fn rocksdb_second_snapshot_of_mostly_unchanged_state_writes_far_less() {
     let tmp = tempfile::tempdir().unwrap();

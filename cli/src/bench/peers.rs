@@ -1,0 +1,279 @@
+//! `exactly bench peers`: the same Kafka-to-Kafka pass-through run by what users would otherwise
+//! pick — a plain rdkafka consume-produce loop (the baseline), `exactly run` with a job file,
+//! Kafka Streams (`exactly_once_v2`) and Apache Flink (KafkaSource → KafkaSink,
+//! `DeliveryGuarantee.EXACTLY_ONCE`) from `bench/peers/` (built by `scripts/peers`) — each as its
+//! own process on the same pre-filled topic, timed the same way from outside, rounds interleaved.
+//!
+//! Timing: a read_uncommitted reader marks the first output record (start-up excluded); a
+//! read_committed reader marks when all N are visible (the last commit included); rate = N ÷ the
+//! time between. Peak RSS: the process's `VmHWM` (Linux) just before it is stopped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use super::kafka::*;
+use super::Report;
+
+/// A system measured by `bench peers`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Peer {
+    /// One rdkafka consumer and one idempotent producer in a loop (no guarantee beyond
+    /// at-least-once): the baseline.
+    Plain,
+    /// `exactly run` on a pass-through job file, exactly-once Kafka sink.
+    Exactly,
+    /// Kafka Streams, processing.guarantee=exactly_once_v2, commit.interval.ms = the interval.
+    KafkaStreams,
+    /// Apache Flink, KafkaSink EXACTLY_ONCE, checkpoints at the interval (local MiniCluster).
+    Flink,
+}
+
+impl Peer {
+    fn name(self) -> &'static str {
+        match self {
+            Peer::Plain => "plain loop",
+            Peer::Exactly => "exactly",
+            Peer::KafkaStreams => "kafka streams",
+            Peer::Flink => "flink",
+        }
+    }
+}
+
+/// Settings of `bench peers`.
+pub(crate) struct PeersOptions<'a> {
+    pub(crate) bootstrap: &'a str,
+    pub(crate) records: u64,
+    pub(crate) size: usize,
+    pub(crate) rounds: usize,
+    pub(crate) intervals: &'a [Duration],
+    pub(crate) parallelism: u32,
+    pub(crate) systems: &'a [Peer],
+    pub(crate) peers_dir: &'a Path,
+}
+
+struct Measured {
+    rate: f64,
+    startup_ms: u128,
+    rss_mb: f64,
+}
+
+pub(crate) async fn bench_peers(o: &PeersOptions<'_>, report: &mut Report) -> Result<()> {
+    let java = |dir: &str| -> Result<(PathBuf, String)> {
+        let d = o.peers_dir.join(dir).join("target");
+        let cp = std::fs::read_to_string(d.join("classpath.txt"))
+            .with_context(|| format!("{} is not built: run scripts/peers first", d.display()))?;
+        Ok((d.join("classes"), cp.trim().to_owned()))
+    };
+    for s in o.systems {
+        match s {
+            Peer::KafkaStreams => drop(java("kafka-streams")?),
+            Peer::Flink => drop(java("flink")?),
+            _ => {}
+        }
+    }
+    let input = unique("peers-in");
+    topic(o.bootstrap, &input).await?;
+    println!(
+        "filling {input} with {} records of {} B ({PARTITIONS} partitions)",
+        o.records, o.size
+    );
+    backlog(o.bootstrap, &input, o.records, o.size, false)?;
+    println!(
+        "Kafka-to-Kafka pass-through, {} records of {} B, parallelism {}, {} round(s), systems one after the other in each round, each its own process",
+        o.records, o.size, o.parallelism, o.rounds
+    );
+    println!("rate: records ÷ (a read_committed reader has them all − a read_uncommitted reader saw the first); start: process start to first output record; RSS: peak resident memory of the process");
+    println!(
+        "{:<9} {:<6} {:<14} {:>10} {:>7} {:>9} {:>8}",
+        "interval", "round", "system", "records/s", "ratio", "start ms", "RSS MB"
+    );
+    for &interval in o.intervals {
+        let label = humantime::format_duration(interval).to_string();
+        let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); o.systems.len()];
+        let mut rss: Vec<Vec<f64>> = vec![Vec::new(); o.systems.len()];
+        for round in 1..=o.rounds.max(1) {
+            let mut baseline = None;
+            for (i, &system) in o.systems.iter().enumerate() {
+                let m = run_one(o, system, &input, interval, &java).await?;
+                let base = *baseline.get_or_insert(m.rate);
+                let ratio = m.rate / base;
+                ratios[i].push(ratio);
+                rss[i].push(m.rss_mb);
+                println!(
+                    "{:<9} {:<6} {:<14} {:>10.0} {:>7.3} {:>9} {:>8.0}",
+                    label,
+                    round,
+                    system.name(),
+                    m.rate,
+                    ratio,
+                    m.startup_ms,
+                    m.rss_mb
+                );
+                report.row(
+                    "peers",
+                    &format!("{label} round {round} {}", system.name()),
+                    &[
+                        ("records_per_s", m.rate),
+                        ("ratio_to_first", ratio),
+                        ("startup_ms", m.startup_ms as f64),
+                        ("peak_rss_mb", m.rss_mb),
+                    ],
+                );
+            }
+        }
+        for (i, &system) in o.systems.iter().enumerate() {
+            let (r, m) = (median(ratios[i].clone()), median(rss[i].clone()));
+            println!(
+                "{:<9} {:<6} {:<14} {:>10} {:>7.3} {:>9} {:>8.0}",
+                label,
+                "median",
+                system.name(),
+                "",
+                r,
+                "",
+                m
+            );
+            report.row(
+                "peers",
+                &format!("{label} median {}", system.name()),
+                &[("ratio_to_first", r), ("peak_rss_mb", m)],
+            );
+        }
+    }
+    delete_topics(o.bootstrap, &[&input]).await;
+    Ok(())
+}
+
+async fn run_one(
+    o: &PeersOptions<'_>,
+    system: Peer,
+    input: &str,
+    interval: Duration,
+    java: &dyn Fn(&str) -> Result<(PathBuf, String)>,
+) -> Result<Measured> {
+    let output = unique("peers-out");
+    topic(o.bootstrap, &output).await?;
+    let id = unique("peer");
+    let dir = tempfile::tempdir()?;
+    let n = o.records;
+    let ms = interval.as_millis().to_string();
+    let p = o.parallelism.to_string();
+    let mut cmd = match system {
+        Peer::Plain => {
+            let mut c = Command::new(std::env::current_exe()?);
+            c.args(["bench", "plain-loop", "--bootstrap", o.bootstrap, "--records"])
+                .arg(n.to_string())
+                .args(["--input", input, "--output", &output]);
+            c
+        }
+        Peer::Exactly => {
+            let job = dir.path().join("job.toml");
+            std::fs::write(&job, job_file(o.bootstrap, input, &output, &id, &ms, &p, dir.path()))?;
+            let mut c = Command::new(std::env::current_exe()?);
+            c.args(["run", "--no-progress"]).arg(&job);
+            c
+        }
+        Peer::KafkaStreams | Peer::Flink => {
+            let (classes, cp) = java(if system == Peer::Flink {
+                "flink"
+            } else {
+                "kafka-streams"
+            })?;
+            let mut c = Command::new("java");
+            c.arg("-cp")
+                .arg(format!("{}:{cp}", classes.display()))
+                .arg("dev.exactly.peers.PassThrough")
+                .args([o.bootstrap, input, &output, &ms, &p, &id]);
+            c
+        }
+    };
+    let log = std::fs::File::create(dir.path().join("out.log"))?;
+    cmd.stdout(Stdio::from(log.try_clone()?)).stderr(Stdio::from(log));
+    let (b1, o1) = (o.bootstrap.to_owned(), output.clone());
+    let (b2, o2) = (o.bootstrap.to_owned(), output.clone());
+    // Generous deadlines: a peer on a busy machine may take minutes for a large backlog.
+    let deadline = Duration::from_secs(900);
+    let uncommitted = std::thread::spawn(move || verify(&b1, &o1, 1, 1, false, &AtomicU64::new(0), deadline));
+    let committed = std::thread::spawn(move || verify(&b2, &o2, n, n, true, &AtomicU64::new(0), deadline));
+    let start = Instant::now();
+    let mut child = Guard(cmd.spawn().with_context(|| format!("starting {}", system.name()))?);
+    let wait = tokio::task::spawn_blocking(move || (uncommitted.join(), committed.join()));
+    let mut wait = std::pin::pin!(wait);
+    let (first, all) = loop {
+        tokio::select! {
+            r = &mut wait => break r?,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                if let Some(status) = child.0.try_wait()? {
+                    let text = std::fs::read_to_string(dir.path().join("out.log")).unwrap_or_default();
+                    let tail: Vec<&str> = text.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect();
+                    bail!("{} exited ({status}) before its output was complete:\n{}", system.name(), tail.join("\n"));
+                }
+            }
+        }
+    };
+    let rss_mb = peak_rss_kb(child.0.id()).unwrap_or(0) as f64 / 1024.0;
+    drop(child);
+    let (first, all) = (
+        first.map_err(|_| anyhow::anyhow!("reader panicked"))??,
+        all.map_err(|_| anyhow::anyhow!("reader panicked"))??,
+    );
+    delete_topics(o.bootstrap, &[&output]).await;
+    tokio::time::sleep(SETTLE).await;
+    Ok(Measured {
+        rate: n as f64 / all.marked.duration_since(first.first).as_secs_f64(),
+        startup_ms: first.first.duration_since(start).as_millis(),
+        rss_mb,
+    })
+}
+
+/// Kills the child when dropped (also when the benchmark fails half-way).
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Peak resident set size of a process in KiB (`VmHWM` of /proc/PID/status).
+fn peak_rss_kb(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// A pass-through job file: no transforms (records are copied as they are), an exactly-once
+/// Kafka sink, checkpoints every `ms`.
+fn job_file(bootstrap: &str, input: &str, output: &str, id: &str, ms: &str, p: &str, dir: &Path) -> String {
+    format!(
+        r#"[job]
+name = "{id}"
+parallelism = {p}
+
+[checkpoints]
+dir = "{dir}/checkpoints"
+interval = "{ms}ms"
+timeout = "60s"
+
+[restart]
+type = "none"
+
+[source]
+bootstrap_servers = "{bootstrap}"
+topics = ["{input}"]
+group_id = "{id}"
+start = {{ type = "earliest" }}
+
+[sink.kafka]
+bootstrap_servers = "{bootstrap}"
+topic = "{output}"
+delivery = {{ type = "exactly_once", transactional_id_prefix = "{id}", pool_size = 3, transaction_timeout = "2m" }}
+"#,
+        dir = dir.display()
+    )
+}
