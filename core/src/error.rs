@@ -207,7 +207,9 @@ impl CoreError {
         }
     }
 
-    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    /// An I/O error on `path` while `action` ("reading", "writing", ...): for sources and sinks
+    /// on local files as much as for the engine's own storage (retried by the restart strategy).
+    pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         CoreError::Io {
             action,
             path: path.into(),

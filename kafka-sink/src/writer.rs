@@ -80,6 +80,37 @@ impl Sink<ProducerRecord> for KafkaWriter {
 }
 
 /// The Kafka sink for any delivery guarantee.
+///
+/// ```no_run
+/// use std::time::Duration;
+///
+/// use exactly_core::runtime::{JobBuilder, JobConfig};
+/// use exactly_kafka_sink::{DeliveryGuarantee, KafkaSink, KafkaSinkConfig, ProducerRecord};
+/// use exactly_kafka_source::{KafkaRecord, KafkaSource, KafkaSourceConfig, RawBytes};
+///
+/// let source = KafkaSourceConfig::new("127.0.0.1:19092", vec!["orders".into()], "copy");
+/// // Exactly once: the records of checkpoint N go into Kafka transactions, pre-committed at its
+/// // barrier and committed when N is durable (after a crash, by the restart). Readers of
+/// // `orders-copy` use isolation.level=read_committed.
+/// let sink = KafkaSinkConfig::new(
+///     "127.0.0.1:19092",
+///     "orders-copy",
+///     DeliveryGuarantee::ExactlyOnce {
+///         transactional_id_prefix: "copy".into(), // unique per sink; keep it across restarts
+///         pool_size: 3,
+///         transaction_timeout: Duration::from_secs(120),
+///     },
+/// );
+/// let mut job = JobBuilder::new(JobConfig::new("copy")); // with checkpointing, in practice
+/// job.source("orders", 1, move |_| KafkaSource::new(source.clone(), RawBytes))
+///     .map(|r: KafkaRecord| ProducerRecord {
+///         key: r.key,
+///         value: r.value,
+///         timestamp: r.timestamp,
+///         headers: r.headers,
+///     })
+///     .sink("orders-copy", move |_| KafkaSink::new(sink.clone()).expect("a valid configuration"));
+/// ```
 pub enum KafkaSink {
     /// `none` or `at_least_once`.
     Plain(Box<KafkaWriter>),

@@ -68,6 +68,20 @@ impl ConsumerContext for SourceContext {
 /// A Kafka source subtask: reads the partitions the assignment rule gives it, from the offsets
 /// of the restored checkpoint (or the configured start position), and hands on records turned
 /// into `T` by `D`.
+///
+/// ```no_run
+/// use exactly_core::runtime::{JobBuilder, JobConfig};
+/// use exactly_kafka_source::{KafkaRecord, KafkaSource, KafkaSourceConfig, RawBytes, StartPosition};
+///
+/// let mut config = KafkaSourceConfig::new("127.0.0.1:19092", vec!["orders".into()], "orders-job");
+/// config.start = StartPosition::Earliest; // where partitions without restored offsets begin
+/// let mut job = JobBuilder::new(JobConfig::new("orders-job"));
+/// // Two subtasks share the partitions; offsets go into every checkpoint and are committed to
+/// // the group only after the checkpoint completes.
+/// let orders = job.source("orders", 2, move |_| KafkaSource::new(config.clone(), RawBytes));
+/// let values = orders.map(|r: KafkaRecord| r.value.unwrap_or_default());
+/// # let _ = values;
+/// ```
 pub struct KafkaSource<T, D> {
     config: KafkaSourceConfig,
     deserializer: D,

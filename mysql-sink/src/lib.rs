@@ -62,6 +62,46 @@ impl SinkRecord {
 }
 
 /// The MySQL sink in the configured mode.
+///
+/// The configuration is what a job file's `[sink.mysql]` holds; from code, deserialize it (here
+/// from JSON) or fill [`MysqlSinkConfig`]'s fields.
+///
+/// ```no_run
+/// use exactly_core::runtime::{JobBuilder, JobConfig};
+/// use exactly_kafka_source::{KafkaRecord, KafkaSource, KafkaSourceConfig, RawBytes};
+/// use exactly_mysql_sink::{MysqlSink, MysqlSinkConfig, Origin, SinkRecord};
+///
+/// let config: MysqlSinkConfig = serde_json::from_value(serde_json::json!({
+///     "url": "mysql://app:${MYSQL_PASSWORD}@127.0.0.1:3306/shop",
+///     "table": "orders",
+///     "mode": "xa",          // or "upsert" (idempotent; key columns required)
+///     "job_id": "orders-to-mysql",
+///     "create_table": true,
+///     "mapping": {
+///         "format": { "type": "json" },
+///         "columns": [
+///             { "name": "id", "type": "bigint", "key": true },
+///             { "name": "amount", "type": "double" },
+///         ],
+///     },
+/// }))
+/// .expect("a valid configuration");
+/// let source = KafkaSourceConfig::new("127.0.0.1:19092", vec!["orders".into()], "orders-to-mysql");
+/// let mut job = JobBuilder::new(JobConfig::new("orders-to-mysql"));
+/// job.source("orders", 1, move |_| KafkaSource::new(source.clone(), RawBytes))
+///     .map(|r: KafkaRecord| SinkRecord {
+///         tombstone: r.value.is_none(),
+///         payload: r.value.unwrap_or_default(),
+///         key: r.key,
+///         // Named in errors and dead letters.
+///         origin: Some(Origin {
+///             topic: r.topic.to_string(),
+///             partition: r.partition,
+///             offset: r.offset,
+///         }),
+///     })
+///     .sink("orders-table", move |_| MysqlSink::new(config.clone()).expect("a valid configuration"));
+/// ```
 pub enum MysqlSink {
     /// Mode `xa`.
     Xa(Box<TwoPhaseSink<SinkRecord, XaMysqlSink>>),

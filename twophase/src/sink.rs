@@ -48,6 +48,79 @@ pub struct RecoveryContext<'a, C> {
 ///
 /// Implementations hold their connections; the driver ([`crate::TwoPhaseSink`]) decides when each
 /// method runs. Commit must be idempotent: committing an already committed committable succeeds.
+///
+/// A sketch against a store with transactions of its own (the `file_transactions` example is a
+/// complete, runnable one; `docs/writing-a-connector.md` says what each method must guarantee):
+///
+/// ```no_run
+/// use exactly_core::CheckpointId;
+/// use exactly_twophase::{CommitError, PreCommitted, TwoPhaseCommitSink, TwoPhaseSink};
+///
+/// /// Stands in for a client of a transactional store.
+/// struct Store;
+/// impl Store {
+///     fn prepare(&self, rows: &[String], name: &str) -> std::io::Result<()> { Ok(()) }
+///     /// Ok(true): committed now or before; Ok(false): the store no longer has it.
+///     fn commit(&self, name: &str) -> std::io::Result<bool> { Ok(true) }
+///     fn rollback(&self, name: &str) -> std::io::Result<()> { Ok(()) }
+/// }
+///
+/// struct StoreSink {
+///     store: Store,
+///     subtask: u32,
+/// }
+///
+/// impl TwoPhaseCommitSink<String> for StoreSink {
+///     /// Rows of the open transaction (buffered here; a real client writes as they come).
+///     type Transaction = Vec<String>;
+///     /// The prepared transaction's name: enough to commit it after a restart.
+///     type Committable = String;
+///
+///     async fn begin(&mut self, _id: CheckpointId) -> exactly_twophase::Result<Vec<String>> {
+///         Ok(Vec::new())
+///     }
+///
+///     async fn write(&mut self, txn: &mut Vec<String>, rows: Vec<String>) -> exactly_twophase::Result<()> {
+///         txn.extend(rows);
+///         Ok(())
+///     }
+///
+///     async fn pre_commit(
+///         &mut self,
+///         txn: Vec<String>,
+///         id: CheckpointId,
+///     ) -> exactly_twophase::Result<PreCommitted<String, Vec<String>>> {
+///         if txn.is_empty() {
+///             return Ok(PreCommitted::Empty);
+///         }
+///         let name = format!("{}-{id}", self.subtask);
+///         self.store
+///             .prepare(&txn, &name)
+///             .map_err(|e| exactly_core::CoreError::operator("store", exactly_core::ErrorClass::Restart, e))?;
+///         Ok(PreCommitted::Committable(name))
+///     }
+///
+///     async fn commit(&mut self, name: &String) -> Result<(), CommitError> {
+///         match self.store.commit(name) {
+///             Ok(true) => Ok(()), // committed, now or by an earlier attempt
+///             Ok(false) => Err(CommitError::Lost {
+///                 what: format!("prepared transaction {name}"),
+///                 source: "the store no longer has it".into(),
+///             }),
+///             Err(e) => Err(CommitError::Retriable(Box::new(e))),
+///         }
+///     }
+///
+///     async fn abort(&mut self, _txn: Vec<String>) -> exactly_twophase::Result<()> {
+///         Ok(()) // nothing reached the store before pre-commit
+///     }
+/// }
+///
+/// // In a job: the one generic driver binds it to checkpoints.
+/// # let mut job = exactly_core::runtime::JobBuilder::new(exactly_core::runtime::JobConfig::new("j"));
+/// # let stream: exactly_core::runtime::Stream<String> = unimplemented!();
+/// stream.sink("store", |info| TwoPhaseSink::new(StoreSink { store: Store, subtask: info.index }));
+/// ```
 pub trait TwoPhaseCommitSink<T>: Send + 'static {
     /// An open transaction.
     type Transaction: Send;

@@ -153,6 +153,11 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
             bail!("plain-loop needs --input and --output");
         };
         k2k::plain_loop(b, input, output, o.records.unwrap_or(1_000_000))?;
+        // Like every system `bench peers` measures, the loop is stopped from outside (its peak
+        // memory is read before that).
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+        }
     }
     if which == Which::Storage {
         let url = need(

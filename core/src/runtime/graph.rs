@@ -121,6 +121,52 @@ struct Graph {
 }
 
 /// Builds a job. Every stateful operator, source and sink has a uid: state is addressed by it.
+///
+/// ```
+/// use exactly_core::runtime::{JobBuilder, JobConfig, Sink, Source, SourceStatus};
+///
+/// /// 0, 1, …, 9, then the end of the input.
+/// struct Numbers(u64);
+///
+/// impl Source<u64> for Numbers {
+///     async fn poll_next(&mut self, out: &mut Vec<u64>) -> exactly_core::Result<SourceStatus> {
+///         if self.0 == 10 {
+///             return Ok(SourceStatus::End);
+///         }
+///         out.push(self.0);
+///         self.0 += 1;
+///         Ok(SourceStatus::More)
+///     }
+/// }
+///
+/// struct Print;
+///
+/// impl Sink<u64> for Print {
+///     async fn write(&mut self, records: Vec<u64>) -> exactly_core::Result<()> {
+///         for r in records {
+///             println!("{r}");
+///         }
+///         Ok(())
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> exactly_core::Result<()> {
+/// let mut job = JobBuilder::new(JobConfig::new("numbers"));
+/// job.source("numbers", 1, |_| Numbers(0))
+///     .filter(|n| n % 2 == 0)
+///     .map(|n| n * 10)
+///     .sink("print", |_| Print);
+/// // `JobConfig::checkpointing` (a `CheckpointConfig`) turns checkpoints on; without it, no
+/// // state survives a restart.
+/// let outcome = job.build()?.run().await?;
+/// assert_eq!(outcome.restarts, 0);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// Runnable programs: `cargo run -p exactly-core --example custom_source`, and the guide
+/// `docs/writing-a-connector.md`.
 pub struct JobBuilder {
     graph: Rc<RefCell<Graph>>,
 }
