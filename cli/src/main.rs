@@ -201,7 +201,7 @@ enum Command {
         /// endpoint from AWS_* variables).
         #[arg(long, env = "EXACTLY_BENCH_CHECKPOINTS")]
         checkpoints: Option<String>,
-        /// Checkpoint (commit) intervals (peers).
+        /// Checkpoint (commit) intervals (k2k, peers).
         #[arg(long, value_delimiter = ',', default_value = "1s,100ms", value_parser = humantime::parse_duration)]
         intervals: Vec<std::time::Duration>,
         /// Parallelism: subtasks, stream threads (peers).

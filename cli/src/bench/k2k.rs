@@ -21,11 +21,12 @@ pub(super) fn k2k_job(
     output: &str,
     delivery: DeliveryGuarantee,
     dir: &std::path::Path,
+    interval: Duration,
 ) -> JobHandle {
     let source = KafkaSourceConfig::new(bootstrap, vec![input.to_owned()], unique("g"));
     let mut sink = KafkaSinkConfig::new(bootstrap, output, delivery);
     sink.client.extend(client_overrides("BENCH_SINK_CLIENT"));
-    let mut job = JobBuilder::new(job_config(dir));
+    let mut job = JobBuilder::new(job_config_every(dir, interval));
     // One subtask by default: on 2 cores, more consumers and producers mostly add threads.
     let parallelism: u32 = std::env::var("BENCH_PARALLELISM")
         .ok()
@@ -114,6 +115,7 @@ pub(super) async fn k2k_run(
     size: usize,
     rate: u64,
     secs: u64,
+    interval: Duration,
 ) -> Result<K2kFigures> {
     let (input, output) = (unique("bench-in"), unique("bench-out"));
     topic(bootstrap, &input).await?;
@@ -141,7 +143,7 @@ pub(super) async fn k2k_run(
             std::thread::spawn(move || plain_loop(&b, &i, &o, paced));
             None
         }
-        m => Some(k2k_job(bootstrap, &input, &output, delivery(m), dir.path())),
+        m => Some(k2k_job(bootstrap, &input, &output, delivery(m), dir.path(), interval)),
     };
     // The pipeline's rate: until a read_uncommitted reader has the backlog (for exactly-once,
     // written in transactions not yet committed: the final commit waits for the next checkpoint,
@@ -201,13 +203,14 @@ pub(crate) async fn bench_k2k(
     n: u64,
     sizes: &[usize],
     rounds: usize,
+    intervals: &[Duration],
     report: &mut Report,
 ) -> Result<()> {
     let rounds = rounds.max(1);
-    println!("Kafka-to-Kafka pass-through, {PARTITIONS} partitions, one subtask (BENCH_PARALLELISM), checkpoints every 1 s, {n} records backlog, then 5 s at 2000 records/s; {rounds} round(s), the three modes one after the other in each");
+    println!("Kafka-to-Kafka pass-through, {PARTITIONS} partitions, one subtask (BENCH_PARALLELISM), checkpoints every --intervals (record column: size and interval), {n} records backlog, then 5 s at 2000 records/s; {rounds} round(s), the three modes one after the other in each");
     println!("written/s: a read_uncommitted reader's rate from its first record to the backlog's last (the pipeline's rate); start: job start to first record written; committed/s: job start until a read_committed reader has the backlog (start-up and, exactly-once, the last commit included); timed/s: from the first record written until a read_committed reader has the backlog (start-up excluded, the last commit included: how `bench peers` times every system)");
     println!(
-        "{:<8} {:<6} {:<14} {:>10} {:>7} {:>8} {:>11} {:>7} {:>10} {:>7} {:>7} {:>7}",
+        "{:<14} {:<6} {:<14} {:>10} {:>7} {:>8} {:>11} {:>7} {:>10} {:>7} {:>7} {:>7}",
         "record",
         "round",
         "mode",
@@ -226,36 +229,26 @@ pub(crate) async fn bench_k2k(
         (K2k::AtLeastOnce, "at-least-once"),
         (K2k::ExactlyOnce, "exactly-once"),
     ];
-    for &size in sizes {
+    for (&size, &interval) in sizes.iter().flat_map(|s| intervals.iter().map(move |i| (s, i))) {
+        let record = format!("{size} B {}", humantime::format_duration(interval));
         // Per mode: (written ratio, committed ratio, timed ratio) of each round.
         let mut ratios: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); modes.len()];
         for round in 1..=rounds {
             let mut plain = (0.0, 0.0, 0.0);
             for (i, &(mode, name)) in modes.iter().enumerate() {
-                let f = k2k_run(bootstrap, mode, n, size, 2000, 5).await?;
+                let f = k2k_run(bootstrap, mode, n, size, 2000, 5, interval).await?;
                 if mode == K2k::Plain {
                     plain = (f.written, f.committed, f.timed);
                 }
                 let r = (f.written / plain.0, f.committed / plain.1, f.timed / plain.2);
                 ratios[i].push(r);
                 println!(
-                    "{:<8} {:<6} {:<14} {:>10.0} {:>7.3} {:>8} {:>11.0} {:>7.3} {:>10.0} {:>7.3} {:>7} {:>7}",
-                    format!("{size} B"),
-                    round,
-                    name,
-                    f.written,
-                    r.0,
-                    f.startup_ms,
-                    f.committed,
-                    r.1,
-                    f.timed,
-                    r.2,
-                    f.p50,
-                    f.p99
+                    "{:<14} {:<6} {:<14} {:>10.0} {:>7.3} {:>8} {:>11.0} {:>7.3} {:>10.0} {:>7.3} {:>7} {:>7}",
+                    record, round, name, f.written, r.0, f.startup_ms, f.committed, r.1, f.timed, r.2, f.p50, f.p99
                 );
                 report.row(
                     "k2k",
-                    &format!("{size} B round {round} {name}"),
+                    &format!("{record} round {round} {name}"),
                     &[
                         ("written_records_per_s", f.written),
                         ("written_ratio_to_plain", r.0),
@@ -276,21 +269,12 @@ pub(crate) async fn bench_k2k(
                 let committed = median(ratios[i].iter().map(|r| r.1).collect());
                 let timed = median(ratios[i].iter().map(|r| r.2).collect());
                 println!(
-                    "{:<8} {:<6} {:<14} {:>10} {:>7.3} {:>8} {:>11} {:>7.3} {:>10} {:>7.3}",
-                    format!("{size} B"),
-                    "median",
-                    name,
-                    "",
-                    written,
-                    "",
-                    "",
-                    committed,
-                    "",
-                    timed
+                    "{:<14} {:<6} {:<14} {:>10} {:>7.3} {:>8} {:>11} {:>7.3} {:>10} {:>7.3}",
+                    record, "median", name, "", written, "", "", committed, "", timed
                 );
                 report.row(
                     "k2k",
-                    &format!("{size} B median {name}"),
+                    &format!("{record} median {name}"),
                     &[
                         ("written_ratio_to_plain", written),
                         ("committed_ratio_to_plain", committed),

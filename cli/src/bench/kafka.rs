@@ -199,8 +199,12 @@ pub(super) fn median(mut v: Vec<f64>) -> f64 {
 }
 
 pub(super) fn job_config(dir: &std::path::Path) -> JobConfig {
+    job_config_every(dir, Duration::from_secs(1))
+}
+
+pub(super) fn job_config_every(dir: &std::path::Path, interval: Duration) -> JobConfig {
     let mut c = CheckpointConfig::new(dir);
-    c.interval = Duration::from_secs(1);
+    c.interval = interval;
     let mut config = JobConfig::new("bench");
     config.checkpointing = Some(c);
     config.restart = RestartStrategy::None;

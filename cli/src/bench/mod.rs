@@ -126,7 +126,15 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
         // Two rates: written (a read_uncommitted reader has the backlog) and committed (a
         // read_committed reader has it; exactly-once includes the last commit, up to one
         // checkpoint interval after the last record: use enough records).
-        k2k::bench_k2k(b, o.records.unwrap_or(1_000_000), &o.sizes, o.rounds, &mut report).await?;
+        k2k::bench_k2k(
+            b,
+            o.records.unwrap_or(1_000_000),
+            &o.sizes,
+            o.rounds,
+            &o.intervals,
+            &mut report,
+        )
+        .await?;
     }
     if all || which == Which::Mysql {
         let b = need(&o.bootstrap, "mysql", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
