@@ -131,6 +131,12 @@ pub(super) async fn k2k_run(
         _ => DeliveryGuarantee::AtLeastOnce,
     };
     let paced = n + rate * secs;
+    // The paced phase's producer, made now: a new idempotent producer spends its first few hundred
+    // ms on metadata and a producer id, which would be counted as the first records' latency.
+    let p = producer(bootstrap)?;
+    p.client()
+        .fetch_metadata(Some(&input), Duration::from_secs(10))
+        .map_err(|e| anyhow::anyhow!("metadata of {input}: {e}"))?;
     let start = Instant::now();
     let (b, o) = (bootstrap.to_owned(), output.clone());
     // read_committed, every record: when the backlog's last arrived, and the latencies.
@@ -163,7 +169,6 @@ pub(super) async fn k2k_run(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let p = producer(bootstrap)?;
     let interval = Duration::from_micros(1_000_000 / rate.max(1));
     let begin = Instant::now();
     for i in 0..rate * secs {
