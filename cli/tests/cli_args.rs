@@ -297,6 +297,19 @@ fn bench_needs_services_it_measures() {
 }
 
 #[test]
+fn bench_peers_needs_its_harnesses_built() {
+    // Checked before any service is reached: nothing listens on port 1.
+    let dir = tempfile::tempdir().unwrap();
+    exactly()
+        .args(["bench", "peers", "--systems", "exactly,flink", "--peers-dir"])
+        .arg(dir.path())
+        .env("EXACTLY_KAFKA_BOOTSTRAP", "127.0.0.1:1")
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("is not built: run scripts/peers first"));
+}
+
+#[test]
 fn bench_core_prints_both_rates_and_writes_json() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("bench.json");
