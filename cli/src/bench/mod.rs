@@ -89,7 +89,7 @@ pub struct BenchOptions {
     pub mysql: Option<String>,
     /// Object store location of the storage benchmark (`s3://bucket/prefix`).
     pub checkpoints: Option<String>,
-    /// Checkpoint (commit) intervals of the peers benchmark.
+    /// Checkpoint (commit) intervals of the k2k and peers benchmarks.
     pub intervals: Vec<std::time::Duration>,
     /// Parallelism of the peers benchmark (subtasks, stream threads).
     pub parallelism: u32,
@@ -162,10 +162,8 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
         };
         k2k::plain_loop(b, input, output, o.records.unwrap_or(1_000_000))?;
         // Like every system `bench peers` measures, the loop is stopped from outside (its peak
-        // memory is read before that).
-        loop {
-            tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
-        }
+        // memory is read before that); should nobody stop it, it ends after 10 minutes.
+        tokio::time::sleep(std::time::Duration::from_secs(600)).await;
     }
     if which == Which::Storage {
         let url = need(
