@@ -474,6 +474,13 @@ impl Job {
                 return Err(err("checkpoints", e.to_string()));
             }
         }
+        #[cfg(not(feature = "rocksdb"))]
+        if matches!(file.state_backend, Some(StateBackendConfig::RocksDb { .. })) {
+            return Err(err(
+                "state_backend.type",
+                "this exactly was built without the RocksDB state backend (cargo build -p exactly-cli with its default features has it); use type = \"memory\" or another build".into(),
+            ));
+        }
         if let Some(r) = &file.restart {
             if let Err(e) = r.validate() {
                 return Err(err("restart", e.to_string()));
