@@ -60,27 +60,23 @@ async fn browser(driver_port: u16) -> Result<Client> {
         .context("opening a Chromium session through chromedriver")
 }
 
-/// What the page shows at `css` (read in one script run: the page redraws every second, so an
-/// element found first may be replaced before it is read).
-async fn text(c: &Client, css: &str) -> Result<String> {
-    let v = c
-        .execute(
-            "const e = document.querySelector(arguments[0]); return e ? e.textContent : '';",
-            vec![serde_json::json!(css)],
-        )
-        .await?;
+/// `expr` (JavaScript, of the element `e`) for the element at `css`, "" while there is none; read
+/// in one script run: the page redraws every second, so an element found first may be replaced
+/// before it is read.
+async fn read(c: &Client, css: &str, expr: &str) -> Result<String> {
+    let script = format!("const e = document.querySelector(arguments[0]); return e ? {expr} : '';");
+    let v = c.execute(&script, vec![serde_json::json!(css)]).await?;
     Ok(v.as_str().unwrap_or_default().to_owned())
 }
 
-/// The `points` of the chart line at `css` ("" while there is none).
+/// What the page shows at `css`.
+async fn text(c: &Client, css: &str) -> Result<String> {
+    read(c, css, "e.textContent").await
+}
+
+/// The `points` of the chart line at `css`.
 async fn points(c: &Client, css: &str) -> Result<String> {
-    let v = c
-        .execute(
-            "const e = document.querySelector(arguments[0]); return e ? e.getAttribute('points') : '';",
-            vec![serde_json::json!(css)],
-        )
-        .await?;
-    Ok(v.as_str().unwrap_or_default().to_owned())
+    read(c, css, "e.getAttribute('points')").await
 }
 
 /// Polls `f` every 300 ms until it returns `Some`; fails after `timeout` naming `what`.
