@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use crate::error::Result;
@@ -70,7 +71,6 @@ impl<'a> InitContext<'a> {
 }
 
 /// Given to `snapshot_state`: the checkpoint, and where to put operator state.
-#[derive(Debug)]
 pub struct SnapshotContext {
     /// The checkpoint being taken.
     pub checkpoint_id: CheckpointId,
@@ -80,6 +80,53 @@ pub struct SnapshotContext {
     pub timestamp_ms: u64,
     pub(crate) list_state: BTreeMap<String, Vec<Vec<u8>>>,
     pub(crate) union_state: BTreeMap<String, Vec<Vec<u8>>>,
+    pub(crate) deferred: Vec<DeferredSnapshot>,
+}
+
+impl std::fmt::Debug for SnapshotContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnapshotContext")
+            .field("checkpoint_id", &self.checkpoint_id)
+            .field("kind", &self.kind)
+            .field("timestamp_ms", &self.timestamp_ms)
+            .field("list_state", &self.list_state)
+            .field("union_state", &self.union_state)
+            .field("deferred", &self.deferred.len())
+            .finish()
+    }
+}
+
+/// The part of an operator's snapshot that finishes after `snapshot_state` returned (see
+/// [`SnapshotContext::defer`]).
+pub type DeferredSnapshot = Pin<Box<dyn Future<Output = Result<DeferredState>> + Send + 'static>>;
+
+/// State a deferred part of a snapshot adds when it ends (entries of the same name replace what
+/// `snapshot_state` put).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct DeferredState {
+    pub(crate) list_state: BTreeMap<String, Vec<Vec<u8>>>,
+    pub(crate) union_state: BTreeMap<String, Vec<Vec<u8>>>,
+}
+
+impl DeferredState {
+    /// Stores list state `name` (as [`SnapshotContext::put_list_state`]).
+    pub fn put_list_state(&mut self, name: impl Into<String>, entries: Vec<Vec<u8>>) {
+        self.list_state.insert(name.into(), entries);
+    }
+
+    /// Stores union list state `name` (as [`SnapshotContext::put_union_state`]).
+    pub fn put_union_state(&mut self, name: impl Into<String>, entries: Vec<Vec<u8>>) {
+        self.union_state.insert(name.into(), entries);
+    }
+
+    pub(crate) fn add_to(
+        self,
+        list_state: &mut BTreeMap<String, Vec<Vec<u8>>>,
+        union_state: &mut BTreeMap<String, Vec<Vec<u8>>>,
+    ) {
+        list_state.extend(self.list_state);
+        union_state.extend(self.union_state);
+    }
 }
 
 impl SnapshotContext {
@@ -92,7 +139,26 @@ impl SnapshotContext {
             timestamp_ms,
             list_state: BTreeMap::new(),
             union_state: BTreeMap::new(),
+            deferred: Vec::new(),
         }
+    }
+
+    /// Finishes this operator's part of the checkpoint in the background (Flink's asynchronous
+    /// snapshot phase): `snapshot_state` returns at once and the task goes on with the records
+    /// after the barrier, while `part` runs on its own (the runtime spawns it). The task
+    /// acknowledges the checkpoint only when every deferred part of it has ended, and strictly in
+    /// checkpoint order (checkpoint n+1's acknowledgement never overtakes n's), so the checkpoint
+    /// cannot complete, and nobody is told it did, before `part` ended. State `part` returns is
+    /// added to what `snapshot_state` put; an error fails the task, as an error of
+    /// `snapshot_state` would.
+    ///
+    /// `part` must own what it uses: the operator keeps running beside it. If the run fails or
+    /// stops first, `part` is cancelled (dropped at its next await).
+    ///
+    /// Honoured for sinks and for chained functions; a source's snapshot cannot be deferred (its
+    /// position is what the barrier marks).
+    pub fn defer(&mut self, part: impl Future<Output = Result<DeferredState>> + Send + 'static) {
+        self.deferred.push(Box::pin(part));
     }
 
     /// Stores list state `name`: on restore with another parallelism its entries are dealt among
@@ -106,8 +172,25 @@ impl SnapshotContext {
         self.union_state.insert(name.into(), entries);
     }
 
+    /// Runs the deferred parts (in the order they were deferred) and adds their state: what the
+    /// runtime does before it acknowledges the checkpoint (for tests of user functions).
+    pub async fn finish_deferred(&mut self) -> Result<()> {
+        for part in std::mem::take(&mut self.deferred) {
+            let state = part.await?;
+            state.add_to(&mut self.list_state, &mut self.union_state);
+        }
+        Ok(())
+    }
+
     /// What a restore with unchanged parallelism would hand this subtask back (for tests).
+    ///
+    /// # Panics
+    /// If a deferred part has not been run: call [`SnapshotContext::finish_deferred`] first.
     pub fn into_restored(self) -> RestoredState {
+        assert!(
+            self.deferred.is_empty(),
+            "deferred snapshot parts not run: call finish_deferred first"
+        );
         RestoredState {
             list_state: self.list_state,
             union_state: self.union_state,

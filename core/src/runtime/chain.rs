@@ -9,8 +9,8 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use super::api::{
-    CheckpointListener, CheckpointedFunction, Collector, InitContext, KeyedProcessFunction, ProcessFunction, Sink,
-    SnapshotContext, SubtaskInfo,
+    CheckpointListener, CheckpointedFunction, Collector, DeferredSnapshot, InitContext, KeyedProcessFunction,
+    ProcessFunction, Sink, SnapshotContext, SubtaskInfo,
 };
 use super::graph::Partitioner;
 use crate::coordinator::{OperatorSubtaskState, TaskSnapshot};
@@ -47,6 +47,9 @@ pub(crate) struct BarrierCtx<'a> {
     pub(crate) storage: Option<&'a Arc<dyn CheckpointStorage>>,
     /// False for a task that already ended: snapshot, but nothing downstream listens.
     pub(crate) forward: bool,
+    /// Parts of operators' snapshots still running (see `SnapshotContext::defer`), with the
+    /// index of their operator's entry in `snapshot`.
+    pub(crate) deferred: &'a mut Vec<(usize, DeferredSnapshot)>,
 }
 
 /// One node of a chain, receiving records of type `T`.
@@ -122,19 +125,22 @@ impl<I: Send, O: Send> Output<I> for Stateless<I, O> {
     }
 }
 
-fn push_state(info: &SubtaskInfo, snapshot: &mut TaskSnapshot, ctx: SnapshotContext) -> usize {
+fn push_state(info: &SubtaskInfo, ctx: &mut BarrierCtx<'_>, sctx: SnapshotContext) -> usize {
+    let snapshot = &mut *ctx.snapshot;
     snapshot.operators.push(OperatorSubtaskState {
         uid: info.uid.clone(),
         subtask: info.index,
         parallelism: info.parallelism,
         max_parallelism: info.max_parallelism,
         state: crate::checkpoint::SubtaskSnapshot {
-            list_state: ctx.list_state,
-            union_state: ctx.union_state,
+            list_state: sctx.list_state,
+            union_state: sctx.union_state,
             keyed: None,
         },
     });
-    snapshot.operators.len() - 1
+    let at = snapshot.operators.len() - 1;
+    ctx.deferred.extend(sctx.deferred.into_iter().map(|part| (at, part)));
+    at
 }
 
 /// Runs `initialize_state` of a chained function with its restored state.
@@ -149,11 +155,11 @@ fn snapshot_function(
     info: &SubtaskInfo,
     b: CheckpointBarrier,
     f: &mut dyn CheckpointedFunction,
-    snapshot: &mut TaskSnapshot,
+    ctx: &mut BarrierCtx<'_>,
 ) -> Result<usize> {
     let mut sctx = SnapshotContext::new(b.id, b.kind, b.timestamp_ms);
     f.snapshot_state(&mut sctx).map_err(|e| user_error(&info.uid, e))?;
-    Ok(push_state(info, snapshot, sctx))
+    Ok(push_state(info, ctx, sctx))
 }
 
 fn notify_listener(uid: &str, l: &mut dyn CheckpointListener, n: Notification) -> Result<()> {
@@ -207,7 +213,7 @@ impl<I: Send, O: Send, P: ProcessFunction<I, O>> Output<I> for ProcessNode<I, O,
     fn flush(&mut self) -> BoxFut<'_, Result<()>> {
         self.next.flush()
     }
-    fn barrier<'a>(&'a mut self, ctx: BarrierCtx<'a>) -> BoxFut<'a, Result<()>> {
+    fn barrier<'a>(&'a mut self, mut ctx: BarrierCtx<'a>) -> BoxFut<'a, Result<()>> {
         Box::pin(async move {
             let b = ctx.barrier;
             if ctx.forward {
@@ -218,7 +224,7 @@ impl<I: Send, O: Send, P: ProcessFunction<I, O>> Output<I> for ProcessNode<I, O,
                     },
                 )?;
             }
-            snapshot_function(&self.info, b, &mut self.f, ctx.snapshot)?;
+            snapshot_function(&self.info, b, &mut self.f, &mut ctx)?;
             self.next.barrier(ctx).await
         })
     }
@@ -294,10 +300,10 @@ impl<I: Send, O: Send, P: KeyedProcessFunction<I, O>> Output<I> for KeyedNode<I,
     fn flush(&mut self) -> BoxFut<'_, Result<()>> {
         self.next.flush()
     }
-    fn barrier<'a>(&'a mut self, ctx: BarrierCtx<'a>) -> BoxFut<'a, Result<()>> {
+    fn barrier<'a>(&'a mut self, mut ctx: BarrierCtx<'a>) -> BoxFut<'a, Result<()>> {
         Box::pin(async move {
             let b = ctx.barrier;
-            let at = snapshot_function(&self.info, b, &mut self.f, ctx.snapshot)?;
+            let at = snapshot_function(&self.info, b, &mut self.f, &mut ctx)?;
             if let Some(storage) = ctx.storage {
                 let writer = storage.writer(b.id)?;
                 let name = format!("{}-{}", self.info.uid, self.info.index);
@@ -377,7 +383,7 @@ impl<T: Send + 'static, S: Sink<T>> Output<T> for SinkNode<T, S> {
     fn flush(&mut self) -> BoxFut<'_, Result<()>> {
         Box::pin(self.write_buffered())
     }
-    fn barrier<'a>(&'a mut self, ctx: BarrierCtx<'a>) -> BoxFut<'a, Result<()>> {
+    fn barrier<'a>(&'a mut self, mut ctx: BarrierCtx<'a>) -> BoxFut<'a, Result<()>> {
         Box::pin(async move {
             self.write_buffered().await?;
             let b = ctx.barrier;
@@ -386,7 +392,7 @@ impl<T: Send + 'static, S: Sink<T>> Output<T> for SinkNode<T, S> {
                 .snapshot_state(&mut sctx)
                 .await
                 .map_err(|e| user_error(&self.info.uid, e))?;
-            push_state(&self.info, ctx.snapshot, sctx);
+            push_state(&self.info, &mut ctx, sctx);
             Ok(())
         })
     }

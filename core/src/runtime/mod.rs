@@ -22,8 +22,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use api::{
-    CheckpointListener, CheckpointedFunction, Collector, InitContext, KeyedProcessFunction, ProcessFunction, Sink,
-    SnapshotContext, Source, SourceStatus, SourceWatermark, SubtaskInfo,
+    CheckpointListener, CheckpointedFunction, Collector, DeferredSnapshot, DeferredState, InitContext,
+    KeyedProcessFunction, ProcessFunction, Sink, SnapshotContext, Source, SourceStatus, SourceWatermark, SubtaskInfo,
 };
 pub use executor::{Job, JobControl, JobHandle, JobOutcome};
 pub use graph::{JobBuilder, KeyedStream, Stream};
@@ -217,5 +217,7 @@ impl JobConfig {
     }
 }
 
+#[cfg(test)]
+mod deferred_tests;
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,6 @@
 //! The loops of source tasks and input tasks, and what they exchange with the coordinator.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -7,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::api::{InitContext, SnapshotContext, Source, SourceStatus, SourceWatermark, SubtaskInfo};
+use super::api::{DeferredState, InitContext, SnapshotContext, Source, SourceStatus, SourceWatermark, SubtaskInfo};
 use super::chain::{user_error, BackendFactory, BarrierCtx, Envelope, Notification, Output};
 use crate::checkpoint::{AlignerEvent, AlignmentMode, BarrierAligner, SubtaskSnapshot};
 use crate::coordinator::{OperatorSubtaskState, TaskSnapshot};
@@ -114,28 +115,148 @@ impl TaskParts {
         let _ = self.events.send(e);
     }
 
+    /// Runs the barrier through the chain and acknowledges it, at once or, when operators
+    /// deferred parts of their snapshots, once those have ended (in checkpoint order).
     async fn checkpoint<T>(
         &self,
+        acks: &mut WaitingAcks,
         chain: &mut Box<dyn Output<T>>,
         barrier: CheckpointBarrier,
         mut snapshot: TaskSnapshot,
         forward: bool,
     ) -> Result<()> {
         chain.flush().await?;
+        let mut deferred = Vec::new();
         chain
             .barrier(BarrierCtx {
                 barrier,
                 snapshot: &mut snapshot,
                 storage: self.storage.as_ref(),
                 forward,
+                deferred: &mut deferred,
             })
             .await?;
-        self.send(TaskEvent::Ack {
-            task: self.task_id,
+        if deferred.is_empty() && acks.is_empty() {
+            self.send(TaskEvent::Ack {
+                task: self.task_id,
+                id: barrier.id,
+                snapshot,
+            });
+            return Ok(());
+        }
+        let parts = deferred
+            .into_iter()
+            .map(|(at, part)| (at, Part::Running(tokio::spawn(part))))
+            .collect();
+        acks.queue.push_back(WaitingAck {
             id: barrier.id,
             snapshot,
+            parts,
         });
+        self.send_ready(acks).await
+    }
+
+    /// Waits for every deferred part and sends every waiting acknowledgement: before the task
+    /// reports its end, since the coordinator takes an ended task's missing acknowledgements
+    /// for barriers that never reached it (and would ask it to snapshot them again).
+    async fn send_all(&self, acks: &mut WaitingAcks) -> Result<()> {
+        while !acks.is_empty() {
+            acks.oldest_ended().await;
+            self.send_ready(acks).await?;
+        }
         Ok(())
+    }
+
+    /// Sends, oldest first, every waiting acknowledgement whose deferred parts have all ended
+    /// (returns at once when the oldest has not); a failed part fails the task.
+    async fn send_ready(&self, acks: &mut WaitingAcks) -> Result<()> {
+        while acks.oldest_has_ended() {
+            acks.oldest_ended().await;
+            let Some(w) = acks.queue.pop_front() else { break };
+            let mut snapshot = w.snapshot;
+            for (at, part) in w.parts {
+                let Part::Done(result) = part else {
+                    unreachable!("oldest_ended waited for every part")
+                };
+                let op = &mut snapshot.operators[at];
+                let state = result.map_err(|e| user_error(&op.uid, e))?;
+                state.add_to(&mut op.state.list_state, &mut op.state.union_state);
+            }
+            self.send(TaskEvent::Ack {
+                task: self.task_id,
+                id: w.id,
+                snapshot,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A deferred part of an operator's snapshot (see `SnapshotContext::defer`).
+enum Part {
+    Running(tokio::task::JoinHandle<Result<DeferredState>>),
+    Done(Result<DeferredState>),
+}
+
+/// A barrier that went through the chain, waiting for deferred parts of its snapshot.
+struct WaitingAck {
+    id: CheckpointId,
+    snapshot: TaskSnapshot,
+    /// (index of the operator's entry in `snapshot`, part)
+    parts: Vec<(usize, Part)>,
+}
+
+/// A task's acknowledgements that wait for deferred snapshot parts, oldest first: sent in this
+/// order, so an acknowledgement never overtakes an earlier checkpoint's. Dropped with the task
+/// (failover, shutdown): the parts still running are cancelled.
+#[derive(Default)]
+struct WaitingAcks {
+    queue: VecDeque<WaitingAck>,
+}
+
+impl WaitingAcks {
+    fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    fn oldest_has_ended(&self) -> bool {
+        self.queue.front().is_some_and(|w| {
+            w.parts.iter().all(|(_, p)| match p {
+                Part::Running(h) => h.is_finished(),
+                Part::Done(_) => true,
+            })
+        })
+    }
+
+    /// Waits until every part of the oldest has ended (forever when none waits). Cancel-safe: a
+    /// part that ended keeps its result.
+    async fn oldest_ended(&mut self) {
+        let Some(w) = self.queue.front_mut() else {
+            return std::future::pending().await;
+        };
+        for (_, part) in &mut w.parts {
+            if let Part::Running(h) = part {
+                let result = h.await.unwrap_or_else(|e| {
+                    Err(CoreError::TaskLost {
+                        task: "a deferred snapshot part".into(),
+                        reason: e.to_string(),
+                    })
+                });
+                *part = Part::Done(result);
+            }
+        }
+    }
+}
+
+impl Drop for WaitingAcks {
+    fn drop(&mut self) {
+        for w in &self.queue {
+            for (_, p) in &w.parts {
+                if let Part::Running(h) = p {
+                    h.abort();
+                }
+            }
+        }
     }
 }
 
@@ -163,11 +284,16 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
         let mut buf = Vec::with_capacity(1024);
         let mut last_watermark: Option<Watermark> = None;
         let mut idle = false;
+        let mut acks = WaitingAcks::default();
         loop {
+            parts.send_ready(&mut acks).await?;
             let control = if ended || stopped {
-                match parts.control.recv().await {
-                    Some(c) => Some(c),
-                    None => return Ok(()),
+                tokio::select! {
+                    c = parts.control.recv() => match c {
+                        Some(c) => Some(c),
+                        None => return Ok(()),
+                    },
+                    () = acks.oldest_ended(), if !acks.is_empty() => continue,
                 }
             } else {
                 match parts.control.try_recv() {
@@ -180,12 +306,16 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
                 match c {
                     Control::Trigger { barrier, stop } => {
                         let snapshot = source_snapshot(&info, &mut source, barrier).await?;
-                        parts.checkpoint(&mut chain, barrier, snapshot, !ended).await?;
+                        parts
+                            .checkpoint(&mut acks, &mut chain, barrier, snapshot, !ended)
+                            .await?;
                         stopped |= stop;
                     }
                     Control::SnapshotIfEnded(barrier) if ended => {
                         let snapshot = source_snapshot(&info, &mut source, barrier).await?;
-                        parts.checkpoint(&mut chain, barrier, snapshot, false).await?;
+                        parts
+                            .checkpoint(&mut acks, &mut chain, barrier, snapshot, false)
+                            .await?;
                     }
                     Control::SnapshotIfEnded(_) => {}
                     Control::Notify(n) => {
@@ -224,6 +354,7 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
             if status == SourceStatus::End {
                 chain.end().await?;
                 ended = true;
+                parts.send_all(&mut acks).await?;
                 parts.send(TaskEvent::Ended { task: parts.task_id });
             }
         }
@@ -240,6 +371,13 @@ async fn source_snapshot<T, S: Source<T>>(
         .snapshot_state(&mut sctx)
         .await
         .map_err(|e| user_error(&info.uid, e))?;
+    if !sctx.deferred.is_empty() {
+        return Err(CoreError::operator(
+            &info.uid,
+            crate::error::ErrorClass::Fatal,
+            "a source deferred part of its snapshot (SnapshotContext::defer): a source's position must be complete at its barrier",
+        ));
+    }
     Ok(TaskSnapshot {
         operators: vec![OperatorSubtaskState {
             uid: info.uid.clone(),
@@ -274,18 +412,20 @@ pub(crate) fn input_task<T: Send + 'static>(
         chain.open().await?;
         let mut ended = false;
         let mut events = Vec::new();
+        let mut acks = WaitingAcks::default();
         loop {
             tokio::select! {
                 biased;
                 c = parts.control.recv() => match c {
                     Some(Control::Notify(n)) => chain.notify(n).await?,
                     Some(Control::SnapshotIfEnded(barrier)) if ended => {
-                        parts.checkpoint(&mut chain, barrier, TaskSnapshot::default(), false).await?;
+                        parts.checkpoint(&mut acks, &mut chain, barrier, TaskSnapshot::default(), false).await?;
                     }
                     Some(Control::SnapshotIfEnded(_) | Control::Trigger { .. }) => {}
                     Some(Control::Shutdown) => return chain.close().await,
                     None => return Ok(()),
                 },
+                () = acks.oldest_ended(), if !acks.is_empty() => parts.send_ready(&mut acks).await?,
                 env = input.recv(), if !ended => {
                     let Some(env) = env else {
                         return Err(CoreError::TaskLost {
@@ -320,7 +460,7 @@ pub(crate) fn input_task<T: Send + 'static>(
                             AlignerEvent::Idle => chain.idle()?,
                             AlignerEvent::Barrier { barrier, alignment } => {
                                 let snapshot = TaskSnapshot { operators: Vec::new(), alignment };
-                                parts.checkpoint(&mut chain, barrier, snapshot, true).await?;
+                                parts.checkpoint(&mut acks, &mut chain, barrier, snapshot, true).await?;
                             }
                             AlignerEvent::Aborted { id, reason } => {
                                 chain.flush().await?;
@@ -331,6 +471,7 @@ pub(crate) fn input_task<T: Send + 'static>(
                                 chain.flush().await?;
                                 chain.end().await?;
                                 ended = true;
+                                parts.send_all(&mut acks).await?;
                                 parts.send(TaskEvent::Ended { task: parts.task_id });
                             }
                         }
