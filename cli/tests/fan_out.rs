@@ -73,6 +73,10 @@ async fn two_sinks_on_one_checkpoint_are_each_exactly_once_across_sigkills() -> 
             "paid-orders:sink.before_pre_commit=freeze@4",
         ),
         (
+            "paid-orders:sink.in_background_pre_commit",
+            "paid-orders:sink.in_background_pre_commit=freeze@3",
+        ),
+        (
             "orders-table:sink.after_pre_commit",
             "orders-table:sink.after_pre_commit=freeze@3",
         ),

@@ -7,7 +7,9 @@
 //!   `delay@D@N`: only at the N-th hit.
 //!
 //! Points: `checkpoint.after_durable` (metadata written, completion not yet notified),
-//! `sink.before_pre_commit`, `sink.after_pre_commit` (prepared, checkpoint not yet durable),
+//! `sink.before_pre_commit`, `sink.in_background_pre_commit` (a pre-commit completing in the
+//! background has begun; the next transaction takes records meanwhile), `sink.after_pre_commit`
+//! (prepared, checkpoint not yet acknowledged or durable),
 //! `sink.before_commit`, `sink.between_commits`, `sink.after_commit`, `sink.before_recovery_commit`
 //! (restored, before committing the restored checkpoint's transactions).
 //!

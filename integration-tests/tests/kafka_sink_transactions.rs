@@ -87,8 +87,21 @@ async fn txn(s: &mut TransactionalKafkaSink, id: u64, values: &[&str]) -> Result
     Ok(t)
 }
 
-async fn prepared(s: &mut TransactionalKafkaSink, t: KafkaTransaction, id: u64) -> Result<KafkaCommittable> {
+/// Pre-commits, waiting for a pre-commit that completes in the background (as the driver's
+/// deferred snapshot part does).
+async fn pre_commit(
+    s: &mut TransactionalKafkaSink,
+    t: KafkaTransaction,
+    id: u64,
+) -> exactly_core::Result<PreCommitted<KafkaCommittable, KafkaTransaction>> {
     match s.pre_commit(t, id).await? {
+        PreCommitted::InBackground(rest) => Ok(PreCommitted::Committable(rest.await?)),
+        other => Ok(other),
+    }
+}
+
+async fn prepared(s: &mut TransactionalKafkaSink, t: KafkaTransaction, id: u64) -> Result<KafkaCommittable> {
+    match pre_commit(s, t, id).await? {
         PreCommitted::Committable(c) => Ok(c),
         other => bail!("expected a committable, got {other:?}"),
     }
@@ -211,7 +224,7 @@ async fn an_exhausted_pool_grows_then_declines_then_recovers() -> Result<()> {
         pending.push(prepared(&mut s, t, id).await?);
     }
     let t4 = txn(&mut s, 4, &["x4"]).await?; // the fourth and last producer
-    let t4 = match s.pre_commit(t4, 4).await? {
+    let t4 = match pre_commit(&mut s, t4, 4).await? {
         PreCommitted::Declined { txn, reason } => {
             assert!(reason.contains("wait for their checkpoints"), "{reason}");
             txn
@@ -294,7 +307,7 @@ async fn a_record_the_broker_refuses_fails_the_barrier_flush() -> Result<()> {
     let mut t = s.begin(1).await?;
     s.write(&mut t, vec![ProducerRecord::keyed(b"k".as_slice(), big.as_slice())])
         .await?;
-    let err = match s.pre_commit(t, 1).await {
+    let err = match pre_commit(&mut s, t, 1).await {
         Ok(other) => bail!("pre-commit of a refused record succeeded: {other:?}"),
         Err(e) => e.to_string(),
     };

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use exactly_core::runtime::SubtaskInfo;
 use exactly_core::CheckpointId;
-use exactly_twophase::{CommitError, PreCommitted, RecoveryContext, TwoPhaseCommitSink};
+use exactly_twophase::{CommitError, PreCommitted, PreCommitting, RecoveryContext, TwoPhaseCommitSink};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer;
 use tracing::{info, warn};
@@ -18,7 +18,8 @@ use crate::committable::{KafkaCommittable, Probe, COMMITTABLE_VERSION};
 use crate::config::{DeliveryGuarantee, KafkaSinkConfig};
 use crate::error::{Result, SinkError};
 use crate::partitioner::Partitioner;
-use crate::pool::{check_deliveries, create_producer, flush, send_all, Deliveries, Producer_};
+use crate::pool::{check_deliveries, create_producer, flush_blocking, send_all, Deliveries, Producer_};
+use crate::protocol::TxnDescription;
 use crate::protocol::Wire;
 use crate::recovery::commit_recovered;
 use crate::transactional_id::{parse, transactional_id};
@@ -41,7 +42,8 @@ pub struct TransactionalKafkaSink {
 
 struct Slot {
     id: String,
-    producer: Producer_,
+    /// Shared with the background completion of this slot's pre-commit (flush, describe).
+    producer: Arc<Producer_>,
     deliveries: Arc<Deliveries>,
     state: SlotState,
 }
@@ -50,7 +52,9 @@ struct Slot {
 enum SlotState {
     Free,
     Open,
-    Prepared(KafkaCommittable),
+    /// Pre-committed (or completing its pre-commit in the background) at this checkpoint: the
+    /// slot is nobody else's until its transaction commits or the job restarts.
+    Prepared(CheckpointId),
     /// Fenced or failed fatally: unusable until the job restarts.
     Broken,
 }
@@ -94,12 +98,12 @@ impl TransactionalKafkaSink {
 
     /// A producer for `id` with transactions initialised: fences older producers of the id
     /// (zombies) and aborts what they left open.
-    fn init_producer(&self, id: &str) -> Result<(Producer_, Arc<Deliveries>)> {
+    fn init_producer(&self, id: &str) -> Result<(Arc<Producer_>, Arc<Deliveries>)> {
         tokio::task::block_in_place(|| self.init_producer_blocking(id))
     }
 
     /// Creates the producer of `id` and initialises its transactions (blocks for the round trips).
-    fn init_producer_blocking(&self, id: &str) -> Result<(Producer_, Arc<Deliveries>)> {
+    fn init_producer_blocking(&self, id: &str) -> Result<(Arc<Producer_>, Arc<Deliveries>)> {
         let (producer, deliveries) = create_producer(
             &self.config.cluster(),
             &self.config.client,
@@ -108,7 +112,7 @@ impl TransactionalKafkaSink {
         producer
             .init_transactions(TIMEOUT)
             .map_err(|e| SinkError::kafka(format!("init_transactions for {id}"), e))?;
-        Ok((producer, deliveries))
+        Ok((Arc::new(producer), deliveries))
     }
 
     fn free_slots(&self) -> usize {
@@ -135,6 +139,30 @@ impl TransactionalKafkaSink {
     fn fence_and_abort(&self, id: &str) -> Result<()> {
         self.init_producer(id).map(drop)
     }
+}
+
+/// The committable of a flushed transaction, if the coordinator still has it open.
+fn committable(
+    transactional_id: String,
+    desc: TxnDescription,
+    checkpoint_id: CheckpointId,
+    probe: Option<Probe>,
+) -> Result<KafkaCommittable> {
+    if desc.state != "Ongoing" {
+        return Err(SinkError::Protocol(format!(
+            "transaction {transactional_id} is {} at pre-commit, expected Ongoing (fenced by another producer?)",
+            desc.state
+        )));
+    }
+    Ok(KafkaCommittable {
+        version: COMMITTABLE_VERSION,
+        transactional_id,
+        producer_id: desc.producer_id,
+        producer_epoch: desc.producer_epoch,
+        txn_start_ms: desc.start_time_ms,
+        checkpoint_id,
+        probe,
+    })
 }
 
 pub(crate) fn commit_error(e: KafkaError) -> CommitError {
@@ -235,44 +263,37 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
                 });
             }
         }
-        let s = &self.slots[txn.slot];
-        flush(
-            &s.producer,
-            &s.deliveries,
-            &self.config.topic,
-            self.config.flush_timeout,
-        )?;
-        let probe = s.deliveries.probe().map(|(partition, offset)| Probe {
-            topic: self.config.topic.clone(),
-            partition,
-            offset,
-        });
-        let desc = self.wire.describe(&s.id).await?;
-        if desc.state != "Ongoing" {
-            return Err(SinkError::Protocol(format!(
-                "transaction {} is {} at pre-commit, expected Ongoing (fenced by another producer?)",
-                s.id, desc.state
-            ))
-            .into());
-        }
-        let committable = KafkaCommittable {
-            version: COMMITTABLE_VERSION,
-            transactional_id: s.id.clone(),
-            producer_id: desc.producer_id,
-            producer_epoch: desc.producer_epoch,
-            txn_start_ms: desc.start_time_ms,
-            checkpoint_id,
-            probe,
-        };
-        self.slots[txn.slot].state = SlotState::Prepared(committable.clone());
-        Ok(PreCommitted::Committable(committable))
+        // The flush and the check with the transaction coordinator complete in the background
+        // while the next pooled producer takes the records after the barrier; the checkpoint is
+        // acknowledged only when they are done (prepared means durable: every record acknowledged
+        // by the broker, the transaction Ongoing under this producer's id and epoch).
+        let s = &mut self.slots[txn.slot];
+        s.state = SlotState::Prepared(checkpoint_id);
+        let (producer, deliveries, id) = (s.producer.clone(), s.deliveries.clone(), s.id.clone());
+        let (wire, topic, timeout) = (self.wire.clone(), self.config.topic.clone(), self.config.flush_timeout);
+        Ok(PreCommitted::InBackground(PreCommitting::new(async move {
+            let flushed = {
+                let (deliveries, topic) = (deliveries.clone(), topic.clone());
+                tokio::task::spawn_blocking(move || flush_blocking(&producer, &deliveries, &topic, timeout)).await
+            };
+            flushed.map_err(|e| SinkError::Protocol(format!("flushing {id} ended abnormally: {e}")))??;
+            let probe = deliveries.probe().map(|(partition, offset)| Probe {
+                topic,
+                partition,
+                offset,
+            });
+            let desc = wire.describe(&id).await?;
+            Ok(committable(id, desc, checkpoint_id, probe)?)
+        })))
     }
 
     async fn commit(&mut self, c: &KafkaCommittable) -> Result<(), CommitError> {
+        // A slot holds one transaction at a time and a checkpoint id once per run; committables
+        // restored from a checkpoint were committed before this run's pool existed.
         let own = self
             .slots
             .iter()
-            .position(|s| s.state == SlotState::Prepared(c.clone()));
+            .position(|s| s.id == c.transactional_id && s.state == SlotState::Prepared(c.checkpoint_id));
         let Some(i) = own else {
             // Pre-committed by an earlier run: finish it through the protocol.
             return commit_recovered(&self.wire, c).await;
@@ -383,7 +404,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             .map(|slot| transactional_id(&self.prefix, me, slot))
             .collect();
         let this = &*self;
-        let inited: Vec<Result<(Producer_, Arc<Deliveries>)>> = tokio::task::block_in_place(|| {
+        let inited: Vec<Result<(Arc<Producer_>, Arc<Deliveries>)>> = tokio::task::block_in_place(|| {
             std::thread::scope(|scope| {
                 let handles: Vec<_> = ids
                     .iter()

@@ -96,7 +96,7 @@ pub(crate) fn wire_error(e: exactly_kafka_client::wire::WireError) -> SinkError 
 }
 
 /// A minimal client for the requests above.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Wire {
     cluster: Cluster,
     bootstrap: Vec<String>,

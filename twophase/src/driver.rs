@@ -5,12 +5,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use exactly_core::runtime::{InitContext, Sink, SnapshotContext, SubtaskInfo};
+use exactly_core::runtime::{DeferredState, InitContext, Sink, SnapshotContext, SubtaskInfo};
 use exactly_core::{failpoint, CheckpointId, CoreError};
+use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::error::{CommitError, TwoPhaseError};
-use crate::sink::{PreCommitted, RecoveryContext, TwoPhaseCommitSink};
+use crate::sink::{PreCommitted, PreCommitting, RecoveryContext, TwoPhaseCommitSink};
 
 const STATE: &str = "two-phase-committables";
 
@@ -79,6 +80,21 @@ struct Pending<C> {
     warned: bool,
 }
 
+/// Where a pre-commit completing in the background stands.
+#[derive(Clone)]
+enum Flight<C> {
+    Running,
+    Done(C),
+    Failed,
+}
+
+/// A pre-commit completing in the background: its checkpoint is not acknowledged before it
+/// resolves, so it has resolved before that checkpoint (or a later one) completes.
+struct InFlight<C> {
+    outcome: watch::Receiver<Flight<C>>,
+    begun_at: Instant,
+}
+
 /// Runs a two-phase-commit sink as a core [`Sink`]: pre-commit at every barrier, commit on
 /// completion (everything up to the completed id, in order), recover before the first record.
 ///
@@ -96,6 +112,8 @@ pub struct TwoPhaseSink<T, S: TwoPhaseCommitSink<T>> {
     /// The checkpoint the open transaction belongs to (records before its barrier).
     current_id: CheckpointId,
     pending: BTreeMap<CheckpointId, Vec<Pending<S::Committable>>>,
+    /// Pre-commits completing in the background, by checkpoint.
+    in_flight: BTreeMap<CheckpointId, InFlight<S::Committable>>,
     retry: CommitRetry,
     metrics: Arc<TwoPhaseMetrics>,
 }
@@ -116,6 +134,7 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
             current_begun: Instant::now(),
             current_id: 1,
             pending: BTreeMap::new(),
+            in_flight: BTreeMap::new(),
             retry,
             metrics: Arc::default(),
         }
@@ -127,7 +146,7 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
     }
 
     fn update_pending_metrics(&self) {
-        let n: usize = self.pending.values().map(Vec::len).sum();
+        let n: usize = self.pending.values().map(Vec::len).sum::<usize>() + self.in_flight.len();
         self.metrics.pending.store(n as u64, Ordering::Relaxed);
         let oldest = self
             .pending
@@ -142,6 +161,45 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
     /// The wrapped sink.
     pub fn inner(&self) -> &S {
         &self.sink
+    }
+
+    /// Moves background pre-commits that resolved into `pending`; with `up_to`, first waits for
+    /// those of checkpoints up to it (resolved already when that checkpoint completed: its
+    /// acknowledgement waited for them).
+    async fn settle(&mut self, up_to: Option<CheckpointId>) -> exactly_core::Result<()> {
+        let ids: Vec<CheckpointId> = self.in_flight.keys().copied().collect();
+        for id in ids {
+            let flight = self.in_flight.get_mut(&id).expect("listed");
+            let outcome = if up_to.is_some_and(|n| id <= n) {
+                flight
+                    .outcome
+                    .wait_for(|f| !matches!(f, Flight::Running))
+                    .await
+                    .map(|f| f.clone())
+                    .unwrap_or(Flight::Failed)
+            } else {
+                flight.outcome.borrow().clone()
+            };
+            match outcome {
+                Flight::Running => continue,
+                Flight::Done(committable) => {
+                    let flight = self.in_flight.remove(&id).expect("listed");
+                    self.pending.entry(id).or_default().push(Pending {
+                        committable,
+                        begun_at: flight.begun_at,
+                        warned: false,
+                    });
+                }
+                Flight::Failed => {
+                    return Err(CoreError::operator(
+                        &self.uid,
+                        exactly_core::ErrorClass::Restart,
+                        format!("the background pre-commit of checkpoint {id} failed"),
+                    ))
+                }
+            }
+        }
+        Ok(())
     }
 
     async fn commit_one(&mut self, id: CheckpointId, c: &S::Committable) -> Result<(), TwoPhaseError> {
@@ -266,6 +324,59 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
     }
 }
 
+/// The deferred part of a checkpoint's snapshot when a pre-commit completes in the background
+/// (or an earlier one still does): waits for this checkpoint's pre-commit and every earlier one,
+/// then gives the union state naming them all.
+async fn finish_pre_commit<C: serde::Serialize + Clone + Send + Sync + 'static>(
+    uid: String,
+    id: CheckpointId,
+    origin: u32,
+    mut entries: Vec<Vec<u8>>,
+    mine: Option<(PreCommitting<C>, watch::Sender<Flight<C>>)>,
+    earlier: Vec<(CheckpointId, watch::Receiver<Flight<C>>)>,
+) -> exactly_core::Result<DeferredState> {
+    let mut prepared = None;
+    if let Some((rest, outcome)) = mine {
+        failpoint::hit_in(&uid, "sink.in_background_pre_commit");
+        match rest.await {
+            Ok(c) => {
+                outcome.send_replace(Flight::Done(c.clone()));
+                prepared = Some(c);
+            }
+            Err(e) => {
+                outcome.send_replace(Flight::Failed);
+                return Err(e);
+            }
+        }
+    }
+    for (earlier_id, mut outcome) in earlier {
+        let flight = outcome
+            .wait_for(|f| !matches!(f, Flight::Running))
+            .await
+            .map(|f| f.clone())
+            .unwrap_or(Flight::Failed);
+        match flight {
+            Flight::Done(c) => entries.push(encode(earlier_id, origin, &c)?),
+            _ => {
+                return Err(CoreError::operator(
+                    &uid,
+                    exactly_core::ErrorClass::Restart,
+                    format!("the background pre-commit of checkpoint {earlier_id} failed"),
+                ))
+            }
+        }
+    }
+    if let Some(c) = &prepared {
+        entries.push(encode(id, origin, c)?);
+    }
+    let mut state = DeferredState::default();
+    state.put_union_state(STATE, entries);
+    if prepared.is_some() {
+        failpoint::hit_in(&uid, "sink.after_pre_commit");
+    }
+    Ok(state)
+}
+
 /// One entry of the union state: (format version, checkpoint, subtask that pre-committed it,
 /// committable).
 fn encode<C: serde::Serialize>(id: CheckpointId, origin: u32, c: &C) -> Result<Vec<u8>, CoreError> {
@@ -341,6 +452,7 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
     async fn snapshot_state(&mut self, ctx: &mut SnapshotContext) -> exactly_core::Result<()> {
         let id = ctx.checkpoint_id;
         let mut prepared = false;
+        let mut background = None;
         if let Some(txn) = self.current.take() {
             failpoint::hit_in(&self.uid, "sink.before_pre_commit");
             match self.sink.pre_commit(txn, id).await? {
@@ -352,6 +464,7 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
                         warned: false,
                     })
                 }
+                PreCommitted::InBackground(rest) => background = Some(rest),
                 PreCommitted::Empty => {}
                 PreCommitted::Declined { txn, reason } => {
                     self.current = Some(txn);
@@ -361,6 +474,7 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
             }
         }
         self.current_id = id + 1;
+        self.settle(None).await?;
         self.warn_near_timeout();
         self.check_carried(id)?;
         let origin = self.info.as_ref().map_or(0, |i| i.index);
@@ -370,14 +484,34 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
                 entries.push(encode(*id, origin, &p.committable)?);
             }
         }
-        ctx.put_union_state(STATE, entries);
-        if prepared {
-            failpoint::hit_in(&self.uid, "sink.after_pre_commit");
+        if background.is_none() && self.in_flight.is_empty() {
+            ctx.put_union_state(STATE, entries);
+            if prepared {
+                failpoint::hit_in(&self.uid, "sink.after_pre_commit");
+            }
+            return Ok(());
         }
+        // The checkpoint's state must name every committable up to it, including those of
+        // earlier checkpoints still completing: the part waits for them too.
+        let earlier: Vec<(CheckpointId, watch::Receiver<Flight<S::Committable>>)> =
+            self.in_flight.iter().map(|(id, f)| (*id, f.outcome.clone())).collect();
+        let mine = background.map(|rest| {
+            let (tx, rx) = watch::channel(Flight::Running);
+            self.in_flight.insert(
+                id,
+                InFlight {
+                    outcome: rx,
+                    begun_at: self.current_begun,
+                },
+            );
+            (rest, tx)
+        });
+        ctx.defer(finish_pre_commit(self.uid.clone(), id, origin, entries, mine, earlier));
         Ok(())
     }
 
     async fn notify_checkpoint_complete(&mut self, id: CheckpointId) -> exactly_core::Result<()> {
+        self.settle(Some(id)).await?;
         self.commit_up_to(id).await?;
         self.warn_near_timeout();
         Ok(())

@@ -2,6 +2,8 @@
 
 use std::fmt::Debug;
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use exactly_core::runtime::SubtaskInfo;
@@ -16,6 +18,13 @@ use crate::error::{CommitError, Result};
 pub enum PreCommitted<C, X> {
     /// Prepared: commit this once the checkpoint completes.
     Committable(C),
+    /// Preparing goes on in the background (a flush, a check with the external system): the
+    /// driver lets the records after the barrier flow into the next transaction meanwhile, and
+    /// the checkpoint is acknowledged only when this resolves to the committable (an error fails
+    /// the task, as a failed pre-commit does). The future must own what it needs: the sink keeps
+    /// running beside it, so the transaction's resources (the Kafka sink: its pooled producer)
+    /// must stay out of `begin`'s reach until it is committed or aborted.
+    InBackground(PreCommitting<C>),
     /// Nothing was written: nothing to commit (the transaction was released).
     Empty,
     /// Cannot prepare now (e.g. no free transaction for the records that follow): the checkpoint
@@ -27,6 +36,29 @@ pub enum PreCommitted<C, X> {
         /// Why, for the log.
         reason: String,
     },
+}
+
+/// A pre-commit completing in the background (see [`PreCommitted::InBackground`]).
+pub struct PreCommitting<C>(Pin<Box<dyn Future<Output = Result<C>> + Send + 'static>>);
+
+impl<C> PreCommitting<C> {
+    /// Wraps the rest of a pre-commit.
+    pub fn new(rest: impl Future<Output = Result<C>> + Send + 'static) -> Self {
+        PreCommitting(Box::pin(rest))
+    }
+}
+
+impl<C> Future for PreCommitting<C> {
+    type Output = Result<C>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<C>> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+impl<C> Debug for PreCommitting<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PreCommitting(..)")
+    }
 }
 
 /// What a sink learns at start, to recover and to clean up.
@@ -138,7 +170,8 @@ pub trait TwoPhaseCommitSink<T>: Send + 'static {
     /// Writes records into the open transaction.
     fn write(&mut self, txn: &mut Self::Transaction, records: Vec<T>) -> impl Future<Output = Result<()>> + Send;
 
-    /// Flushes and prepares the transaction at barrier `checkpoint_id`.
+    /// Flushes and prepares the transaction at barrier `checkpoint_id`, here or, returning
+    /// [`PreCommitted::InBackground`], while the next transaction takes the records that follow.
     fn pre_commit(
         &mut self,
         txn: Self::Transaction,

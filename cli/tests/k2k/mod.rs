@@ -311,6 +311,13 @@ pub(crate) fn sigkill_at_every_step(
 ) -> Result<usize> {
     let steps: &[(&str, &str)] = &[
         ("sink.before_pre_commit", "sink.before_pre_commit=freeze@4"),
+        // The pre-commit completes in the background: die while it flushes, the next
+        // transaction already taking the records after the barrier...
+        (
+            "sink.in_background_pre_commit",
+            "sink.in_background_pre_commit=freeze@3",
+        ),
+        // ...and once it is prepared, before the checkpoint is acknowledged.
         ("sink.after_pre_commit", "sink.after_pre_commit=freeze@3"),
         ("checkpoint.after_durable", "checkpoint.after_durable=freeze@3"),
         // A pre-commit slow enough for its checkpoint to time out leaves two transactions to

@@ -22,6 +22,9 @@ struct System {
     lost: bool,
     decline: bool,
     timeout: Option<Duration>,
+    /// Pre-commit in the background: each waits for a permit of `gate`, or fails when `fail_background`.
+    background: Option<Arc<tokio::sync::Semaphore>>,
+    fail_background: bool,
 }
 
 #[derive(Clone, Default)]
@@ -59,6 +62,19 @@ impl TwoPhaseCommitSink<u32> for Fake {
         s.log.push(format!("prepare {} at {id}", txn.0));
         if txn.1.is_empty() {
             return Ok(PreCommitted::Empty);
+        }
+        if let Some(gate) = s.background.clone() {
+            let (fake, fail) = (self.0.clone(), s.fail_background);
+            return Ok(PreCommitted::InBackground(PreCommitting::new(async move {
+                gate.acquire().await.expect("open").forget();
+                if fail {
+                    return Err(CoreError::operator("fake", ErrorClass::Restart, "flush failed"));
+                }
+                let mut s = fake.lock().unwrap();
+                s.log.push(format!("prepared {} in the background", txn.0));
+                s.prepared.insert(txn.0, txn.1);
+                Ok(txn.0)
+            })));
         }
         s.prepared.insert(txn.0, txn.1);
         Ok(PreCommitted::Committable(txn.0))
@@ -297,4 +313,103 @@ async fn a_failed_checkpoints_transaction_too_old_to_carry_fails_the_attempt() {
     assert_eq!(err.class(), ErrorClass::Restart, "{err}");
     assert!(err.to_string().contains("failed checkpoint 1"), "{err}");
     assert!(fake.0.lock().unwrap().committed.is_empty(), "nothing committed");
+}
+
+/// Runs a snapshot's deferred parts on their own, as the runtime does.
+fn finish(mut ctx: SnapshotContext) -> tokio::task::JoinHandle<exactly_core::Result<RestoredState>> {
+    tokio::spawn(async move {
+        ctx.finish_deferred().await?;
+        Ok(ctx.into_restored())
+    })
+}
+
+fn background(fake: &Fake) -> Arc<tokio::sync::Semaphore> {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    fake.0.lock().unwrap().background = Some(gate.clone());
+    gate
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_pre_commit_lets_records_flow_and_each_checkpoint_names_all_before_it() {
+    let fake = Fake::default();
+    let gate = background(&fake);
+    let mut d = open(&fake, None).await;
+    d.write(vec![1, 2]).await.unwrap();
+    let mut ctx1 = SnapshotContext::new(1, SnapshotKind::Checkpoint, 0);
+    d.snapshot_state(&mut ctx1).await.unwrap();
+    // Checkpoint 1 is still preparing: the records after its barrier go into the next transaction.
+    d.write(vec![3]).await.unwrap();
+    let mut ctx2 = SnapshotContext::new(2, SnapshotKind::Checkpoint, 0);
+    d.snapshot_state(&mut ctx2).await.unwrap();
+    // Nothing has prepared yet; an empty checkpoint 3 must still wait for (and name) both.
+    let mut ctx3 = SnapshotContext::new(3, SnapshotKind::Checkpoint, 0);
+    d.snapshot_state(&mut ctx3).await.unwrap();
+    {
+        let s = fake.0.lock().unwrap();
+        assert!(s.prepared.is_empty(), "{:?}", s.log);
+        assert_eq!(
+            s.log.iter().filter(|l| l.starts_with("begin")).count(),
+            2,
+            "{:?}",
+            s.log
+        );
+    }
+    let (p3, p2, p1) = (finish(ctx3), finish(ctx2), finish(ctx1));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!p1.is_finished() && !p2.is_finished() && !p3.is_finished());
+    gate.add_permits(2);
+    let (s1, s2, s3) = (
+        p1.await.unwrap().unwrap(),
+        p2.await.unwrap().unwrap(),
+        p3.await.unwrap().unwrap(),
+    );
+    assert_eq!(s1.union_state[STATE].len(), 1, "checkpoint 1 names its own");
+    assert_eq!(s2.union_state[STATE].len(), 2, "checkpoint 2 names 1's and its own");
+    assert_eq!(s3.union_state[STATE].len(), 2, "the empty checkpoint 3 names both");
+    assert!(
+        fake.0.lock().unwrap().committed.is_empty(),
+        "nothing committed before completion"
+    );
+    d.notify_checkpoint_complete(3).await.unwrap();
+    assert_eq!(fake.0.lock().unwrap().committed, vec![(1, vec![1, 2]), (2, vec![3])]);
+
+    // A restart from checkpoint 2's state commits both (they are named there).
+    let fresh = Fake::default();
+    {
+        let mut s = fresh.0.lock().unwrap();
+        s.prepared.insert(1, vec![1, 2]);
+        s.prepared.insert(2, vec![3]);
+    }
+    let _restarted = open(&fresh, Some(s2)).await;
+    assert_eq!(fresh.0.lock().unwrap().committed, vec![(1, vec![1, 2]), (2, vec![3])]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_background_pre_commit_fails_its_checkpoint_and_the_next() {
+    let fake = Fake::default();
+    let gate = background(&fake);
+    fake.0.lock().unwrap().fail_background = true;
+    let mut d = open(&fake, None).await;
+    d.write(vec![1]).await.unwrap();
+    let mut ctx1 = SnapshotContext::new(1, SnapshotKind::Checkpoint, 0);
+    d.snapshot_state(&mut ctx1).await.unwrap();
+    let mut ctx2 = SnapshotContext::new(2, SnapshotKind::Checkpoint, 0);
+    d.snapshot_state(&mut ctx2).await.unwrap();
+    gate.add_permits(1);
+    let err = finish(ctx1).await.unwrap().unwrap_err();
+    assert!(
+        err.to_string().contains("flush failed") || format!("{err:?}").contains("flush failed"),
+        "{err:?}"
+    );
+    let err = finish(ctx2).await.unwrap().unwrap_err();
+    assert!(
+        err.to_string().contains("checkpoint 1") || format!("{err:?}").contains("checkpoint 1"),
+        "{err:?}"
+    );
+    assert_eq!(err.class(), ErrorClass::Restart);
+    assert!(
+        d.notify_checkpoint_complete(1).await.is_err(),
+        "nothing to commit for a failed pre-commit"
+    );
+    assert!(fake.0.lock().unwrap().committed.is_empty());
 }
