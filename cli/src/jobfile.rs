@@ -12,6 +12,7 @@ use exactly_kafka_client::KafkaSecurity;
 use exactly_kafka_sink::{DeliveryGuarantee, KafkaSinkConfig};
 use exactly_kafka_source::KafkaSourceConfig;
 use exactly_mysql_sink::{Mode, MysqlSinkConfig};
+use exactly_postgres_sink::PostgresSinkConfig;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -81,7 +82,7 @@ pub struct JobSection {
     pub startup_attempts: Option<u32>,
 }
 
-/// `[sink.kafka]` or `[sink.mysql]` (exactly one).
+/// `[sink.kafka]`, `[sink.mysql]` or `[sink.postgres]` (exactly one).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SinkSection {
@@ -91,6 +92,9 @@ pub struct SinkSection {
     /// A MySQL/MariaDB table.
     #[serde(default)]
     pub mysql: Option<MysqlSinkConfig>,
+    /// A PostgreSQL table.
+    #[serde(default)]
+    pub postgres: Option<PostgresSinkConfig>,
 }
 
 /// One `[[sink]]` entry of a job with several sinks.
@@ -109,6 +113,9 @@ pub struct NamedSink {
     /// A MySQL/MariaDB table.
     #[serde(default)]
     pub mysql: Option<MysqlSinkConfig>,
+    /// A PostgreSQL table.
+    #[serde(default)]
+    pub postgres: Option<PostgresSinkConfig>,
 }
 
 /// The `sink` of a job file: one table, or an array of named tables.
@@ -126,7 +133,7 @@ fn sinks<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Sinks, D::Error> {
     impl<'de> serde::de::Visitor<'de> for V {
         type Value = Sinks;
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a [sink.kafka] or [sink.mysql] table, or [[sink]] entries")
+            f.write_str("a [sink.kafka], [sink.mysql] or [sink.postgres] table, or [[sink]] entries")
         }
         fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Sinks, A::Error> {
             SinkSection::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(|s| Sinks::One(Box::new(s)))
@@ -157,6 +164,7 @@ impl JobSink {
         match &self.kind {
             SinkKind::Kafka(k) => format!("kafka topic {}", k.topic),
             SinkKind::Mysql(m) => format!("mysql table {}", m.table),
+            SinkKind::Postgres(p) => format!("postgres table {}", p.table),
         }
     }
 }
@@ -168,6 +176,8 @@ pub enum SinkKind {
     Kafka(Box<KafkaSinkConfig>),
     /// MySQL/MariaDB.
     Mysql(Box<MysqlSinkConfig>),
+    /// PostgreSQL.
+    Postgres(Box<PostgresSinkConfig>),
 }
 
 /// A record transform (`[[transform]]` with `type = ...`), applied to the record's JSON value.
@@ -373,6 +383,7 @@ impl Job {
                     transforms: Vec::new(),
                     kafka: one.kafka.clone(),
                     mysql: one.mysql.clone(),
+                    postgres: one.postgres.clone(),
                 },
             )],
             Sinks::Many(list) => list
@@ -384,7 +395,7 @@ impl Job {
         if entries.is_empty() {
             return Err(err(
                 "sink",
-                "no sink: add a [sink.kafka] or a [sink.mysql] table, or [[sink]] entries".into(),
+                "no sink: add a [sink.kafka], [sink.mysql] or [sink.postgres] table, or [[sink]] entries".into(),
             ));
         }
         let mut sinks = Vec::new();
@@ -395,11 +406,12 @@ impl Job {
                 transforms,
                 kafka,
                 mysql,
+                postgres,
             },
         ) in entries
         {
-            let kind = match (kafka, mysql) {
-                (Some(mut k), None) => {
+            let kind = match (kafka, mysql, postgres) {
+                (Some(mut k), None, None) => {
                     // One place for the security settings: [kafka] reaches every Kafka sink.
                     if let Some(security) = &file.kafka {
                         if k.security != KafkaSecurity::default() {
@@ -412,29 +424,29 @@ impl Job {
                     }
                     SinkKind::Kafka(Box::new(k))
                 }
-                (None, Some(m)) => SinkKind::Mysql(Box::new(m)),
-                (None, None) => {
-                    return Err(err(
-                        &at,
-                        match &file.sink {
-                            Sinks::One(_) => "no sink: add a [sink.kafka] or a [sink.mysql] table".into(),
-                            Sinks::Many(_) => {
-                                "no sink: give this [[sink]] entry a [sink.kafka] or a [sink.mysql] table".into()
-                            }
-                        },
-                    ))
-                }
-                (Some(_), Some(_)) => {
-                    return Err(err(
-                        &at,
-                        "one kind per sink: keep either kafka or mysql (several sinks: one [[sink]] entry each)".into(),
-                    ))
-                }
+                (None, Some(m), None) => SinkKind::Mysql(Box::new(m)),
+                (None, None, Some(p)) => SinkKind::Postgres(Box::new(p)),
+                (None, None, None) => return Err(err(
+                    &at,
+                    match &file.sink {
+                        Sinks::One(_) => "no sink: add a [sink.kafka], [sink.mysql] or [sink.postgres] table".into(),
+                        Sinks::Many(_) => {
+                            "no sink: give this [[sink]] entry a [sink.kafka], [sink.mysql] or [sink.postgres] table"
+                                .into()
+                        }
+                    },
+                )),
+                _ => return Err(err(
+                    &at,
+                    "one kind per sink: keep one of kafka, mysql and postgres (several sinks: one [[sink]] entry each)"
+                        .into(),
+                )),
             };
             let name = match (&file.sink, &kind) {
                 (Sinks::Many(_), _) => name,
                 (Sinks::One(_), SinkKind::Kafka(_)) => "kafka-sink".into(),
                 (Sinks::One(_), SinkKind::Mysql(_)) => "mysql-sink".into(),
+                (Sinks::One(_), SinkKind::Postgres(_)) => "postgres-sink".into(),
             };
             sinks.push(JobSink {
                 name,
@@ -497,6 +509,7 @@ impl Job {
         let mut names = std::collections::BTreeSet::new();
         let mut prefixes = std::collections::BTreeMap::new();
         let mut xa_ids = std::collections::BTreeMap::new();
+        let mut pg_ids = std::collections::BTreeMap::new();
         for s in &sinks {
             let at = &s.field;
             if matches!(file.sink, Sinks::Many(_)) {
@@ -571,6 +584,24 @@ impl Job {
                         return Err(err(
                             &format!("{at}.mysql.sink_id"),
                             format!("job_id {:?} and sink_id {:?} are also those of {other}: give each MySQL sink its own sink_id (they name its transactions and progress rows)", m.job_id, m.sink_id),
+                        ));
+                    }
+                }
+                SinkKind::Postgres(p) => {
+                    if let Err(e) = p.validate() {
+                        return Err(err(&format!("{at}.postgres"), e.to_string()));
+                    }
+                    if p.mode == exactly_postgres_sink::Mode::TwoPhase && file.checkpoints.is_none() {
+                        return Err(err(
+                            &format!("{at}.postgres.mode"),
+                            "mode \"two_phase\" commits on checkpoints: add a [checkpoints] table with `dir` (and `interval`)"
+                                .into(),
+                        ));
+                    }
+                    if let Some(other) = pg_ids.insert((p.job_id.clone(), p.sink_id.clone()), at.clone()) {
+                        return Err(err(
+                            &format!("{at}.postgres.sink_id"),
+                            format!("job_id {:?} and sink_id {:?} are also those of {other}: give each PostgreSQL sink its own sink_id (they name its transactions and progress rows)", p.job_id, p.sink_id),
                         ));
                     }
                 }
@@ -843,9 +874,40 @@ delivery = { type = "exactly_once", transactional_id_prefix = "orders" }
         let head = GOOD.split("[sink.kafka]").next().unwrap();
         let e = parse(&format!("{head}[sink]\n")).unwrap_err();
         assert!(
-            e.to_string().contains("no sink: add a [sink.kafka] or a [sink.mysql]"),
+            e.to_string()
+                .contains("no sink: add a [sink.kafka], [sink.mysql] or [sink.postgres]"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_postgres_sink_parses_and_is_checked() {
+        let head = GOOD.split("[sink.kafka]").next().unwrap();
+        let pg = format!(
+            r#"{head}[sink.postgres]
+url = "postgres://app:${{PG_TEST_UNSET_OK:-x}}@127.0.0.1:5432/shop"
+table = "orders"
+mode = "two_phase"
+job_id = "orders"
+columns = [{{ name = "id", type = "bigint" }}]
+"#
+        )
+        .replace("${PG_TEST_UNSET_OK:-x}", "pw");
+        let job = parse(&pg).unwrap();
+        assert_eq!(job.sinks[0].name, "postgres-sink");
+        assert_eq!(job.sinks[0].describe(), "postgres table orders");
+        let e = parse(&pg.replace("mode = \"two_phase\"", "mode = \"upsert\"")).unwrap_err();
+        assert!(e.message.contains("needs key columns"), "{e}");
+        assert_eq!(e.field.as_deref(), Some("sink.postgres"), "{e}");
+        let e = parse(&pg.replace(
+            "[checkpoints]\ndir = \"/tmp/x\"\ninterval = \"1s\"\ntimeout = \"30s\"\n",
+            "",
+        ))
+        .unwrap_err();
+        assert!(e.message.contains("commits on checkpoints"), "{e}");
+        let kafka = GOOD.split("[sink.kafka]").nth(1).unwrap();
+        let e = parse(&format!("{pg}[sink.kafka]{kafka}")).unwrap_err();
+        assert!(e.message.contains("one kind per sink"), "{e}");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use exactly_core::{BoxError, CoreError, ErrorClass};
 use exactly_kafka_sink::{KafkaSink, ProducerRecord};
 use exactly_kafka_source::{Deserializer, KafkaRecord, KafkaSource};
 use exactly_mysql_sink::{MysqlSink, Origin, SinkRecord};
+use exactly_postgres_sink::{PgOrigin, PgRecord, PostgresSink};
 use serde_json::Value;
 use tracing::{info, warn};
 
@@ -415,6 +416,29 @@ fn attach_sink(stream: Stream<Prepared>, sink: &JobSink, registry: &Arc<Registry
                 })
                 .sink(&name, move |info| {
                     let sink = MysqlSink::new(m.clone()).expect("checked when the job file was loaded");
+                    if let Some(m) = sink.two_phase_metrics() {
+                        reg.sink(&n, info.index, m);
+                    }
+                    sink
+                });
+        }
+        SinkKind::Postgres(p) => {
+            let p = (**p).clone();
+            let reg = registry.clone();
+            let n = name.clone();
+            stream
+                .map(|r: Prepared| PgRecord {
+                    tombstone: r.value.is_none(),
+                    payload: r.value.unwrap_or_default(),
+                    key: r.key,
+                    origin: Some(PgOrigin {
+                        topic: r.topic.to_string(),
+                        partition: r.partition,
+                        offset: r.offset,
+                    }),
+                })
+                .sink(&name, move |info| {
+                    let sink = PostgresSink::new(p.clone()).expect("checked when the job file was loaded");
                     if let Some(m) = sink.two_phase_metrics() {
                         reg.sink(&n, info.index, m);
                     }

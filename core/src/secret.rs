@@ -69,6 +69,23 @@ impl Serialize for Secret {
     }
 }
 
+/// `url` with its password replaced by `***` (user, host, path and parameters kept), for logs
+/// and `Debug` output of connector configurations.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            let hidden = if userinfo.contains(':') { ":***" } else { "" };
+            format!("{scheme}://{user}{hidden}@{host}{tail}")
+        }
+        None => url.to_owned(),
+    }
+}
+
 /// Replaces every `${NAME}` in `text` by the environment variable NAME; `$${` is a literal `${`.
 /// An unset variable is an error naming it.
 pub fn expand_env(text: &str) -> Result<String, String> {

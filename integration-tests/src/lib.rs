@@ -16,6 +16,7 @@ mod ids;
 mod jobs;
 mod kafka;
 mod mysql;
+mod postgres;
 mod proxy;
 
 pub use child::{fails_at_start, signal, ChildJob};
@@ -27,4 +28,5 @@ pub use kafka::{
     CommittedRecord, Feed,
 };
 pub use mysql::{connect_mysql, execute, query_i64, query_pairs};
+pub use postgres::{connect_postgres, pg_execute, pg_i64, postgres_url, HOW_TO_START_POSTGRES};
 pub use proxy::Proxy;

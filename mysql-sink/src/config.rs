@@ -103,20 +103,7 @@ impl std::fmt::Debug for MysqlSinkConfig {
 }
 
 /// The URL with its password replaced by `***`.
-pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            let hidden = if userinfo.contains(':') { ":***" } else { "" };
-            format!("{scheme}://{user}{hidden}@{host}{tail}")
-        }
-        None => url.to_owned(),
-    }
-}
+pub(crate) use exactly_core::secret::redact_url;
 
 fn default_sink_id() -> String {
     "mysql".into()

@@ -228,7 +228,7 @@ fn from_job(args: &VerifyArgs) -> Result<FromJob> {
         security: Some(job.file.source.security.clone()),
         mysql: match &sink.kind {
             SinkKind::Mysql(m) => Some((**m).clone()),
-            SinkKind::Kafka(_) => None,
+            SinkKind::Kafka(_) | SinkKind::Postgres(_) => None,
         },
     })
 }

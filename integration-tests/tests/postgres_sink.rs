@@ -1,0 +1,239 @@
+//! The PostgreSQL sink against a real PostgreSQL (TLS, `scripts/services up postgres`): a
+//! prepared transaction survives its process and is committed by the next start; one nobody
+//! needs is rolled back; committing twice is success; one rolled back behind the sink's back is
+//! reported lost; upserts replay idempotently and tombstones delete. Driven through the public
+//! API only, as a third party's connector would be.
+
+use anyhow::{bail, Result};
+use exactly_core::runtime::{InitContext, Sink, SnapshotContext, SubtaskInfo};
+use exactly_core::SnapshotKind;
+use exactly_integration_tests::{connect_postgres, pg_execute, pg_i64, postgres_url, unique};
+use exactly_postgres_sink::{
+    PgCommittable, PgOrigin, PgRecord, PostgresSink, PostgresSinkConfig, TwoPhasePostgresSink, UpsertPostgresSink,
+};
+use exactly_twophase::{CommitError, PreCommitted, RecoveryContext, TwoPhaseCommitSink};
+
+fn info(index: u32, parallelism: u32) -> SubtaskInfo {
+    SubtaskInfo {
+        uid: "pg".into(),
+        index,
+        parallelism,
+        max_parallelism: 128,
+        attempt: 0,
+        starting: true,
+        commit_window: None,
+    }
+}
+
+fn config(mode: &str, table: &str, job: &str) -> Result<PostgresSinkConfig> {
+    let key = mode == "upsert";
+    Ok(serde_json::from_value(serde_json::json!({
+        "url": postgres_url()?,
+        "table": table,
+        "mode": mode,
+        "job_id": job,
+        "create_table": true,
+        "progress_table": format!("{table}_progress"),
+        "columns": [
+            { "name": "id", "type": "bigint", "key": key },
+            { "name": "note", "type": "text" },
+        ],
+    }))?)
+}
+
+fn record(id: i64, note: &str, offset: i64) -> PgRecord {
+    PgRecord {
+        payload: serde_json::json!({ "id": id, "note": note }).to_string().into_bytes(),
+        key: Some(id.to_string().into_bytes()),
+        tombstone: false,
+        origin: Some(PgOrigin {
+            topic: "t".into(),
+            partition: 0,
+            offset,
+        }),
+    }
+}
+
+async fn start(s: &mut TwoPhasePostgresSink, me: &SubtaskInfo, restored: &[(u64, PgCommittable)]) -> Result<()> {
+    s.open(me).await?;
+    let ctx = RecoveryContext {
+        info: me,
+        restored,
+        all_restored: restored,
+        is_restored: !restored.is_empty(),
+    };
+    s.abort_unneeded(&ctx).await?;
+    for (_, c) in restored {
+        s.commit(c).await?;
+    }
+    s.abort_lingering(&ctx).await?;
+    Ok(())
+}
+
+async fn prepare(s: &mut TwoPhasePostgresSink, id: u64, rows: &[i64]) -> Result<PgCommittable> {
+    let mut t = s.begin(id).await?;
+    s.write(&mut t, rows.iter().map(|r| record(*r, "x", *r)).collect())
+        .await?;
+    match s.pre_commit(t, id).await? {
+        PreCommitted::Committable(c) => Ok(c),
+        other => bail!("expected a committable, got {other:?}"),
+    }
+}
+
+async fn prepared_count(job: &str) -> Result<i64> {
+    let mut conn = connect_postgres().await?;
+    pg_i64(
+        &mut conn,
+        &format!("SELECT COUNT(*) FROM pg_prepared_xacts WHERE gid LIKE 'exactly:{job}:%'"),
+    )
+    .await
+}
+
+async fn rows(table: &str) -> Result<i64> {
+    let mut conn = connect_postgres().await?;
+    pg_i64(&mut conn, &format!("SELECT COUNT(*) FROM \"{table}\"")).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_transaction_outlives_its_process_and_the_next_start_commits_it() -> Result<()> {
+    let (table, job) = (unique("pg_2pc").replace('-', "_"), unique("pg2pc"));
+    let me = info(0, 1);
+    let mut crashed = TwoPhasePostgresSink::new(config("two_phase", &table, &job)?)?;
+    start(&mut crashed, &me, &[]).await?;
+    let c1 = prepare(&mut crashed, 1, &[1, 2, 3]).await?;
+    let _c2 = prepare(&mut crashed, 2, &[4]).await?; // not in the restored checkpoint
+    drop(crashed); // the process dies: prepared transactions stay, their rows invisible
+    assert_eq!(rows(&table).await?, 0, "prepared rows are invisible");
+    assert_eq!(prepared_count(&job).await?, 2);
+
+    // The next start restores checkpoint 1: commits c1, rolls back the one nobody needs.
+    let mut next = TwoPhasePostgresSink::new(config("two_phase", &table, &job)?)?;
+    start(&mut next, &me, &[(1, c1.clone())]).await?;
+    assert_eq!(rows(&table).await?, 3);
+    assert_eq!(prepared_count(&job).await?, 0, "the lingering one was rolled back");
+    // Committing again (a crash after the commit, before the next checkpoint) is success.
+    next.commit(&c1).await?;
+    assert_eq!(rows(&table).await?, 3);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_rolled_back_behind_the_sinks_back_is_reported_lost() -> Result<()> {
+    let (table, job) = (unique("pg_lost").replace('-', "_"), unique("pglost"));
+    let me = info(0, 1);
+    let mut s = TwoPhasePostgresSink::new(config("two_phase", &table, &job)?)?;
+    start(&mut s, &me, &[]).await?;
+    let c = prepare(&mut s, 1, &[1]).await?;
+    let mut conn = connect_postgres().await?;
+    pg_execute(&mut conn, &format!("ROLLBACK PREPARED '{}'", c.gid)).await?;
+    match s.commit(&c).await {
+        Err(CommitError::Lost { what, .. }) => assert!(what.contains(&c.gid), "{what}"),
+        other => bail!("expected Lost, got {other:?}"),
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_driver_commits_only_on_completion_through_the_public_sink() -> Result<()> {
+    let (table, job) = (unique("pg_drv").replace('-', "_"), unique("pgdrv"));
+    let me = info(0, 1);
+    let mut sink = PostgresSink::new(config("two_phase", &table, &job)?)?;
+    sink.initialize_state(&InitContext::new(&me, None)).await?;
+    sink.write((1..=10).map(|i| record(i, "a", i)).collect()).await?;
+    let mut ctx = SnapshotContext::new(1, SnapshotKind::Checkpoint, 0);
+    sink.snapshot_state(&mut ctx).await?;
+    sink.write(vec![record(11, "b", 11)]).await?;
+    assert_eq!(rows(&table).await?, 0, "nothing visible before completion");
+    sink.notify_checkpoint_complete(1).await?;
+    assert_eq!(rows(&table).await?, 10, "checkpoint 1's rows, not the 11th");
+    sink.close().await?;
+    assert_eq!(prepared_count(&job).await?, 0);
+    let mut conn = connect_postgres().await?;
+    let through = pg_i64(
+        &mut conn,
+        &format!("SELECT committed_through FROM \"{table}_progress_through\" WHERE job = '{job}'"),
+    )
+    .await?;
+    assert_eq!(through, 1, "the progress summary");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upserts_replay_idempotently_and_tombstones_delete() -> Result<()> {
+    let (table, job) = (unique("pg_ups").replace('-', "_"), unique("pgups"));
+    let me = info(0, 1);
+    for _replay in 0..2 {
+        let mut s = UpsertPostgresSink::new(config("upsert", &table, &job)?)?;
+        s.initialize_state(&InitContext::new(&me, None)).await?;
+        // id 2 twice in one batch: the later one wins; id 3 deleted by its tombstone.
+        let mut batch = vec![
+            record(1, "a", 0),
+            record(2, "b", 1),
+            record(2, "c", 2),
+            record(3, "d", 3),
+        ];
+        batch.push(PgRecord {
+            payload: Vec::new(),
+            key: Some(b"3".to_vec()),
+            tombstone: true,
+            origin: None,
+        });
+        s.write(batch).await?;
+        s.snapshot_state(&mut SnapshotContext::new(1, SnapshotKind::Checkpoint, 0))
+            .await?;
+        s.close().await?;
+    }
+    let mut conn = connect_postgres().await?;
+    assert_eq!(
+        pg_i64(&mut conn, &format!("SELECT COUNT(*) FROM \"{table}\"")).await?,
+        2
+    );
+    let note: String = sqlx::query_scalar(&format!("SELECT note FROM \"{table}\" WHERE id = 2"))
+        .fetch_one(&mut conn)
+        .await?;
+    assert_eq!(note, "c");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_that_do_not_fit_fail_with_their_origin_or_are_skipped() -> Result<()> {
+    let (table, job) = (unique("pg_bad").replace('-', "_"), unique("pgbad"));
+    let me = info(0, 1);
+    let mut s = UpsertPostgresSink::new(config("upsert", &table, &job)?)?;
+    s.initialize_state(&InitContext::new(&me, None)).await?;
+    let mut bad = PgRecord::json("not json");
+    bad.origin = Some(PgOrigin {
+        topic: "orders".into(),
+        partition: 2,
+        offset: 41,
+    });
+    let err = s.write(vec![bad.clone()]).await.unwrap_err().to_string();
+    assert!(err.contains("orders/2@41") && err.contains("not JSON"), "{err}");
+    let mut c = config("upsert", &table, &job)?;
+    c.on_error = exactly_postgres_sink::OnError::Skip;
+    let mut s = UpsertPostgresSink::new(c)?;
+    s.initialize_state(&InitContext::new(&me, None)).await?;
+    s.write(vec![bad, record(7, "ok", 42)]).await?;
+    s.snapshot_state(&mut SnapshotContext::new(1, SnapshotKind::Checkpoint, 0))
+        .await?;
+    assert_eq!(rows(&table).await?, 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plaintext_connection_is_refused_by_the_server() -> Result<()> {
+    // The suite's PostgreSQL accepts TCP logins over TLS only: the sink's URL must ask for it.
+    let url = postgres_url()?;
+    let plain = url.split('?').next().unwrap_or(&url).to_owned() + "?sslmode=disable";
+    let mut c = config("upsert", &unique("pg_plain").replace('-', "_"), &unique("pgplain"))?;
+    c.url = plain;
+    let mut s = UpsertPostgresSink::new(c)?;
+    let err = s
+        .initialize_state(&InitContext::new(&info(0, 1), None))
+        .await
+        .unwrap_err();
+    assert_eq!(err.class(), exactly_core::ErrorClass::Fatal, "{err}");
+    let text = format!("{err} {:?}", std::error::Error::source(&err));
+    assert!(text.contains("no encryption") || text.contains("pg_hba"), "{text}");
+    Ok(())
+}

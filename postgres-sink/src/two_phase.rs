@@ -1,0 +1,299 @@
+//! Mode `two_phase`: one prepared transaction per subtask per checkpoint.
+//!
+//! Records go into an ordinary transaction on the subtask's write connection. At the barrier the
+//! progress row is written into it and `PREPARE TRANSACTION 'gid'` detaches it from the session
+//! (it survives a server crash and any disconnect); the session takes the next checkpoint's
+//! transaction at once. When the checkpoint completes, `COMMIT PREPARED` (on a second connection:
+//! it cannot run inside a transaction block) makes it visible. A commit of an unknown gid
+//! (SQLSTATE 42704) is settled by the progress row written inside the transaction: present, it
+//! committed earlier; absent and not in `pg_prepared_xacts`, it was rolled back — lost.
+
+use std::collections::BTreeMap;
+
+use exactly_core::runtime::SubtaskInfo;
+use exactly_core::CheckpointId;
+use exactly_twophase::{CommitError, PreCommitted, RecoveryContext, TwoPhaseCommitSink};
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::PgConnection;
+use tracing::{info, warn};
+
+use crate::config::PostgresSinkConfig;
+use crate::db;
+use crate::error::{sqlstate, PostgresSinkError, Result};
+use crate::PgRecord;
+
+/// SQLSTATE of `COMMIT PREPARED` / `ROLLBACK PREPARED` for a gid the server does not have.
+const UNDEFINED_OBJECT: &str = "42704";
+
+/// A prepared transaction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PgCommittable {
+    /// Format version.
+    pub version: u32,
+    /// Subtask that prepared it.
+    pub subtask: u32,
+    /// The checkpoint whose barrier closed it (its progress row carries this id).
+    pub checkpoint_id: u64,
+    /// Its global transaction id (`exactly:{job}:{sink}:{subtask}:{checkpoint}`).
+    pub gid: String,
+}
+
+/// An open transaction on the write connection.
+pub struct PgTransaction {
+    conn: PgConnection,
+    rows: u64,
+    offsets: BTreeMap<String, i64>,
+}
+
+impl std::fmt::Debug for PgTransaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgTransaction")
+            .field("rows", &self.rows)
+            .field("offsets", &self.offsets)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The two-phase PostgreSQL sink, driven by `exactly_twophase::TwoPhaseSink`.
+pub struct TwoPhasePostgresSink {
+    config: PostgresSinkConfig,
+    info: Option<SubtaskInfo>,
+    /// The write connection between transactions (a prepared transaction leaves it free).
+    idle: Option<PgConnection>,
+}
+
+/// Quotes a string literal (gids are checked to need no escaping, but never trust that here).
+fn literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+impl TwoPhasePostgresSink {
+    /// A two-phase sink for `config`.
+    pub fn new(config: PostgresSinkConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(TwoPhasePostgresSink {
+            config,
+            info: None,
+            idle: None,
+        })
+    }
+
+    fn subtask(&self) -> u32 {
+        self.info.as_ref().map_or(0, |i| i.index)
+    }
+
+    /// Every gid of this sink starts with this.
+    fn gid_prefix(&self) -> String {
+        format!("exactly:{}:{}:", self.config.job_id, self.config.sink_id)
+    }
+
+    /// This sink's prepared transactions in the configured database: (gid, subtask).
+    async fn prepared(&self, conn: &mut PgConnection) -> Result<Vec<(String, u32)>, sqlx::Error> {
+        let prefix = self.gid_prefix();
+        let gids: Vec<String> = sqlx::query_scalar(
+            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, $1)",
+        )
+        .bind(&prefix)
+        .fetch_all(&mut *conn)
+        .await?;
+        Ok(gids
+            .into_iter()
+            .filter_map(|g| {
+                let subtask = g[prefix.len()..].split(':').next()?.parse().ok()?;
+                Some((g, subtask))
+            })
+            .collect())
+    }
+
+    async fn commit_on(&self, conn: &mut PgConnection, c: &PgCommittable) -> Result<(), CommitError> {
+        let what = || format!("prepared transaction {} of checkpoint {}", c.gid, c.checkpoint_id);
+        match db::exec(conn, format!("COMMIT PREPARED {}", literal(&c.gid))).await {
+            Ok(()) => return Ok(()),
+            Err(e) if sqlstate(&e).as_deref() == Some(UNDEFINED_OBJECT) => {}
+            Err(e) if e.as_database_error().is_some() && !transient(&e) => return Err(CommitError::Fatal(e.into())),
+            Err(e) => return Err(CommitError::Retriable(e.into())),
+        }
+        let committed = db::has_progress(conn, &self.config, c.subtask, c.checkpoint_id)
+            .await
+            .map_err(|e| CommitError::Retriable(e.into()))?;
+        if committed {
+            return Ok(()); // committed earlier (before a crash or a lost answer)
+        }
+        let listed = self
+            .prepared(conn)
+            .await
+            .map_err(|e| CommitError::Retriable(e.into()))?;
+        if listed.iter().any(|(g, _)| *g == c.gid) {
+            return Err(CommitError::Retriable(
+                format!("{} is prepared but COMMIT PREPARED did not find it", what()).into(),
+            ));
+        }
+        Err(CommitError::Lost {
+            what: what(),
+            source: "COMMIT PREPARED does not know it, pg_prepared_xacts does not list it and its progress row is absent: it was rolled back".into(),
+        })
+    }
+
+    async fn write_connection(&mut self) -> Result<PgConnection> {
+        match self.idle.take() {
+            Some(c) => Ok(c),
+            None => db::connect(&self.config).await,
+        }
+    }
+}
+
+/// Errors of COMMIT PREPARED that say nothing about the transaction: a serialization failure or
+/// deadlock (40xxx), too many connections or another resource shortage (53xxx), an operator
+/// intervention such as a server shutting down (57xxx), a system error (58xxx), a lock not
+/// available (55P03). Lost connections are not database errors at all.
+fn transient(e: &sqlx::Error) -> bool {
+    sqlstate(e).is_some_and(|s| {
+        s.starts_with("40") || s.starts_with("53") || s.starts_with("57") || s.starts_with("58") || s == "55P03"
+    })
+}
+
+impl TwoPhaseCommitSink<PgRecord> for TwoPhasePostgresSink {
+    type Transaction = PgTransaction;
+    type Committable = PgCommittable;
+
+    async fn open(&mut self, info: &SubtaskInfo) -> exactly_core::Result<()> {
+        self.info = Some(info.clone());
+        let mut conn = db::connect(&self.config).await?;
+        let max: String = sqlx::query_scalar("SELECT current_setting('max_prepared_transactions')")
+            .fetch_one(&mut conn)
+            .await
+            .map_err(|e| PostgresSinkError::db("reading max_prepared_transactions", e))?;
+        if max.trim() == "0" {
+            return Err(PostgresSinkError::Config(
+                "the server has max_prepared_transactions = 0, so PREPARE TRANSACTION is refused: set it (e.g. to max_connections) and restart PostgreSQL, or use mode `upsert`".into(),
+            )
+            .into());
+        }
+        self.prepared(&mut conn)
+            .await
+            .map_err(|e| PostgresSinkError::db("reading pg_prepared_xacts", e))?;
+        db::ensure_tables(&mut conn, &self.config).await?;
+        db::close(conn).await;
+        Ok(())
+    }
+
+    async fn begin(&mut self, _checkpoint_id: CheckpointId) -> exactly_core::Result<PgTransaction> {
+        let mut conn = self.write_connection().await?;
+        db::exec(&mut conn, "BEGIN ISOLATION LEVEL READ COMMITTED".into())
+            .await
+            .map_err(|e| PostgresSinkError::db("BEGIN", e))?;
+        Ok(PgTransaction {
+            conn,
+            rows: 0,
+            offsets: BTreeMap::new(),
+        })
+    }
+
+    async fn write(&mut self, txn: &mut PgTransaction, records: Vec<PgRecord>) -> exactly_core::Result<()> {
+        let rows = db::convert(&self.config, records, false, &mut txn.offsets)?;
+        txn.rows += rows.count;
+        // An error here loses the unprepared transaction (the server rolls it back): fail the
+        // attempt, the restart replays from the checkpoint.
+        db::write(&mut txn.conn, &self.config, rows, false).await?;
+        Ok(())
+    }
+
+    async fn pre_commit(
+        &mut self,
+        mut txn: PgTransaction,
+        checkpoint_id: CheckpointId,
+    ) -> exactly_core::Result<PreCommitted<PgCommittable, PgTransaction>> {
+        if txn.rows == 0 {
+            db::exec(&mut txn.conn, "ROLLBACK".into())
+                .await
+                .map_err(|e| PostgresSinkError::db("ROLLBACK", e))?;
+            self.idle = Some(txn.conn);
+            return Ok(PreCommitted::Empty);
+        }
+        let subtask = self.subtask();
+        db::progress(
+            &mut txn.conn,
+            &self.config,
+            subtask,
+            checkpoint_id,
+            &txn.offsets,
+            txn.rows,
+        )
+        .await?;
+        let gid = format!("{}{subtask}:{checkpoint_id}", self.gid_prefix());
+        db::exec(&mut txn.conn, format!("PREPARE TRANSACTION {}", literal(&gid)))
+            .await
+            .map_err(|e| PostgresSinkError::db("PREPARE TRANSACTION", e))?;
+        // Detached from the session: durable, and any session can finish it.
+        self.idle = Some(txn.conn);
+        Ok(PreCommitted::Committable(PgCommittable {
+            version: 1,
+            subtask,
+            checkpoint_id,
+            gid,
+        }))
+    }
+
+    async fn commit(&mut self, c: &PgCommittable) -> Result<(), CommitError> {
+        let mut conn = db::connect(&self.config)
+            .await
+            .map_err(|e| CommitError::Retriable(e.into()))?;
+        let outcome = self.commit_on(&mut conn, c).await;
+        if outcome.is_ok() {
+            // Bounded progress table; a failure here loses nothing (the rows stay a while longer).
+            if let Err(e) = db::summarise_progress(&mut conn, &self.config, c.subtask, c.checkpoint_id).await {
+                warn!(error = %e, "Could not summarise the progress table; retried at the next commit.");
+            }
+        }
+        db::close(conn).await;
+        outcome
+    }
+
+    async fn abort(&mut self, mut txn: PgTransaction) -> exactly_core::Result<()> {
+        db::exec(&mut txn.conn, "ROLLBACK".into())
+            .await
+            .map_err(|e| PostgresSinkError::db("ROLLBACK", e))?;
+        db::close(txn.conn).await;
+        Ok(())
+    }
+
+    async fn abort_lingering(&mut self, ctx: &RecoveryContext<'_, PgCommittable>) -> exactly_core::Result<()> {
+        let mut conn = db::connect(&self.config).await?;
+        let listed = self
+            .prepared(&mut conn)
+            .await
+            .map_err(|e| PostgresSinkError::db("reading pg_prepared_xacts", e))?;
+        let pending: Vec<&str> = ctx.all_restored.iter().map(|(_, c)| c.gid.as_str()).collect();
+        let me = ctx.info.index;
+        let mut rolled_back = 0;
+        for (gid, subtask) in listed {
+            let mine = subtask == me || (me == 0 && subtask >= ctx.info.parallelism);
+            if !mine || pending.contains(&gid.as_str()) {
+                continue;
+            }
+            warn!(gid = %gid, "Rolling back a prepared transaction no checkpoint needs.");
+            match db::exec(&mut conn, format!("ROLLBACK PREPARED {}", literal(&gid))).await {
+                Ok(()) => rolled_back += 1,
+                // Finished meanwhile by someone else: nothing left to do.
+                Err(e) if sqlstate(&e).as_deref() == Some(UNDEFINED_OBJECT) => {}
+                Err(e) => return Err(PostgresSinkError::db("ROLLBACK PREPARED", e).into()),
+            }
+        }
+        if rolled_back > 0 {
+            info!(rolled_back, "Lingering prepared transactions rolled back.");
+        }
+        db::close(conn).await;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literals_are_quoted() {
+        assert_eq!(literal("exactly:j:s:0:7"), "'exactly:j:s:0:7'");
+        assert_eq!(literal("a'b"), "'a''b'");
+    }
+}
