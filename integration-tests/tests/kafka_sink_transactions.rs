@@ -31,12 +31,24 @@ fn info(index: u32, parallelism: u32) -> SubtaskInfo {
 }
 
 fn sink(env: &TestEnv, topic: &str, prefix: &str, pool_size: usize, timeout: Duration) -> TransactionalKafkaSink {
+    sink_growing_to(env, topic, prefix, pool_size, 2 * pool_size, timeout)
+}
+
+fn sink_growing_to(
+    env: &TestEnv,
+    topic: &str,
+    prefix: &str,
+    pool_size: usize,
+    max_pool_size: usize,
+    timeout: Duration,
+) -> TransactionalKafkaSink {
     let config = KafkaSinkConfig::new(
         &env.kafka_bootstrap,
         topic,
         DeliveryGuarantee::ExactlyOnce {
             transactional_id_prefix: prefix.to_owned(),
             pool_size,
+            max_pool_size,
             transaction_timeout: timeout,
         },
     );
@@ -209,7 +221,7 @@ async fn a_stale_committable_never_commits_a_newer_transaction_of_its_id() -> Re
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_exhausted_pool_grows_then_declines_then_recovers() -> Result<()> {
+async fn an_exhausted_pool_grows_to_its_maximum_then_declines_then_recovers_and_shrinks() -> Result<()> {
     let env = TestEnv::get().await?;
     let topic = unique("sink-pool");
     create_topic(env, &topic, 1).await?;
@@ -224,6 +236,7 @@ async fn an_exhausted_pool_grows_then_declines_then_recovers() -> Result<()> {
         pending.push(prepared(&mut s, t, id).await?);
     }
     let t4 = txn(&mut s, 4, &["x4"]).await?; // the fourth and last producer
+    assert_eq!(s.producers(), 4, "grown to max_pool_size");
     let t4 = match pre_commit(&mut s, t4, 4).await? {
         PreCommitted::Declined { txn, reason } => {
             assert!(reason.contains("wait for their checkpoints"), "{reason}");
@@ -237,6 +250,12 @@ async fn an_exhausted_pool_grows_then_declines_then_recovers() -> Result<()> {
     let c4 = prepared(&mut s, t4, 5).await?;
     s.commit(&c4).await?;
     assert_eq!(values(env, &topic)?, ["x1", "x2", "x3", "x4"]);
+    assert_eq!(s.producers(), 2, "the producers it grew by are closed once free");
+    // Still usable after shrinking.
+    let t = txn(&mut s, 6, &["x6"]).await?;
+    let c6 = prepared(&mut s, t, 6).await?;
+    s.commit(&c6).await?;
+    assert_eq!(values(env, &topic)?, ["x1", "x2", "x3", "x4", "x6"]);
     Ok(())
 }
 

@@ -101,6 +101,7 @@ async fn main() -> anyhow::Result<()> {
         DeliveryGuarantee::ExactlyOnce {
             transactional_id_prefix: format!("example-{run}"),
             pool_size: 3,
+            max_pool_size: exactly_kafka_sink::DEFAULT_MAX_POOL_SIZE,
             transaction_timeout: Duration::from_secs(60),
         },
     );

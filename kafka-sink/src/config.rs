@@ -11,6 +11,13 @@ fn default_pool_size() -> usize {
     3
 }
 
+/// Producers a subtask's pool may grow to while checkpoints fail (see `max_pool_size`).
+pub const DEFAULT_MAX_POOL_SIZE: usize = 32;
+
+fn default_max_pool_size() -> usize {
+    DEFAULT_MAX_POOL_SIZE
+}
+
 fn default_transaction_timeout() -> Duration {
     Duration::from_secs(300)
 }
@@ -37,6 +44,13 @@ pub enum DeliveryGuarantee {
         /// while another waits for its checkpoint to complete.
         #[serde(default = "default_pool_size")]
         pool_size: usize,
+        /// How far the pool may grow while checkpoints fail (32 by default): a failed
+        /// checkpoint's transaction stays prepared until the next checkpoint completes, so each
+        /// failed checkpoint in a row holds one more producer (Flink's KafkaSink grows without a
+        /// bound). Beyond this the sink declines, and the subtask restarts from the latest
+        /// completed checkpoint. Extra producers are closed once their transactions commit.
+        #[serde(default = "default_max_pool_size")]
+        max_pool_size: usize,
         /// `transaction.timeout.ms`: must exceed checkpoint interval + checkpoint timeout (+ the
         /// time a restart takes) and not exceed the broker's `transaction.max.timeout.ms`.
         #[serde(default = "default_transaction_timeout", with = "humantime_serde")]
@@ -135,9 +149,15 @@ impl KafkaSinkConfig {
         if let DeliveryGuarantee::ExactlyOnce {
             transactional_id_prefix,
             pool_size,
+            max_pool_size,
             transaction_timeout,
         } = &self.delivery
         {
+            if max_pool_size < pool_size {
+                return bad(format!(
+                    "delivery.max_pool_size ({max_pool_size}) must be at least delivery.pool_size ({pool_size})"
+                ));
+            }
             if transactional_id_prefix.is_empty() {
                 return bad("delivery.transactional_id_prefix must not be empty for exactly_once".into());
             }
@@ -199,6 +219,7 @@ mod tests {
             DeliveryGuarantee::ExactlyOnce {
                 transactional_id_prefix: "job".into(),
                 pool_size: 3,
+                max_pool_size: DEFAULT_MAX_POOL_SIZE,
                 transaction_timeout: timeout,
             },
         )
@@ -246,6 +267,7 @@ mod tests {
             DeliveryGuarantee::ExactlyOnce {
                 transactional_id_prefix: "p".into(),
                 pool_size: 1,
+                max_pool_size: DEFAULT_MAX_POOL_SIZE,
                 transaction_timeout: Duration::from_secs(60),
             },
         );
@@ -264,7 +286,11 @@ mod tests {
         .unwrap();
         assert!(matches!(
             c.delivery,
-            DeliveryGuarantee::ExactlyOnce { pool_size: 3, .. }
+            DeliveryGuarantee::ExactlyOnce {
+                pool_size: 3,
+                max_pool_size: DEFAULT_MAX_POOL_SIZE,
+                ..
+            }
         ));
     }
 }

@@ -30,6 +30,7 @@ pub struct TransactionalKafkaSink {
     config: KafkaSinkConfig,
     prefix: String,
     pool_size: usize,
+    max_pool_size: usize,
     transaction_timeout: Duration,
     partitioner: Box<dyn Partitioner>,
     partitions: Vec<i32>,
@@ -73,6 +74,7 @@ impl TransactionalKafkaSink {
         let DeliveryGuarantee::ExactlyOnce {
             transactional_id_prefix,
             pool_size,
+            max_pool_size,
             transaction_timeout,
         } = config.delivery.clone()
         else {
@@ -85,6 +87,7 @@ impl TransactionalKafkaSink {
             config,
             prefix: transactional_id_prefix,
             pool_size,
+            max_pool_size,
             transaction_timeout,
             partitioner,
             partitions: Vec::new(),
@@ -115,6 +118,11 @@ impl TransactionalKafkaSink {
         Ok((Arc::new(producer), deliveries))
     }
 
+    /// Producers in the pool now (`pool_size`, more while checkpoints fail).
+    pub fn producers(&self) -> usize {
+        self.slots.len()
+    }
+
     fn free_slots(&self) -> usize {
         self.slots.iter().filter(|s| s.state == SlotState::Free).count()
     }
@@ -133,6 +141,26 @@ impl TransactionalKafkaSink {
             state: SlotState::Free,
         });
         Ok(())
+    }
+
+    /// Closes producers the pool grew beyond its size once they are free again (from the end:
+    /// open and prepared transactions keep their slot numbers). Their ids are fenced and
+    /// cleaned by the next start like any id of this subtask.
+    fn shrink(&mut self) {
+        let before = self.slots.len();
+        while self.slots.len() > self.pool_size && self.slots.last().is_some_and(|s| s.state == SlotState::Free) {
+            let slot = self.slots.pop().expect("checked");
+            // Closing a client waits for its threads: off the async workers.
+            tokio::task::block_in_place(|| drop(slot));
+        }
+        if self.slots.len() < before {
+            self.next_slot %= self.slots.len();
+            info!(
+                closed = before - self.slots.len(),
+                pool = self.slots.len(),
+                "Checkpoints complete again; closed the producers the pool grew by."
+            );
+        }
     }
 
     /// Aborts whatever is open under `id` by initialising a producer with it (fences and aborts).
@@ -248,10 +276,12 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         check_deliveries(&self.slots[txn.slot].deliveries, &self.config.topic)?;
         if self.free_slots() == 0 {
             // Every producer holds a transaction waiting for a checkpoint. When those belong to
-            // checkpoints that were aborted, only a completed checkpoint frees them, and this one
-            // cannot complete without a producer for what follows: grow the pool (up to twice its
-            // size) rather than decline forever. Beyond that, decline: backpressure.
-            if self.slots.len() < 2 * self.pool_size {
+            // checkpoints that were aborted (the checkpoint storage unreachable, say), only a
+            // completed checkpoint frees them, and this one cannot complete without a producer
+            // for what follows: grow the pool (up to `max_pool_size`) rather than decline — a
+            // decline fails this attempt, and a restart cannot succeed while the storage is gone.
+            // Beyond that, decline: the subtask restarts from the latest completed checkpoint.
+            if self.slots.len() < self.max_pool_size {
                 self.add_slot()?;
             } else {
                 return Ok(PreCommitted::Declined {
@@ -302,6 +332,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         match tokio::task::block_in_place(|| s.producer.commit_transaction(TIMEOUT)) {
             Ok(()) => {
                 s.state = SlotState::Free;
+                self.shrink();
                 Ok(())
             }
             Err(e) => {

@@ -30,7 +30,7 @@ mod transactional_id;
 mod writer;
 
 pub use committable::{KafkaCommittable, Probe, COMMITTABLE_VERSION};
-pub use config::{DeliveryGuarantee, KafkaSinkConfig, PartitionerKind, OWNED_KEYS};
+pub use config::{DeliveryGuarantee, KafkaSinkConfig, PartitionerKind, DEFAULT_MAX_POOL_SIZE, OWNED_KEYS};
 pub use error::{Result, SinkError};
 pub use exactly_once::{KafkaTransaction, TransactionalKafkaSink};
 pub use partitioner::{murmur2, to_positive, FixedPartitioner, KeyHashPartitioner, Partitioner, RoundRobinPartitioner};

@@ -98,6 +98,7 @@ impl Sink<ProducerRecord> for KafkaWriter {
 ///     DeliveryGuarantee::ExactlyOnce {
 ///         transactional_id_prefix: "copy".into(), // unique per sink; keep it across restarts
 ///         pool_size: 3,
+///         max_pool_size: 32, // while checkpoints fail, each holds a producer until one completes
 ///         transaction_timeout: Duration::from_secs(120),
 ///     },
 /// );

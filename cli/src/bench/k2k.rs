@@ -126,6 +126,7 @@ pub(super) async fn k2k_run(
         K2k::ExactlyOnce => DeliveryGuarantee::ExactlyOnce {
             transactional_id_prefix: unique("bench"),
             pool_size: 3,
+            max_pool_size: exactly_kafka_sink::DEFAULT_MAX_POOL_SIZE,
             transaction_timeout: Duration::from_secs(120),
         },
         _ => DeliveryGuarantee::AtLeastOnce,
