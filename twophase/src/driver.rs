@@ -171,12 +171,7 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
         for id in ids {
             let flight = self.in_flight.get_mut(&id).expect("listed");
             let outcome = if up_to.is_some_and(|n| id <= n) {
-                flight
-                    .outcome
-                    .wait_for(|f| !matches!(f, Flight::Running))
-                    .await
-                    .map(|f| f.clone())
-                    .unwrap_or(Flight::Failed)
+                ended(&mut flight.outcome).await
             } else {
                 flight.outcome.borrow().clone()
             };
@@ -324,6 +319,15 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
     }
 }
 
+/// How a background pre-commit ended (waiting until it has); `Failed` when its part was dropped.
+async fn ended<C: Clone>(outcome: &mut watch::Receiver<Flight<C>>) -> Flight<C> {
+    outcome
+        .wait_for(|f| !matches!(f, Flight::Running))
+        .await
+        .map(|f| f.clone())
+        .unwrap_or(Flight::Failed)
+}
+
 /// The deferred part of a checkpoint's snapshot when a pre-commit completes in the background
 /// (or an earlier one still does): waits for this checkpoint's pre-commit and every earlier one,
 /// then gives the union state naming them all.
@@ -350,12 +354,7 @@ async fn finish_pre_commit<C: serde::Serialize + Clone + Send + Sync + 'static>(
         }
     }
     for (earlier_id, mut outcome) in earlier {
-        let flight = outcome
-            .wait_for(|f| !matches!(f, Flight::Running))
-            .await
-            .map(|f| f.clone())
-            .unwrap_or(Flight::Failed);
-        match flight {
+        match ended(&mut outcome).await {
             Flight::Done(c) => entries.push(encode(earlier_id, origin, &c)?),
             _ => {
                 return Err(CoreError::operator(
