@@ -526,3 +526,66 @@ async fn an_unneeded_open_transaction_is_aborted_before_restored_ones_are_checke
     assert_eq!(values(env, &topic)?, ["two"]);
     Ok(())
 }
+
+/// The records after a barrier must land after the records before it in every partition, though
+/// the previous transaction's flush still runs in the background on another pooled producer:
+/// read_committed readers see a partition in log order, so a transaction whose records overtake
+/// the previous one's tail reorders the output. The first transaction is made slow to flush (a
+/// deep queue of tiny batches), the second writes at once, then both commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_after_a_barrier_never_overtake_the_previous_transactions_flush() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let topic = unique("sink-order");
+    create_topic(env, &topic, 1).await?;
+    let mut s = {
+        let mut config = KafkaSinkConfig::new(
+            &env.kafka_bootstrap,
+            &topic,
+            DeliveryGuarantee::ExactlyOnce {
+                transactional_id_prefix: unique("order"),
+                pool_size: 2,
+                max_pool_size: 4,
+                transaction_timeout: T,
+            },
+        );
+        config
+            .client
+            .insert("queue.buffering.max.messages".into(), "1000000".into());
+        config.client.insert("batch.size".into(), "600".into());
+        TransactionalKafkaSink::new(config, Box::new(KeyHashPartitioner::default()))?
+    };
+    let i = info(0, 1);
+    start(&mut s, &i, &[]).await?;
+    let record = |n: usize| ProducerRecord::keyed(b"k".as_slice(), format!("{n:07}").as_bytes());
+    const FIRST: usize = 100_000;
+
+    let mut t1 = s.begin(1).await?;
+    s.write(&mut t1, (1..=FIRST).map(record).collect()).await?;
+    let flushing = match s.pre_commit(t1, 1).await? {
+        PreCommitted::InBackground(rest) => Some(rest),
+        PreCommitted::Committable(c) => {
+            s.commit(&c).await?;
+            None
+        }
+        other => bail!("expected a pre-commit, got {other:?}"),
+    };
+    let mut t2 = s.begin(2).await?;
+    s.write(&mut t2, (FIRST + 1..=FIRST + 100).map(record).collect())
+        .await?;
+    if let Some(rest) = flushing {
+        let c1 = rest.await?;
+        s.commit(&c1).await?;
+    }
+    let c2 = prepared(&mut s, t2, 2).await?;
+    s.commit(&c2).await?;
+
+    let seen: Vec<String> = read_committed(env, &topic, T)?.iter().map(|r| r.value_str()).collect();
+    assert_eq!(seen.len(), FIRST + 100, "every record once");
+    let out_of_order = seen.windows(2).filter(|w| w[0] >= w[1]).count();
+    let first = seen.windows(2).find(|w| w[0] >= w[1]);
+    assert_eq!(
+        out_of_order, 0,
+        "log order broken {out_of_order} times, first: {first:?}"
+    );
+    Ok(())
+}
