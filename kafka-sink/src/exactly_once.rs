@@ -11,7 +11,6 @@ use exactly_core::CheckpointId;
 use exactly_twophase::{CommitError, PreCommitted, PreCommitting, RecoveryContext, TwoPhaseCommitSink};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer;
-use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::broker::{broker_facts, TIMEOUT};
@@ -19,7 +18,7 @@ use crate::committable::{KafkaCommittable, Probe, COMMITTABLE_VERSION};
 use crate::config::{DeliveryGuarantee, KafkaSinkConfig};
 use crate::error::{Result, SinkError};
 use crate::partitioner::Partitioner;
-use crate::pool::{check_deliveries, create_producer, flush_blocking, send_all, Deliveries, Producer_};
+use crate::pool::{check_deliveries, create_producer, flush, send_all, Deliveries, Producer_};
 use crate::protocol::TxnDescription;
 use crate::protocol::Wire;
 use crate::recovery::commit_recovered;
@@ -40,9 +39,6 @@ pub struct TransactionalKafkaSink {
     info: Option<SubtaskInfo>,
     slots: Vec<Slot>,
     next_slot: usize,
-    /// Turns true when the flush of the latest background pre-commit has ended: the next
-    /// transaction holds its records until then (see [`KafkaTransaction`]).
-    flushing: Option<watch::Receiver<bool>>,
 }
 
 struct Slot {
@@ -65,49 +61,10 @@ enum SlotState {
 }
 
 /// An open transaction: the pool slot holding it.
-///
-/// While the previous transaction's flush still runs in the background (on another producer),
-/// this one's records are held in memory, not sent: a read_committed reader sees a partition in
-/// log order, and records sent now could land before the previous transaction's last batches
-/// (the order per key would break; `kafka_sink_transactions` shows it). Once that flush ended
-/// every earlier record is in the log, and the held records go out in their order.
 #[derive(Debug)]
 pub struct KafkaTransaction {
     slot: usize,
     records: u64,
-    after: Option<watch::Receiver<bool>>,
-    held: Vec<ProducerRecord>,
-    held_bytes: usize,
-}
-
-/// How much a transaction holds while the previous flush runs before it waits for that flush
-/// (librdkafka's own queue bounds: 100 000 messages, 1 GiB; a few milliseconds of records).
-const HOLD_RECORDS: usize = 100_000;
-const HOLD_BYTES: usize = 64 << 20;
-
-impl KafkaTransaction {
-    /// Whether the previous transaction's flush still runs.
-    fn waits(&mut self) -> bool {
-        match &self.after {
-            // A dropped sender: the flush ended abnormally (its checkpoint fails the task).
-            Some(gate) if !*gate.borrow() && gate.has_changed().is_ok() => true,
-            _ => {
-                self.after = None;
-                false
-            }
-        }
-    }
-
-    /// Waits for the previous transaction's flush to end.
-    async fn wait_previous(&mut self) {
-        if let Some(mut gate) = self.after.take() {
-            let _ = gate.wait_for(|flushed| *flushed).await;
-        }
-    }
-}
-
-fn record_bytes(r: &ProducerRecord) -> usize {
-    r.key.as_ref().map_or(0, Vec::len) + r.value.as_ref().map_or(0, Vec::len) + 64
 }
 
 impl TransactionalKafkaSink {
@@ -139,7 +96,6 @@ impl TransactionalKafkaSink {
             info: None,
             slots: Vec::new(),
             next_slot: 0,
-            flushing: None,
         })
     }
 
@@ -248,25 +204,6 @@ pub(crate) fn commit_error(e: KafkaError) -> CommitError {
     }
 }
 
-impl TransactionalKafkaSink {
-    /// Sends what `txn` held while the previous flush ran (call only once it ended).
-    async fn send_held(&self, txn: &mut KafkaTransaction) -> Result<()> {
-        if txn.held.is_empty() {
-            return Ok(());
-        }
-        txn.held_bytes = 0;
-        let s = &self.slots[txn.slot];
-        send_all(
-            &s.producer,
-            &self.config.topic,
-            &self.partitions,
-            self.partitioner.as_ref(),
-            std::mem::take(&mut txn.held),
-        )
-        .await
-    }
-}
-
 impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
     type Transaction = KafkaTransaction;
     type Committable = KafkaCommittable;
@@ -306,27 +243,11 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             .begin_transaction()
             .map_err(|e| SinkError::kafka(format!("begin_transaction on {}", s.id), e))?;
         s.state = SlotState::Open;
-        Ok(KafkaTransaction {
-            slot,
-            records: 0,
-            after: self.flushing.take(),
-            held: Vec::new(),
-            held_bytes: 0,
-        })
+        Ok(KafkaTransaction { slot, records: 0 })
     }
 
     async fn write(&mut self, txn: &mut KafkaTransaction, records: Vec<ProducerRecord>) -> exactly_core::Result<()> {
         txn.records += records.len() as u64;
-        if txn.waits() {
-            let bytes: usize = records.iter().map(record_bytes).sum();
-            if txn.held.len() + records.len() <= HOLD_RECORDS && txn.held_bytes + bytes <= HOLD_BYTES {
-                txn.held.extend(records);
-                txn.held_bytes += bytes;
-                return Ok(());
-            }
-            txn.wait_previous().await;
-        }
-        self.send_held(txn).await?;
         let s = &self.slots[txn.slot];
         send_all(
             &s.producer,
@@ -341,12 +262,9 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
 
     async fn pre_commit(
         &mut self,
-        mut txn: KafkaTransaction,
+        txn: KafkaTransaction,
         checkpoint_id: CheckpointId,
     ) -> exactly_core::Result<PreCommitted<KafkaCommittable, KafkaTransaction>> {
-        // What this transaction held for the previous flush goes out first (in order after it).
-        txn.wait_previous().await;
-        self.send_held(&mut txn).await?;
         if txn.records == 0 {
             let s = &mut self.slots[txn.slot];
             tokio::task::block_in_place(|| s.producer.abort_transaction(TIMEOUT))
@@ -375,30 +293,23 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
                 });
             }
         }
-        // The flush and the check with the transaction coordinator complete in the background
-        // while the next pooled producer takes the records after the barrier; the checkpoint is
-        // acknowledged only when they are done (prepared means durable: every record acknowledged
-        // by the broker, the transaction Ongoing under this producer's id and epoch).
+        // The flush holds up the records after the barrier: sent at once from the next pooled
+        // producer they could land before this transaction's last batches, and read_committed
+        // readers see a partition in log order (a flush in the background broke the order per
+        // key: `kafka_sink_transactions` shows it). The check with the transaction coordinator
+        // (DescribeTransactions) completes in the background; the checkpoint is acknowledged only
+        // when it is done (prepared means durable: every record acknowledged by the broker, the
+        // transaction Ongoing under this producer's id and epoch).
         let s = &mut self.slots[txn.slot];
+        flush(&s.producer, &s.deliveries, &self.config.topic, self.config.flush_timeout)?;
         s.state = SlotState::Prepared(checkpoint_id);
-        let (producer, deliveries, id) = (s.producer.clone(), s.deliveries.clone(), s.id.clone());
-        let (wire, topic, timeout) = (self.wire.clone(), self.config.topic.clone(), self.config.flush_timeout);
-        let (flushed_tx, flushed_rx) = watch::channel(false);
-        self.flushing = Some(flushed_rx);
+        let probe = s.deliveries.probe().map(|(partition, offset)| Probe {
+            topic: self.config.topic.clone(),
+            partition,
+            offset,
+        });
+        let (wire, id) = (self.wire.clone(), s.id.clone());
         Ok(PreCommitted::InBackground(PreCommitting::new(async move {
-            let flushed = {
-                let (deliveries, topic) = (deliveries.clone(), topic.clone());
-                tokio::task::spawn_blocking(move || flush_blocking(&producer, &deliveries, &topic, timeout)).await
-            };
-            // Every record of this transaction is in the log (or the flush failed, which fails
-            // this checkpoint and the task): the next transaction may send.
-            let _ = flushed_tx.send(true);
-            flushed.map_err(|e| SinkError::Protocol(format!("flushing {id} ended abnormally: {e}")))??;
-            let probe = deliveries.probe().map(|(partition, offset)| Probe {
-                topic,
-                partition,
-                offset,
-            });
             let desc = wire.describe(&id).await?;
             Ok(committable(id, desc, checkpoint_id, probe)?)
         })))
