@@ -301,7 +301,12 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         // when it is done (prepared means durable: every record acknowledged by the broker, the
         // transaction Ongoing under this producer's id and epoch).
         let s = &mut self.slots[txn.slot];
-        flush(&s.producer, &s.deliveries, &self.config.topic, self.config.flush_timeout)?;
+        flush(
+            &s.producer,
+            &s.deliveries,
+            &self.config.topic,
+            self.config.flush_timeout,
+        )?;
         s.state = SlotState::Prepared(checkpoint_id);
         let probe = s.deliveries.probe().map(|(partition, offset)| Probe {
             topic: self.config.topic.clone(),

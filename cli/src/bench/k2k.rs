@@ -22,11 +22,16 @@ pub(super) fn k2k_job(
     delivery: DeliveryGuarantee,
     dir: &std::path::Path,
     interval: Duration,
+    when_caught_up: bool,
 ) -> JobHandle {
     let source = KafkaSourceConfig::new(bootstrap, vec![input.to_owned()], unique("g"));
     let mut sink = KafkaSinkConfig::new(bootstrap, output, delivery);
     sink.client.extend(client_overrides("BENCH_SINK_CLIENT"));
-    let mut job = JobBuilder::new(job_config_every(dir, interval));
+    let mut config = job_config_every(dir, interval);
+    if let Some(c) = config.checkpointing.as_mut() {
+        c.when_caught_up = when_caught_up;
+    }
+    let mut job = JobBuilder::new(config);
     // One subtask by default: on 2 cores, more consumers and producers mostly add threads.
     let parallelism: u32 = std::env::var("BENCH_PARALLELISM")
         .ok()
@@ -89,6 +94,8 @@ pub(super) enum K2k {
     Plain,
     AtLeastOnce,
     ExactlyOnce,
+    /// Exactly-once with `checkpoint.when_caught_up`.
+    ExactlyOnceCaughtUp,
 }
 
 /// Figures of one mode with a backlog: records/s written (seen by a read_uncommitted reader, from
@@ -123,7 +130,7 @@ pub(super) async fn k2k_run(
     backlog(bootstrap, &input, n, size, false)?;
     let dir = tempfile::tempdir()?;
     let delivery = |m| match m {
-        K2k::ExactlyOnce => DeliveryGuarantee::ExactlyOnce {
+        K2k::ExactlyOnce | K2k::ExactlyOnceCaughtUp => DeliveryGuarantee::ExactlyOnce {
             transactional_id_prefix: unique("bench"),
             pool_size: 3,
             max_pool_size: exactly_kafka_sink::DEFAULT_MAX_POOL_SIZE,
@@ -150,7 +157,15 @@ pub(super) async fn k2k_run(
             std::thread::spawn(move || plain_loop(&b, &i, &o, paced));
             None
         }
-        m => Some(k2k_job(bootstrap, &input, &output, delivery(m), dir.path(), interval)),
+        m => Some(k2k_job(
+            bootstrap,
+            &input,
+            &output,
+            delivery(m),
+            dir.path(),
+            interval,
+            m == K2k::ExactlyOnceCaughtUp,
+        )),
     };
     // The pipeline's rate: until a read_uncommitted reader has the backlog (for exactly-once,
     // written in transactions not yet committed: the final commit waits for the next checkpoint,
@@ -213,10 +228,10 @@ pub(crate) async fn bench_k2k(
     report: &mut Report,
 ) -> Result<()> {
     let rounds = rounds.max(1);
-    println!("Kafka-to-Kafka pass-through, {PARTITIONS} partitions, one subtask (BENCH_PARALLELISM), checkpoints every --intervals (record column: size and interval), {n} records backlog, then 5 s at 2000 records/s; {rounds} round(s), the three modes one after the other in each");
+    println!("Kafka-to-Kafka pass-through, {PARTITIONS} partitions, one subtask (BENCH_PARALLELISM), checkpoints every --intervals (record column: size and interval), {n} records backlog, then 5 s at 2000 records/s; {rounds} round(s), the modes one after the other in each (exactly-once caught-up: with checkpoint.when_caught_up)");
     println!("written/s: a read_uncommitted reader's rate from its first record to the backlog's last (the pipeline's rate); start: job start to first record written; committed/s: job start until a read_committed reader has the backlog (start-up and, exactly-once, the last commit included); timed/s: from the first record written until a read_committed reader has the backlog (start-up excluded, the last commit included: how `bench peers` times every system)");
     println!(
-        "{:<14} {:<6} {:<14} {:>10} {:>7} {:>8} {:>11} {:>7} {:>10} {:>7} {:>7} {:>7}",
+        "{:<14} {:<6} {:<22} {:>10} {:>7} {:>8} {:>11} {:>7} {:>10} {:>7} {:>7} {:>7}",
         "record",
         "round",
         "mode",
@@ -234,6 +249,7 @@ pub(crate) async fn bench_k2k(
         (K2k::Plain, "plain loop"),
         (K2k::AtLeastOnce, "at-least-once"),
         (K2k::ExactlyOnce, "exactly-once"),
+        (K2k::ExactlyOnceCaughtUp, "exactly-once caught-up"),
     ];
     for (&size, &interval) in sizes.iter().flat_map(|s| intervals.iter().map(move |i| (s, i))) {
         let record = format!("{size} B {}", humantime::format_duration(interval));
@@ -249,7 +265,7 @@ pub(crate) async fn bench_k2k(
                 let r = (f.written / plain.0, f.committed / plain.1, f.timed / plain.2);
                 ratios[i].push(r);
                 println!(
-                    "{:<14} {:<6} {:<14} {:>10.0} {:>7.3} {:>8} {:>11.0} {:>7.3} {:>10.0} {:>7.3} {:>7} {:>7}",
+                    "{:<14} {:<6} {:<22} {:>10.0} {:>7.3} {:>8} {:>11.0} {:>7.3} {:>10.0} {:>7.3} {:>7} {:>7}",
                     record, round, name, f.written, r.0, f.startup_ms, f.committed, r.1, f.timed, r.2, f.p50, f.p99
                 );
                 report.row(
@@ -275,7 +291,7 @@ pub(crate) async fn bench_k2k(
                 let committed = median(ratios[i].iter().map(|r| r.1).collect());
                 let timed = median(ratios[i].iter().map(|r| r.2).collect());
                 println!(
-                    "{:<14} {:<6} {:<14} {:>10} {:>7.3} {:>8} {:>11} {:>7.3} {:>10} {:>7.3}",
+                    "{:<14} {:<6} {:<22} {:>10} {:>7.3} {:>8} {:>11} {:>7.3} {:>10} {:>7.3}",
                     record, "median", name, "", written, "", "", committed, "", timed
                 );
                 report.row(

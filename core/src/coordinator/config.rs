@@ -73,6 +73,13 @@ pub struct CheckpointConfig {
     /// Least time between the end of one checkpoint and the start of the next.
     #[serde(default = "default_min_pause", with = "humantime_serde")]
     pub min_pause: Duration,
+    /// Also checkpoint as soon as every live source has caught up with its input (a poll found
+    /// nothing new) after reading records since the last checkpoint — at the end of a burst or
+    /// of a backlog the output commits without waiting for the rest of the interval — but no
+    /// sooner than a tenth of `interval` after the previous trigger. Off by default: checkpoints
+    /// at the interval only, as Flink takes them.
+    #[serde(default)]
+    pub when_caught_up: bool,
     /// A checkpoint not complete after this long is aborted.
     #[serde(default = "default_timeout", with = "humantime_serde")]
     pub timeout: Duration,
@@ -107,6 +114,7 @@ impl CheckpointConfig {
             dir: dir.into(),
             interval: default_interval(),
             min_pause: default_min_pause(),
+            when_caught_up: false,
             timeout: default_timeout(),
             max_concurrent: default_max_concurrent(),
             tolerable_failures: default_tolerable_failures(),

@@ -162,11 +162,27 @@ impl CheckpointCoordinator {
                 .is_none_or(|t| now.duration_since(t) >= self.min_pause)
     }
 
-    /// When [`due`](Self::due) may next become true (for sleeping until then).
-    pub fn next_due(&self) -> Instant {
+    /// When [`due`](Self::due) may next become true (for sleeping until then); `None` while
+    /// `max_concurrent` checkpoints are in flight (only an acknowledgement, a decline or a
+    /// timeout changes that: a time in the past here would wake the caller in a busy loop).
+    pub fn next_due(&self) -> Option<Instant> {
         let by_interval = self.last_trigger + self.interval;
         let by_pause = self.last_completion.map_or(by_interval, |t| t + self.min_pause);
-        by_interval.max(by_pause)
+        (self.pending.len() < self.max_concurrent).then(|| by_interval.max(by_pause))
+    }
+
+    /// Whether a checkpoint may start before the interval is over (the sources caught up): as
+    /// [`due`](Self::due), but a tenth of the interval after the previous trigger suffices.
+    pub fn due_early(&self, now: Instant) -> bool {
+        self.next_due_early().is_some_and(|t| now >= t)
+    }
+
+    /// When [`due_early`](Self::due_early) may next become true (`None` as for
+    /// [`next_due`](Self::next_due)).
+    pub fn next_due_early(&self) -> Option<Instant> {
+        let by_interval = self.last_trigger + self.interval / 10;
+        let by_pause = self.last_completion.map_or(by_interval, |t| t + self.min_pause);
+        (self.pending.len() < self.max_concurrent).then(|| by_interval.max(by_pause))
     }
 
     /// Starts checkpoint `next_id` (periodic or savepoint) and returns its barrier.

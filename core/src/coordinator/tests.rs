@@ -59,10 +59,31 @@ fn min_pause_and_max_concurrency_hold_back_triggers() {
     c.trigger(ms(100), SnapshotKind::Checkpoint, 0);
     c.trigger(ms(200), SnapshotKind::Checkpoint, 0);
     assert!(!c.due(ms(300)), "two in flight, max_concurrent = 2");
+    // Nothing to wake for while full (a past instant here made the coordinator's loop spin).
+    assert_eq!(c.next_due(), None);
+    assert_eq!(c.next_due_early(), None);
     assert!(c.completed(2, ms(310)).iter().any(|b| b.id == 1), "1 is subsumed by 2");
     assert!(!c.due(ms(320)), "min pause after completion");
     assert!(c.due(ms(340)));
-    assert_eq!(c.next_due(), ms(340));
+    assert_eq!(c.next_due(), Some(ms(340)));
+}
+
+#[test]
+fn an_early_trigger_waits_a_tenth_of_the_interval_and_the_min_pause() {
+    let t0 = Instant::now();
+    let mut c = CheckpointCoordinator::new(&config(), 1, 1, t0);
+    let ms = |n| t0 + Duration::from_millis(n);
+    c.trigger(ms(100), SnapshotKind::Checkpoint, 0);
+    assert!(
+        !c.due_early(ms(105)),
+        "a tenth of the 100 ms interval after the trigger"
+    );
+    assert!(c.due_early(ms(110)));
+    c.completed(1, ms(120));
+    assert!(!c.due_early(ms(140)), "min pause (30 ms) after the completion");
+    assert_eq!(c.next_due_early(), Some(ms(150)));
+    assert!(c.due_early(ms(150)));
+    assert!(!c.due(ms(150)), "the periodic trigger still waits for the interval");
 }
 
 #[test]

@@ -50,6 +50,10 @@ pub(super) struct Run<'a> {
     pub(super) shutting_down: bool,
     pub(super) completed: &'a mut u64,
     pub(super) last_id: &'a mut CheckpointId,
+    /// The latest checkpoint triggered in this run, and the sources that caught up with their
+    /// input since its barrier (whether they read records before): `when_caught_up`.
+    pub(super) triggered: Option<CheckpointId>,
+    pub(super) caught_up: BTreeMap<usize, bool>,
 }
 
 impl Run<'_> {
@@ -147,10 +151,21 @@ impl Run<'_> {
 
     pub(super) fn next_wake(&self) -> Instant {
         let soon = Instant::now() + Duration::from_millis(100);
-        match &self.coordinator {
-            Some(c) => c.next_due().min(soon),
-            None => soon,
-        }
+        let Some(c) = &self.coordinator else {
+            return soon;
+        };
+        let early = self.caught_up().then(|| c.next_due_early()).flatten();
+        [c.next_due(), early].into_iter().flatten().fold(soon, Instant::min)
+    }
+
+    /// Whether every live source caught up with its input since the latest barrier, some after
+    /// reading records (so a checkpoint now commits them), with `when_caught_up` on.
+    fn caught_up(&self) -> bool {
+        self.config().is_some_and(|c| c.when_caught_up)
+            && self.caught_up.values().any(|read| *read)
+            && (0..self.controls.len())
+                .filter(|t| self.sources[*t] && !self.ended.contains(t))
+                .all(|t| self.caught_up.contains_key(&t))
     }
 
     /// Starts a checkpoint: barriers at live sources, direct snapshots at ended tasks.
@@ -158,6 +173,8 @@ impl Run<'_> {
         let coordinator = self.coordinator.as_mut().expect("checkpointing on");
         let barrier = coordinator.trigger(Instant::now(), kind, now_ms());
         *self.last_id = barrier.id;
+        self.triggered = Some(barrier.id);
+        self.caught_up.clear();
         for (task, tx) in self.controls.iter().enumerate() {
             let c = if self.ended.contains(&task) {
                 Control::SnapshotIfEnded(barrier)
@@ -180,8 +197,16 @@ impl Run<'_> {
             self.abort(b, "timed out").await?;
         }
         let c = self.coordinator.as_ref().expect("checked");
-        if !self.shutting_down && self.shutdown_after.is_none() && self.ended.len() < self.controls.len() && c.due(now)
-        {
+        if self.shutting_down || self.shutdown_after.is_some() || self.ended.len() == self.controls.len() {
+            return Ok(());
+        }
+        if c.due(now) {
+            self.trigger(SnapshotKind::Checkpoint, false);
+        } else if self.caught_up() && c.due_early(now) {
+            debug!(
+                checkpoint_id = c.next_id(),
+                "Every source caught up: checkpointing before the interval."
+            );
             self.trigger(SnapshotKind::Checkpoint, false);
         }
         Ok(())
@@ -204,6 +229,14 @@ impl Run<'_> {
                 if let Some(b) = c.decline(id) {
                     warn!(checkpoint_id = id, task, %reason, "Checkpoint declined.");
                     self.abort(b, &reason).await?;
+                }
+            }
+            TaskEvent::CaughtUp { task, after, read } => {
+                if after == self.triggered {
+                    self.caught_up.insert(task, read);
+                    if self.caught_up() {
+                        self.on_timer().await?;
+                    }
                 }
             }
             TaskEvent::Ended { task } => {

@@ -425,6 +425,8 @@ impl Job {
             shutting_down: false,
             completed,
             last_id,
+            triggered: None,
+            caught_up: BTreeMap::new(),
         };
         let end = run.drive(&mut set, events, commands).await;
         if !matches!(end, RunEnd::Finished) {

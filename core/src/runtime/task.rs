@@ -49,6 +49,14 @@ pub(crate) enum TaskEvent {
     },
     /// The task processed its end of input (it stays to snapshot and hear notifications).
     Ended { task: usize },
+    /// (Sources) a poll found nothing new: caught up with the input, after the barrier of
+    /// checkpoint `after` (`None`: before any in this run); `read` says whether records were read
+    /// since that barrier. Sent once per barrier and again after each new record.
+    CaughtUp {
+        task: usize,
+        after: Option<CheckpointId>,
+        read: bool,
+    },
 }
 
 /// Everything a task needs from the run it belongs to.
@@ -285,6 +293,10 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
         let mut last_watermark: Option<Watermark> = None;
         let mut idle = false;
         let mut acks = WaitingAcks::default();
+        // For the coordinator's checkpoints when the sources caught up (`when_caught_up`).
+        let mut after: Option<CheckpointId> = None;
+        let mut read = false;
+        let mut told = false;
         loop {
             parts.send_ready(&mut acks).await?;
             let control = if ended || stopped {
@@ -305,6 +317,7 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
             if let Some(c) = control {
                 match c {
                     Control::Trigger { barrier, stop } => {
+                        (after, read, told) = (Some(barrier.id), false, false);
                         let snapshot = source_snapshot(&info, &mut source, barrier).await?;
                         parts
                             .checkpoint(&mut acks, &mut chain, barrier, snapshot, !ended)
@@ -333,6 +346,14 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
             let status = source.poll_next(&mut buf).await.map_err(|e| user_error(&info.uid, e))?;
             if !buf.is_empty() {
                 idle = false;
+                (read, told) = (true, false);
+            } else if status == SourceStatus::Idle && !told {
+                told = true;
+                parts.send(TaskEvent::CaughtUp {
+                    task: parts.task_id,
+                    after,
+                    read,
+                });
             }
             for r in buf.drain(..) {
                 chain.record(r)?;

@@ -892,3 +892,80 @@ fn a_fan_out_branch_without_a_sink_is_refused() {
         );
     }
 }
+
+/// Emits its numbers at once, then finds nothing new (a backlog read to its end).
+struct Burst {
+    left: Vec<u64>,
+}
+
+impl Source<u64> for Burst {
+    async fn poll_next(&mut self, out: &mut Vec<u64>) -> crate::Result<SourceStatus> {
+        if self.left.is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            return Ok(SourceStatus::Idle);
+        }
+        out.append(&mut self.left);
+        Ok(SourceStatus::More)
+    }
+}
+
+/// Runs a burst of 1 000 numbers over two source subtasks with a 20 s checkpoint interval; returns
+/// the numbers committed and the checkpoints completed once `until` holds or `limit` passed.
+async fn burst_then_idle(when_caught_up: bool, limit: Duration, until: impl Fn(usize) -> bool) -> (usize, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), StateBackendConfig::Memory);
+    let c = cfg.checkpointing.as_mut().unwrap();
+    c.interval = Duration::from_secs(20);
+    c.when_caught_up = when_caught_up;
+    let committed: Committed = Arc::default();
+    let mut job = JobBuilder::new(cfg);
+    job.source("burst", 2, |info: &SubtaskInfo| Burst {
+        left: (0..1_000).filter(|n| n % 2 == u64::from(info.index)).collect(),
+    })
+    .map(|n| (word(n), n))
+    .sink("out", {
+        let committed = committed.clone();
+        move |info| StagingSink {
+            subtask: info.index,
+            current: Vec::new(),
+            staged: BTreeMap::new(),
+            committed: committed.clone(),
+        }
+    });
+    let handle = job.build().unwrap().start();
+    let count = || committed.lock().unwrap().values().map(Vec::len).sum::<usize>();
+    let deadline = std::time::Instant::now() + limit;
+    while !until(count()) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let result = (count(), handle.metrics().checkpoints().completed);
+    handle.cancel();
+    handle.join().await.unwrap();
+    result
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_when_caught_up_a_burst_commits_before_the_interval_and_idleness_triggers_nothing_more() {
+    // Early checkpoints wait a tenth of the 20 s interval: the burst commits after ≈2 s.
+    let (committed, checkpoints) = burst_then_idle(true, Duration::from_secs(15), |n| n == 1_000).await;
+    assert_eq!(committed, 1_000, "the burst committed by an early checkpoint");
+    assert_eq!(checkpoints, 1, "one checkpoint for the burst");
+    // Caught up with nothing read since: no checkpoint storm (watched for 5 s, two and a half
+    // times the early trigger's minimum distance).
+    let (committed, checkpoints) = burst_then_idle(true, Duration::from_secs(7), |_| false).await;
+    assert_eq!(
+        (committed, checkpoints),
+        (1_000, 1),
+        "nothing read since: no further checkpoint"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_when_caught_up_a_burst_waits_for_the_interval() {
+    let (committed, checkpoints) = burst_then_idle(false, Duration::from_secs(5), |_| false).await;
+    assert_eq!(
+        (committed, checkpoints),
+        (0, 0),
+        "nothing commits before the 20 s interval"
+    );
+}
