@@ -212,7 +212,7 @@ enum Command {
             long,
             value_enum,
             value_delimiter = ',',
-            default_value = "plain,exactly,kafka-streams,flink"
+            default_value = "plain,exactly,exactly-caught-up,kafka-streams,flink"
         )]
         systems: Vec<bench::Peer>,
         /// The peer harnesses, built by scripts/peers (peers).

@@ -26,6 +26,8 @@ pub enum Peer {
     Plain,
     /// `exactly run` on a pass-through job file, exactly-once Kafka sink.
     Exactly,
+    /// The same with `[checkpoints] when_caught_up = true`.
+    ExactlyCaughtUp,
     /// Kafka Streams, processing.guarantee=exactly_once_v2, commit.interval.ms = the interval.
     KafkaStreams,
     /// Apache Flink, KafkaSink EXACTLY_ONCE, checkpoints at the interval (local MiniCluster).
@@ -37,6 +39,7 @@ impl Peer {
         match self {
             Peer::Plain => "plain loop",
             Peer::Exactly => "exactly",
+            Peer::ExactlyCaughtUp => "exactly caught-up",
             Peer::KafkaStreams => "kafka streams",
             Peer::Flink => "flink",
         }
@@ -88,7 +91,7 @@ pub(crate) async fn bench_peers(o: &PeersOptions<'_>, report: &mut Report) -> Re
     );
     println!("rate: records ÷ (a read_committed reader has them all − a read_uncommitted reader saw the first); start: process start to first output record; RSS: peak resident memory of the process");
     println!(
-        "{:<9} {:<6} {:<14} {:>10} {:>7} {:>9} {:>8}",
+        "{:<9} {:<6} {:<17} {:>10} {:>7} {:>9} {:>8}",
         "interval", "round", "system", "records/s", "ratio", "start ms", "RSS MB"
     );
     for &interval in o.intervals {
@@ -104,7 +107,7 @@ pub(crate) async fn bench_peers(o: &PeersOptions<'_>, report: &mut Report) -> Re
                 ratios[i].push(ratio);
                 rss[i].push(m.rss_mb);
                 println!(
-                    "{:<9} {:<6} {:<14} {:>10.0} {:>7.3} {:>9} {:>8.0}",
+                    "{:<9} {:<6} {:<17} {:>10.0} {:>7.3} {:>9} {:>8.0}",
                     label,
                     round,
                     system.name(),
@@ -128,7 +131,7 @@ pub(crate) async fn bench_peers(o: &PeersOptions<'_>, report: &mut Report) -> Re
         for (i, &system) in o.systems.iter().enumerate() {
             let (r, m) = (median(ratios[i].clone()), median(rss[i].clone()));
             println!(
-                "{:<9} {:<6} {:<14} {:>10} {:>7.3} {:>9} {:>8.0}",
+                "{:<9} {:<6} {:<17} {:>10} {:>7.3} {:>9} {:>8.0}",
                 label,
                 "median",
                 system.name(),
@@ -170,9 +173,13 @@ async fn run_one(
                 .args(["--input", input, "--output", &output]);
             c
         }
-        Peer::Exactly => {
+        Peer::Exactly | Peer::ExactlyCaughtUp => {
             let job = dir.path().join("job.toml");
-            std::fs::write(&job, job_file(o.bootstrap, input, &output, &id, &ms, &p, dir.path()))?;
+            let caught_up = system == Peer::ExactlyCaughtUp;
+            std::fs::write(
+                &job,
+                job_file(o.bootstrap, input, &output, &id, &ms, &p, dir.path(), caught_up),
+            )?;
             let mut c = Command::new(std::env::current_exe()?);
             c.args(["run", "--no-progress"]).arg(&job);
             c
@@ -248,8 +255,18 @@ fn peak_rss_kb(pid: u32) -> Option<u64> {
 }
 
 /// A pass-through job file: no transforms (records are copied as they are), an exactly-once
-/// Kafka sink, checkpoints every `ms`.
-fn job_file(bootstrap: &str, input: &str, output: &str, id: &str, ms: &str, p: &str, dir: &Path) -> String {
+/// Kafka sink, checkpoints every `ms` (and when the source caught up, with `caught_up`).
+#[allow(clippy::too_many_arguments)]
+fn job_file(
+    bootstrap: &str,
+    input: &str,
+    output: &str,
+    id: &str,
+    ms: &str,
+    p: &str,
+    dir: &Path,
+    caught_up: bool,
+) -> String {
     format!(
         r#"[job]
 name = "{id}"
@@ -259,6 +276,7 @@ parallelism = {p}
 dir = "{dir}/checkpoints"
 interval = "{ms}ms"
 timeout = "60s"
+when_caught_up = {caught_up}
 
 [restart]
 type = "none"
