@@ -43,8 +43,7 @@ pub struct TransactionalKafkaSink {
 
 struct Slot {
     id: String,
-    /// Shared with the background completion of this slot's pre-commit (flush, describe).
-    producer: Arc<Producer_>,
+    producer: Producer_,
     deliveries: Arc<Deliveries>,
     state: SlotState,
 }
@@ -101,12 +100,12 @@ impl TransactionalKafkaSink {
 
     /// A producer for `id` with transactions initialised: fences older producers of the id
     /// (zombies) and aborts what they left open.
-    fn init_producer(&self, id: &str) -> Result<(Arc<Producer_>, Arc<Deliveries>)> {
+    fn init_producer(&self, id: &str) -> Result<(Producer_, Arc<Deliveries>)> {
         tokio::task::block_in_place(|| self.init_producer_blocking(id))
     }
 
     /// Creates the producer of `id` and initialises its transactions (blocks for the round trips).
-    fn init_producer_blocking(&self, id: &str) -> Result<(Arc<Producer_>, Arc<Deliveries>)> {
+    fn init_producer_blocking(&self, id: &str) -> Result<(Producer_, Arc<Deliveries>)> {
         let (producer, deliveries) = create_producer(
             &self.config.cluster(),
             &self.config.client,
@@ -115,7 +114,7 @@ impl TransactionalKafkaSink {
         producer
             .init_transactions(TIMEOUT)
             .map_err(|e| SinkError::kafka(format!("init_transactions for {id}"), e))?;
-        Ok((Arc::new(producer), deliveries))
+        Ok((producer, deliveries))
     }
 
     /// Producers in the pool now (`pool_size`, more while checkpoints fail).
@@ -438,7 +437,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             .map(|slot| transactional_id(&self.prefix, me, slot))
             .collect();
         let this = &*self;
-        let inited: Vec<Result<(Arc<Producer_>, Arc<Deliveries>)>> = tokio::task::block_in_place(|| {
+        let inited: Vec<Result<(Producer_, Arc<Deliveries>)>> = tokio::task::block_in_place(|| {
             std::thread::scope(|scope| {
                 let handles: Vec<_> = ids
                     .iter()
