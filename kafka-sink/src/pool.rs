@@ -185,17 +185,7 @@ pub(crate) fn check_deliveries(deliveries: &Deliveries, topic: &str) -> Result<(
 
 /// Waits for every outstanding record; fails if any was not delivered.
 pub(crate) fn flush(producer: &Producer_, deliveries: &Deliveries, topic: &str, timeout: Duration) -> Result<()> {
-    tokio::task::block_in_place(|| flush_blocking(producer, deliveries, topic, timeout))
-}
-
-/// [`flush`] on a thread that may block (`spawn_blocking`).
-pub(crate) fn flush_blocking(
-    producer: &Producer_,
-    deliveries: &Deliveries,
-    topic: &str,
-    timeout: Duration,
-) -> Result<()> {
-    wait_delivered(producer, timeout)?;
+    tokio::task::block_in_place(|| wait_delivered(producer, timeout))?;
     check_deliveries(deliveries, topic)
 }
 

@@ -155,20 +155,14 @@ impl CheckpointCoordinator {
 
     /// Whether a periodic checkpoint is due at `now`.
     pub fn due(&self, now: Instant) -> bool {
-        self.pending.len() < self.max_concurrent
-            && now.duration_since(self.last_trigger) >= self.interval
-            && self
-                .last_completion
-                .is_none_or(|t| now.duration_since(t) >= self.min_pause)
+        self.next_due().is_some_and(|t| now >= t)
     }
 
     /// When [`due`](Self::due) may next become true (for sleeping until then); `None` while
     /// `max_concurrent` checkpoints are in flight (only an acknowledgement, a decline or a
     /// timeout changes that: a time in the past here would wake the caller in a busy loop).
     pub fn next_due(&self) -> Option<Instant> {
-        let by_interval = self.last_trigger + self.interval;
-        let by_pause = self.last_completion.map_or(by_interval, |t| t + self.min_pause);
-        (self.pending.len() < self.max_concurrent).then(|| by_interval.max(by_pause))
+        self.next_after(self.interval)
     }
 
     /// Whether a checkpoint may start before the interval is over (the sources caught up): as
@@ -180,9 +174,15 @@ impl CheckpointCoordinator {
     /// When [`due_early`](Self::due_early) may next become true (`None` as for
     /// [`next_due`](Self::next_due)).
     pub fn next_due_early(&self) -> Option<Instant> {
-        let by_interval = self.last_trigger + self.interval / 10;
-        let by_pause = self.last_completion.map_or(by_interval, |t| t + self.min_pause);
-        (self.pending.len() < self.max_concurrent).then(|| by_interval.max(by_pause))
+        self.next_after(self.interval / 10)
+    }
+
+    /// `wait` after the previous trigger and the minimum pause after the last completion, if
+    /// another checkpoint may be in flight.
+    fn next_after(&self, wait: Duration) -> Option<Instant> {
+        let by_trigger = self.last_trigger + wait;
+        let by_pause = self.last_completion.map_or(by_trigger, |t| t + self.min_pause);
+        (self.pending.len() < self.max_concurrent).then(|| by_trigger.max(by_pause))
     }
 
     /// Starts checkpoint `next_id` (periodic or savepoint) and returns its barrier.
