@@ -204,9 +204,17 @@ enum Command {
         /// Checkpoint (commit) intervals (k2k, peers).
         #[arg(long, value_delimiter = ',', default_value = "1s,100ms", value_parser = humantime::parse_duration)]
         intervals: Vec<std::time::Duration>,
-        /// Parallelism: subtasks, stream threads (peers).
+        /// Parallelism: subtasks (k2k, peers), stream threads (peers).
         #[arg(long, default_value_t = 1)]
         parallelism: u32,
+        /// Modes measured after the plain loop, which always runs first as the baseline (k2k).
+        #[arg(
+            long,
+            value_enum,
+            value_delimiter = ',',
+            default_value = "at-least-once,exactly-once,exactly-once-caught-up"
+        )]
+        modes: Vec<bench::K2kMode>,
         /// Systems measured, in this order; ratios are to the first (peers).
         #[arg(
             long,
@@ -520,6 +528,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             checkpoints,
             intervals,
             parallelism,
+            modes,
             systems,
             peers_dir,
             input,
@@ -537,6 +546,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                     checkpoints,
                     intervals,
                     parallelism,
+                    modes,
                     systems,
                     peers_dir,
                     topics: input.zip(output),

@@ -8,43 +8,56 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use super::kafka::*;
-use super::Report;
+use super::{BenchOptions, Report};
 use exactly_core::runtime::{JobBuilder, JobHandle};
 use exactly_kafka_sink::{DeliveryGuarantee, KafkaSink, KafkaSinkConfig, ProducerRecord};
 use exactly_kafka_source::{KafkaRecord, KafkaSource, KafkaSourceConfig, RawBytes};
 use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::Message;
 
+/// What one measured run runs: the mode, its checkpoint interval and parallelism.
+#[derive(Clone, Copy)]
+pub(super) struct Pipeline {
+    pub(super) mode: K2k,
+    pub(super) interval: Duration,
+    pub(super) parallelism: u32,
+}
+
+/// The pass-through job of an at-least-once or exactly-once `pipeline`.
 pub(super) fn k2k_job(
     bootstrap: &str,
     input: &str,
     output: &str,
-    delivery: DeliveryGuarantee,
     dir: &std::path::Path,
-    interval: Duration,
-    when_caught_up: bool,
+    pipeline: Pipeline,
 ) -> JobHandle {
+    let delivery = match pipeline.mode {
+        K2k::ExactlyOnce | K2k::ExactlyOnceCaughtUp => DeliveryGuarantee::ExactlyOnce {
+            transactional_id_prefix: unique("bench"),
+            pool_size: 3,
+            max_pool_size: exactly_kafka_sink::DEFAULT_MAX_POOL_SIZE,
+            transaction_timeout: Duration::from_secs(120),
+        },
+        _ => DeliveryGuarantee::AtLeastOnce,
+    };
     let source = KafkaSourceConfig::new(bootstrap, vec![input.to_owned()], unique("g"));
     let mut sink = KafkaSinkConfig::new(bootstrap, output, delivery);
     sink.client.extend(client_overrides("BENCH_SINK_CLIENT"));
-    let mut config = job_config_every(dir, interval);
+    let mut config = job_config_every(dir, pipeline.interval);
     if let Some(c) = config.checkpointing.as_mut() {
-        c.when_caught_up = when_caught_up;
+        c.when_caught_up = pipeline.mode == K2k::ExactlyOnceCaughtUp;
     }
     let mut job = JobBuilder::new(config);
-    // One subtask by default: on 2 cores, more consumers and producers mostly add threads.
-    let parallelism: u32 = std::env::var("BENCH_PARALLELISM")
-        .ok()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(1);
-    job.source("in", parallelism, move |_| KafkaSource::new(source.clone(), RawBytes))
-        .map(|r: KafkaRecord| ProducerRecord {
-            key: r.key,
-            value: r.value,
-            timestamp: r.timestamp,
-            headers: r.headers,
-        })
-        .sink("out", move |_| KafkaSink::new(sink.clone()).expect("valid"));
+    job.source("in", pipeline.parallelism, move |_| {
+        KafkaSource::new(source.clone(), RawBytes)
+    })
+    .map(|r: KafkaRecord| ProducerRecord {
+        key: r.key,
+        value: r.value,
+        timestamp: r.timestamp,
+        headers: r.headers,
+    })
+    .sink("out", move |_| KafkaSink::new(sink.clone()).expect("valid"));
     job.build().expect("valid job").start()
 }
 
@@ -98,6 +111,27 @@ pub(super) enum K2k {
     ExactlyOnceCaughtUp,
 }
 
+/// A mode of `bench k2k` measured against the plain loop (which always runs first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum K2kMode {
+    /// The Kafka sink at-least-once (idempotent producer, flushed at every barrier).
+    AtLeastOnce,
+    /// The Kafka sink exactly-once (transactions committed at checkpoint completion).
+    ExactlyOnce,
+    /// Exactly-once with `[checkpoints] when_caught_up = true`.
+    ExactlyOnceCaughtUp,
+}
+
+impl K2kMode {
+    fn mode(self) -> (K2k, &'static str) {
+        match self {
+            K2kMode::AtLeastOnce => (K2k::AtLeastOnce, "at-least-once"),
+            K2kMode::ExactlyOnce => (K2k::ExactlyOnce, "exactly-once"),
+            K2kMode::ExactlyOnceCaughtUp => (K2k::ExactlyOnceCaughtUp, "exactly-once caught-up"),
+        }
+    }
+}
+
 /// Figures of one mode with a backlog: records/s written (seen by a read_uncommitted reader, from
 /// its first record to the last: the pipeline's own rate, start-up excluded), the start-up (job
 /// start to first record written) and records/s committed (job start until a read_committed
@@ -117,27 +151,17 @@ pub(super) struct K2kFigures {
 /// Records/s with a backlog of `n`, then latency at `rate`/s for `secs`.
 pub(super) async fn k2k_run(
     bootstrap: &str,
-    mode: K2k,
+    pipeline: Pipeline,
     n: u64,
     size: usize,
     rate: u64,
     secs: u64,
-    interval: Duration,
 ) -> Result<K2kFigures> {
     let (input, output) = (unique("bench-in"), unique("bench-out"));
     topic(bootstrap, &input).await?;
     topic(bootstrap, &output).await?;
     backlog(bootstrap, &input, n, size, false)?;
     let dir = tempfile::tempdir()?;
-    let delivery = |m| match m {
-        K2k::ExactlyOnce | K2k::ExactlyOnceCaughtUp => DeliveryGuarantee::ExactlyOnce {
-            transactional_id_prefix: unique("bench"),
-            pool_size: 3,
-            max_pool_size: exactly_kafka_sink::DEFAULT_MAX_POOL_SIZE,
-            transaction_timeout: Duration::from_secs(120),
-        },
-        _ => DeliveryGuarantee::AtLeastOnce,
-    };
     let paced = n + rate * secs;
     // The paced phase's producer, made now: a new idempotent producer spends its first few hundred
     // ms on metadata and a producer id, which would be counted as the first records' latency.
@@ -152,20 +176,12 @@ pub(super) async fn k2k_run(
     let seen2 = seen.clone();
     let verifier = std::thread::spawn(move || verify(&b, &o, paced, n, true, &seen2, Duration::from_secs(600)));
     let (b, i, o) = (bootstrap.to_owned(), input.clone(), output.clone());
-    let job = match mode {
+    let job = match pipeline.mode {
         K2k::Plain => {
             std::thread::spawn(move || plain_loop(&b, &i, &o, paced));
             None
         }
-        m => Some(k2k_job(
-            bootstrap,
-            &input,
-            &output,
-            delivery(m),
-            dir.path(),
-            interval,
-            m == K2k::ExactlyOnceCaughtUp,
-        )),
+        _ => Some(k2k_job(bootstrap, &input, &output, dir.path(), pipeline)),
     };
     // The pipeline's rate: until a read_uncommitted reader has the backlog (for exactly-once,
     // written in transactions not yet committed: the final commit waits for the next checkpoint,
@@ -199,8 +215,7 @@ pub(super) async fn k2k_run(
     let seen = tokio::task::spawn_blocking(move || verifier.join().expect("verifier")).await??;
     let committed = n as f64 / seen.marked.duration_since(start).as_secs_f64();
     let timed = n as f64 / seen.marked.duration_since(first_written).as_secs_f64();
-    let mut lat = seen.lat;
-    let mut paced_lat: Vec<i64> = lat.split_off(n as usize);
+    let mut paced_lat = seen.lat;
     if let Some(j) = job {
         j.cancel();
         j.join().await?;
@@ -219,16 +234,14 @@ pub(super) async fn k2k_run(
     })
 }
 
-pub(crate) async fn bench_k2k(
-    bootstrap: &str,
-    n: u64,
-    sizes: &[usize],
-    rounds: usize,
-    intervals: &[Duration],
-    report: &mut Report,
-) -> Result<()> {
-    let rounds = rounds.max(1);
-    println!("Kafka-to-Kafka pass-through, {PARTITIONS} partitions, one subtask (BENCH_PARALLELISM), checkpoints every --intervals (record column: size and interval), {n} records backlog, then 5 s at 2000 records/s; {rounds} round(s), the modes one after the other in each (exactly-once caught-up: with checkpoint.when_caught_up)");
+pub(crate) async fn bench_k2k(bootstrap: &str, n: u64, o: &BenchOptions, report: &mut Report) -> Result<()> {
+    let (sizes, intervals, parallelism) = (&o.sizes, &o.intervals, o.parallelism);
+    let rounds = o.rounds.max(1);
+    let subtasks = match parallelism {
+        1 => "one subtask".to_owned(),
+        p => format!("{p} subtasks"),
+    };
+    println!("Kafka-to-Kafka pass-through, {PARTITIONS} partitions, {subtasks} (--parallelism; the plain loop is one loop), checkpoints every --intervals (record column: size and interval), {n} records backlog, then 5 s at 2000 records/s; {rounds} round(s), the modes one after the other in each (exactly-once caught-up: with checkpoint.when_caught_up)");
     println!("written/s: a read_uncommitted reader's rate from its first record to the backlog's last (the pipeline's rate); start: job start to first record written; committed/s: job start until a read_committed reader has the backlog (start-up and, exactly-once, the last commit included); timed/s: from the first record written until a read_committed reader has the backlog (start-up excluded, the last commit included: how `bench peers` times every system)");
     println!(
         "{:<14} {:<6} {:<22} {:>10} {:>7} {:>8} {:>11} {:>7} {:>10} {:>7} {:>7} {:>7}",
@@ -245,12 +258,9 @@ pub(crate) async fn bench_k2k(
         "p50 ms",
         "p99 ms"
     );
-    let modes = [
-        (K2k::Plain, "plain loop"),
-        (K2k::AtLeastOnce, "at-least-once"),
-        (K2k::ExactlyOnce, "exactly-once"),
-        (K2k::ExactlyOnceCaughtUp, "exactly-once caught-up"),
-    ];
+    let modes: Vec<(K2k, &str)> = std::iter::once((K2k::Plain, "plain loop"))
+        .chain(o.modes.iter().map(|m| m.mode()))
+        .collect();
     for (&size, &interval) in sizes.iter().flat_map(|s| intervals.iter().map(move |i| (s, i))) {
         let record = format!("{size} B {}", humantime::format_duration(interval));
         // Per mode: (written ratio, committed ratio, timed ratio) of each round.
@@ -258,7 +268,12 @@ pub(crate) async fn bench_k2k(
         for round in 1..=rounds {
             let mut plain = (0.0, 0.0, 0.0);
             for (i, &(mode, name)) in modes.iter().enumerate() {
-                let f = k2k_run(bootstrap, mode, n, size, 2000, 5, interval).await?;
+                let pipeline = Pipeline {
+                    mode,
+                    interval,
+                    parallelism,
+                };
+                let f = k2k_run(bootstrap, pipeline, n, size, 2000, 5).await?;
                 if mode == K2k::Plain {
                     plain = (f.written, f.committed, f.timed);
                 }

@@ -9,6 +9,7 @@ mod mysql;
 mod peers;
 mod source;
 
+pub use k2k::K2kMode;
 pub use peers::Peer;
 
 use std::collections::BTreeMap;
@@ -91,8 +92,10 @@ pub struct BenchOptions {
     pub checkpoints: Option<String>,
     /// Checkpoint (commit) intervals of the k2k and peers benchmarks.
     pub intervals: Vec<std::time::Duration>,
-    /// Parallelism of the peers benchmark (subtasks, stream threads).
+    /// Parallelism of the k2k and peers benchmarks (subtasks, stream threads).
     pub parallelism: u32,
+    /// Modes of the k2k benchmark after its plain loop.
+    pub modes: Vec<K2kMode>,
     /// Systems of the peers benchmark, measured in this order (ratios are to the first).
     pub systems: Vec<Peer>,
     /// Where the peer harnesses are (`bench/peers`).
@@ -126,15 +129,7 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
         // Two rates: written (a read_uncommitted reader has the backlog) and committed (a
         // read_committed reader has it; exactly-once includes the last commit, up to one
         // checkpoint interval after the last record: use enough records).
-        k2k::bench_k2k(
-            b,
-            o.records.unwrap_or(1_000_000),
-            &o.sizes,
-            o.rounds,
-            &o.intervals,
-            &mut report,
-        )
-        .await?;
+        k2k::bench_k2k(b, o.records.unwrap_or(1_000_000), o, &mut report).await?;
     }
     if all || which == Which::Mysql {
         let b = need(&o.bootstrap, "mysql", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
