@@ -268,6 +268,11 @@ pub enum SourceStatus {
     More,
     /// Nothing now; poll again (the source waited briefly before returning).
     Idle,
+    /// Records, and with them the source has read all its input so far: it found nothing left
+    /// to read, waited, and took what arrived (the Kafka source: less than a batch). Poll again.
+    /// Like `Idle` this counts as caught up for `CheckpointConfig::when_caught_up`: under steady
+    /// traffic a source may never find nothing for the whole of its brief wait.
+    CaughtUp,
     /// The source is exhausted (bounded input).
     End,
 }

@@ -347,7 +347,8 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
             if !buf.is_empty() {
                 idle = false;
                 (read, told) = (true, false);
-            } else if status == SourceStatus::Idle && !told {
+            }
+            if matches!(status, SourceStatus::Idle | SourceStatus::CaughtUp) && !told {
                 told = true;
                 parts.send(TaskEvent::CaughtUp {
                     task: parts.task_id,

@@ -965,6 +965,62 @@ async fn with_when_caught_up_a_burst_commits_before_the_interval_and_idleness_tr
     );
 }
 
+/// Steady traffic: one number every 4 ms, each poll saying `CaughtUp` (read all there was),
+/// never `Idle`.
+struct Trickle {
+    next: u64,
+    step: u64,
+}
+
+impl Source<u64> for Trickle {
+    async fn poll_next(&mut self, out: &mut Vec<u64>) -> crate::Result<SourceStatus> {
+        tokio::time::sleep(Duration::from_millis(4)).await;
+        out.push(self.next);
+        self.next += self.step;
+        Ok(SourceStatus::CaughtUp)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_when_caught_up_sources_that_report_caught_up_with_records_commit_before_the_interval() {
+    // Two subtasks that always find a record and never go idle: only `CaughtUp` tells the
+    // coordinator they keep up. Early checkpoints wait a tenth of the 20 s interval (2 s).
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), StateBackendConfig::Memory);
+    let c = cfg.checkpointing.as_mut().unwrap();
+    c.interval = Duration::from_secs(20);
+    c.when_caught_up = true;
+    let committed: Committed = Arc::default();
+    let mut job = JobBuilder::new(cfg);
+    job.source("trickle", 2, |info: &SubtaskInfo| Trickle {
+        next: u64::from(info.index),
+        step: 2,
+    })
+    .map(|n| (word(n), n))
+    .sink("out", {
+        let committed = committed.clone();
+        move |info| StagingSink {
+            subtask: info.index,
+            current: Vec::new(),
+            staged: BTreeMap::new(),
+            committed: committed.clone(),
+        }
+    });
+    let handle = job.build().unwrap().start();
+    let count = || committed.lock().unwrap().values().map(Vec::len).sum::<usize>();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while count() == 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (n, checkpoints) = (count(), handle.metrics().checkpoints().completed);
+    handle.cancel();
+    handle.join().await.unwrap();
+    assert!(
+        n > 0 && checkpoints > 0,
+        "nothing committed in 10 s of a 20 s interval ({checkpoints} checkpoints)"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_when_caught_up_a_burst_waits_for_the_interval() {
     let (committed, checkpoints) = burst_then_idle(false, Duration::from_secs(5), |_| false).await;
