@@ -800,6 +800,7 @@ async fn fanned_out_job(failover: FailoverStrategy) {
     let all: Committed = Arc::default();
     let even: Committed = Arc::default();
     let failures = Arc::new(AtomicU32::new(3));
+    let left = failures.clone();
     let mut job = JobBuilder::new(cfg);
     let mut branches = job
         .source("numbers", 3, gen_source(total, Duration::from_millis(1)))
@@ -834,7 +835,22 @@ async fn fanned_out_job(failover: FailoverStrategy) {
         })
         .sink("even-out", staging(even.clone()));
     let outcome = job.build().unwrap().run().await.unwrap();
-    assert_eq!(outcome.restarts, 3, "{failover:?}");
+    assert_eq!(
+        left.load(Ordering::SeqCst),
+        0,
+        "{failover:?}: all three failures injected"
+    );
+    match failover {
+        FailoverStrategy::Full => assert_eq!(outcome.restarts, 3, "{failover:?}"),
+        // A failure while another region is restarting joins that restart (by design: "its
+        // region restarts together with the others failing now"): under load two of the three
+        // can overlap — a full run on 2 busy cores counted 2.
+        _ => assert!(
+            (1..=3).contains(&outcome.restarts),
+            "{failover:?}: {} restarts for 3 failures",
+            outcome.restarts
+        ),
+    }
     assert_each_once(&format!("{failover:?}: first branch"), &all, total);
     assert_eq!(
         committed_numbers(&even),
