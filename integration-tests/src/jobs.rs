@@ -3,8 +3,21 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use exactly_core::runtime::{Sink, SnapshotContext};
+use exactly_core::runtime::{Sink, SnapshotContext, SubtaskInfo};
 use exactly_core::CheckpointId;
+
+/// Subtask 0 of 1 of operator `uid`, starting: for a source or sink driven by hand.
+pub fn subtask_info(uid: &str) -> SubtaskInfo {
+    SubtaskInfo {
+        uid: uid.into(),
+        index: 0,
+        parallelism: 1,
+        max_parallelism: 128,
+        attempt: 0,
+        starting: true,
+        commit_window: None,
+    }
+}
 
 /// Records a sink committed, shared with the test.
 pub type Committed<T> = Arc<Mutex<Vec<T>>>;

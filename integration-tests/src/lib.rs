@@ -22,7 +22,7 @@ mod proxy;
 pub use child::{fails_at_start, signal, ChildJob};
 pub use env::{TestEnv, HOW_TO_START, S3};
 pub use ids::unique;
-pub use jobs::{eventually, Committed, CommittingCollector};
+pub use jobs::{eventually, subtask_info, Committed, CommittingCollector};
 pub use kafka::{
     create_topic, create_topic_with, produce, read_committed, transactional_producer, wait_for_committed,
     CommittedRecord, Feed,

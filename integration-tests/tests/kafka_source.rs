@@ -12,8 +12,8 @@ use exactly_core::coordinator::CheckpointConfig;
 use exactly_core::restart::RestartStrategy;
 use exactly_core::runtime::{JobBuilder, JobConfig, JobHandle};
 use exactly_integration_tests::{
-    create_topic, create_topic_with, eventually, produce, read_committed, transactional_producer, unique, Committed,
-    CommittingCollector, TestEnv,
+    create_topic, create_topic_with, eventually, produce, read_committed, subtask_info, transactional_producer, unique,
+    Committed, CommittingCollector, TestEnv,
 };
 use exactly_kafka_source::{
     Json, KafkaRecord, KafkaSource, KafkaSourceConfig, PoisonPolicy, RawBytes, ResetPosition, StartPosition,
@@ -799,7 +799,7 @@ async fn a_dead_letter_that_cannot_be_written_fails_the_checkpoint() -> Result<(
 /// partitions (never 20 ms without one); while it runs the source must report `CaughtUp`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_under_steady_traffic_reports_caught_up() -> Result<()> {
-    use exactly_core::runtime::{InitContext, Source, SourceStatus, SubtaskInfo};
+    use exactly_core::runtime::{InitContext, Source, SourceStatus};
     use std::sync::atomic::{AtomicBool, Ordering};
 
     let env = TestEnv::get().await?;
@@ -829,15 +829,7 @@ async fn a_source_under_steady_traffic_reports_caught_up() -> Result<()> {
     let mut config = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));
     config.start = StartPosition::Earliest;
     let mut source = KafkaSource::new(config, RawBytes);
-    let info = SubtaskInfo {
-        uid: "steady".into(),
-        index: 0,
-        parallelism: 1,
-        max_parallelism: 128,
-        attempt: 0,
-        starting: true,
-        commit_window: None,
-    };
+    let info = subtask_info("steady");
     source.initialize_state(&InitContext::new(&info, None)).await?;
     let mut out = Vec::new();
     let (mut read, mut caught_up, mut statuses) = (0usize, 0usize, BTreeMap::<String, usize>::new());

@@ -4,9 +4,9 @@
 //! (upsert), together with the progress row.
 
 use anyhow::Result;
-use exactly_core::runtime::{InitContext, Sink, SnapshotContext, SubtaskInfo};
+use exactly_core::runtime::{InitContext, Sink, SnapshotContext};
 use exactly_core::SnapshotKind;
-use exactly_integration_tests::{connect_mysql, query_i64, unique, TestEnv};
+use exactly_integration_tests::{connect_mysql, query_i64, subtask_info, unique, TestEnv};
 use exactly_mysql_sink::{
     Column, ColumnType, Format, Mapping, Mode, MysqlSink, MysqlSinkConfig, OnError, Origin, SinkRecord,
 };
@@ -54,20 +54,8 @@ fn record(offset: i64, payload: &str) -> SinkRecord {
     }
 }
 
-fn info() -> SubtaskInfo {
-    SubtaskInfo {
-        uid: "mysql".into(),
-        index: 0,
-        parallelism: 1,
-        max_parallelism: 128,
-        attempt: 0,
-        starting: true,
-        commit_window: None,
-    }
-}
-
 async fn run_one_checkpoint(sink: &mut MysqlSink, records: Vec<SinkRecord>) -> exactly_core::Result<()> {
-    let info = info();
+    let info = subtask_info("mysql");
     sink.initialize_state(&InitContext::new(&info, None)).await?;
     sink.write(records).await?;
     let mut ctx = SnapshotContext::new(1, SnapshotKind::Checkpoint, 0);
@@ -216,7 +204,7 @@ async fn an_old_savepoints_branches_still_read_as_committed_and_progress_stays_b
     let env = TestEnv::get().await?;
     let c = config(env, Mode::Xa, OnError::Fail);
     let (table, progress) = (c.table.clone(), c.progress_table.clone());
-    let info = info();
+    let info = subtask_info("mysql");
     let mut sink = MysqlSink::new(c.clone())?;
     sink.initialize_state(&InitContext::new(&info, None)).await?;
     let mut savepoint = None;

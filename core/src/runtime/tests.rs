@@ -930,9 +930,14 @@ impl Source<u64> for Burst {
     }
 }
 
-/// Runs a burst of 1 000 numbers over two source subtasks with a 20 s checkpoint interval; returns
+/// Runs `source` over two subtasks into a staging sink with a 20 s checkpoint interval; returns
 /// the numbers committed and the checkpoints completed once `until` holds or `limit` passed.
-async fn burst_then_idle(when_caught_up: bool, limit: Duration, until: impl Fn(usize) -> bool) -> (usize, u64) {
+async fn two_sources_until<S: Source<u64> + 'static>(
+    source: impl Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
+    when_caught_up: bool,
+    limit: Duration,
+    until: impl Fn(usize) -> bool,
+) -> (usize, u64) {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path(), StateBackendConfig::Memory);
     let c = cfg.checkpointing.as_mut().unwrap();
@@ -940,11 +945,7 @@ async fn burst_then_idle(when_caught_up: bool, limit: Duration, until: impl Fn(u
     c.when_caught_up = when_caught_up;
     let committed: Committed = Arc::default();
     let mut job = JobBuilder::new(cfg);
-    job.source("burst", 2, |info: &SubtaskInfo| Burst {
-        left: (0..1_000).filter(|n| n % 2 == u64::from(info.index)).collect(),
-    })
-    .map(|n| (word(n), n))
-    .sink("out", {
+    job.source("numbers", 2, source).map(|n| (word(n), n)).sink("out", {
         let committed = committed.clone();
         move |info| StagingSink {
             subtask: info.index,
@@ -963,6 +964,14 @@ async fn burst_then_idle(when_caught_up: bool, limit: Duration, until: impl Fn(u
     handle.cancel();
     handle.join().await.unwrap();
     result
+}
+
+/// A burst of 1 000 numbers over two source subtasks, then idleness (see `two_sources_until`).
+async fn burst_then_idle(when_caught_up: bool, limit: Duration, until: impl Fn(usize) -> bool) -> (usize, u64) {
+    let burst = |info: &SubtaskInfo| Burst {
+        left: (0..1_000).filter(|n| n % 2 == u64::from(info.index)).collect(),
+    };
+    two_sources_until(burst, when_caught_up, limit, until).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1001,36 +1010,11 @@ impl Source<u64> for Trickle {
 async fn with_when_caught_up_sources_that_report_caught_up_with_records_commit_before_the_interval() {
     // Two subtasks that always find a record and never go idle: only `CaughtUp` tells the
     // coordinator they keep up. Early checkpoints wait a tenth of the 20 s interval (2 s).
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(dir.path(), StateBackendConfig::Memory);
-    let c = cfg.checkpointing.as_mut().unwrap();
-    c.interval = Duration::from_secs(20);
-    c.when_caught_up = true;
-    let committed: Committed = Arc::default();
-    let mut job = JobBuilder::new(cfg);
-    job.source("trickle", 2, |info: &SubtaskInfo| Trickle {
+    let trickle = |info: &SubtaskInfo| Trickle {
         next: u64::from(info.index),
         step: 2,
-    })
-    .map(|n| (word(n), n))
-    .sink("out", {
-        let committed = committed.clone();
-        move |info| StagingSink {
-            subtask: info.index,
-            current: Vec::new(),
-            staged: BTreeMap::new(),
-            committed: committed.clone(),
-        }
-    });
-    let handle = job.build().unwrap().start();
-    let count = || committed.lock().unwrap().values().map(Vec::len).sum::<usize>();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while count() == 0 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let (n, checkpoints) = (count(), handle.metrics().checkpoints().completed);
-    handle.cancel();
-    handle.join().await.unwrap();
+    };
+    let (n, checkpoints) = two_sources_until(trickle, true, Duration::from_secs(10), |n| n > 0).await;
     assert!(
         n > 0 && checkpoints > 0,
         "nothing committed in 10 s of a 20 s interval ({checkpoints} checkpoints)"
