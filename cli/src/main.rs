@@ -133,7 +133,8 @@ enum Command {
         /// RFC 3339 times; either end may be left out.
         #[arg(long, value_parser = exactly_cli::verify::parse_source)]
         source: exactly_cli::verify::SourceRange,
-        /// The output: topic:NAME, mysql:TABLE, or a topic name.
+        /// The output: topic:NAME, mysql:TABLE, postgres:TABLE (or postgres:SCHEMA.TABLE), or a
+        /// topic name.
         #[arg(long, value_parser = exactly_cli::verify::parse_output)]
         output: exactly_cli::verify::Output,
         /// The field identifying a record (dots for nested fields; for a table, the column), or
@@ -163,6 +164,10 @@ enum Command {
         /// MySQL URL of a table output (default: the job's MySQL sink).
         #[arg(long)]
         mysql_url: Option<String>,
+        /// PostgreSQL URL of a table output, TLS as its sslmode says (default: the job's
+        /// PostgreSQL sink).
+        #[arg(long)]
+        postgres_url: Option<String>,
         /// Examples shown per kind of problem.
         #[arg(long, default_value_t = 5)]
         examples: usize,
@@ -386,6 +391,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             bootstrap_servers,
             kafka_config,
             mysql_url,
+            postgres_url,
             examples,
             spill_dir,
             stall_timeout,
@@ -412,6 +418,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                 bootstrap: bootstrap_servers,
                 kafka_config,
                 mysql_url,
+                postgres_url,
                 examples,
                 spill_dir,
                 stall_timeout,

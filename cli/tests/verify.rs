@@ -1,7 +1,8 @@
 //! `exactly verify` against the real broker and MariaDB sees each kind of failure it reports:
 //! an input topic, and outputs made by hand with a record lost, one duplicated, one that was never
 //! in the input and one out of order — in a topic and in a table — and passes an output that is
-//! exactly once. Input ranges and the job's filter decide what is expected.
+//! exactly once. Input ranges and the job's filter decide what is expected. A PostgreSQL table
+//! is read the same way.
 
 mod common;
 
@@ -9,7 +10,9 @@ use std::process::Command;
 
 use anyhow::Result;
 use common::exactly;
-use exactly_integration_tests::{connect_mysql, create_topic, execute, produce, unique, TestEnv};
+use exactly_integration_tests::{
+    connect_mysql, connect_postgres, create_topic, execute, pg_execute, postgres_url, produce, unique, TestEnv,
+};
 use serde_json::{json, Value};
 
 fn rec(id: u64, key: &str, seq: u64) -> (String, String) {
@@ -228,5 +231,106 @@ mapping = {{ format = {{ type = "json" }}, columns = [{{ name = "id", type = "bi
         String::from_utf8_lossy(&out.stderr).contains("no-such-topic-here"),
         "{out:?}"
     );
+    Ok(())
+}
+
+/// A PostgreSQL table (reached over TLS with certificate checks, as the sink reaches it): the
+/// server and the id column's input field come from the job's `[sink.postgres]`; a lost and a
+/// duplicated row are reported with their ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_reads_a_postgres_table() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let url = postgres_url()?;
+    let input = unique("verify-pg-in");
+    create_topic(env, &input, 2).await?;
+    // The sink fills column `id` from field `order_id`; field `id` is something else.
+    let records: Vec<_> = (0..20)
+        .map(|i| (format!("k{i}"), json!({"id": i, "order_id": 1000 + i}).to_string()))
+        .collect();
+    produce(env, &input, &records)?;
+    let table = unique("verify_pg").replace('-', "_");
+    let mut pg = connect_postgres().await?;
+    pg_execute(
+        &mut pg,
+        &format!("CREATE TABLE public.\"{table}\" (id bigint NOT NULL)"),
+    )
+    .await?;
+    let values: Vec<String> = (1000..1020).map(|i| format!("({i})")).collect();
+    pg_execute(
+        &mut pg,
+        &format!("INSERT INTO public.\"{table}\" VALUES {}", values.join(",")),
+    )
+    .await?;
+    let output = format!("postgres:public.{table}");
+
+    // Named by flags: the input's `id` field is compared with the column, which holds other
+    // values.
+    let (code, r) = verify(
+        env,
+        &[
+            "--source",
+            &input,
+            "--output",
+            &output,
+            "--id",
+            "id",
+            "--postgres-url",
+            &url,
+        ],
+    )?;
+    assert_eq!(
+        (code, r["lost"].as_u64(), r["outside_input"].as_u64()),
+        (1, Some(20), Some(20)),
+        "{r:#}"
+    );
+
+    // With the job: its URL, and the field its column reads.
+    let dir = tempfile::tempdir()?;
+    let job = dir.path().join("job.toml");
+    std::fs::write(
+        &job,
+        format!(
+            r#"
+[job]
+name = "verify-pg"
+[checkpoints]
+dir = "{dir}"
+[source]
+bootstrap_servers = "{bootstrap}"
+topics = ["{input}"]
+group_id = "verify-pg"
+[sink.postgres]
+url = "{url}"
+table = "public.{table}"
+mode = "two_phase"
+job_id = "verify-pg"
+columns = [{{ name = "id", type = "bigint", field = "order_id" }}]
+"#,
+            dir = dir.path().display(),
+            bootstrap = env.kafka_bootstrap,
+        ),
+    )?;
+    let job = job.display().to_string();
+    let with_job = ["--source", &input, "--output", &output, "--id", "id", "--job", &job];
+    let (code, r) = verify(env, &with_job)?;
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!(
+        (r["expected"].as_u64(), r["output_records"].as_u64()),
+        (Some(20), Some(20)),
+        "{r:#}"
+    );
+
+    // One row lost, one twice (no primary key: a duplicate is a second row).
+    pg_execute(&mut pg, &format!("DELETE FROM public.\"{table}\" WHERE id = 1003")).await?;
+    pg_execute(&mut pg, &format!("INSERT INTO public.\"{table}\" VALUES (1007)")).await?;
+    let (code, r) = verify(env, &with_job)?;
+    assert_eq!(
+        (code, r["lost"].as_u64(), r["duplicated"].as_u64()),
+        (1, Some(1), Some(1)),
+        "{r:#}"
+    );
+    assert_eq!(r["lost_examples"][0]["id"], "1003", "{r:#}");
+    assert_eq!(r["duplicated_examples"][0]["id"], "1007", "{r:#}");
+    assert_eq!(r["output"], format!("postgres table public.{table}"), "{r:#}");
     Ok(())
 }

@@ -150,3 +150,22 @@ pub fn signal(pid: u32, signal: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// Runs `program verify` (the `exactly` binary) on a job file: `input` against `output`
+/// (`mysql:TABLE`, `postgres:TABLE`, `topic:NAME`) by the `id` field, servers and credentials from
+/// the job. Fails with the report unless it says exactly once.
+pub fn verify_job(program: &str, job_file: &str, input: &str, output: &str, id: &str) -> Result<()> {
+    let out = std::process::Command::new(program)
+        .args(["verify", "--source", input, "--output", output, "--id", id])
+        .args(["--job", job_file])
+        .output()?;
+    if out.status.code() != Some(0) {
+        bail!(
+            "exactly verify found {output} not exactly once (exit {:?}):\n{}\n{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}

@@ -24,28 +24,32 @@ pub(crate) fn exec<'a>(conn: &'a mut PgConnection, sql: String) -> BoxFut<'a, Re
 /// Connects to the server of the configured URL (its TLS settings included), with the password
 /// of `password_file` when given; errors name the server, never the credentials.
 pub(crate) fn connect(config: &PostgresSinkConfig) -> BoxFut<'_, Result<PgConnection>> {
-    Box::pin(async move {
-        let mut options: PgConnectOptions = config
-            .url
-            .parse()
-            .map_err(|e| PostgresSinkError::Config(format!("url does not parse: {e}")))?;
-        if let Some(f) = &config.password_file {
-            let secret = exactly_core::secret::Secret::from_file(f).map_err(PostgresSinkError::Config)?;
-            options = options.password(secret.expose());
+    Box::pin(connect_url(&config.url, config.password_file.as_deref()))
+}
+
+/// Connects to the server of `url` (`postgres://…`, TLS as its `sslmode` says), with the password
+/// of `password_file` when given; errors name the server, never the credentials. For tools that
+/// read a sink's table (`exactly verify`).
+pub async fn connect_url(url: &str, password_file: Option<&std::path::Path>) -> Result<PgConnection> {
+    let mut options: PgConnectOptions = url
+        .parse()
+        .map_err(|e| PostgresSinkError::Config(format!("url does not parse: {e}")))?;
+    if let Some(f) = password_file {
+        let secret = exactly_core::secret::Secret::from_file(f).map_err(PostgresSinkError::Config)?;
+        options = options.password(secret.expose());
+    }
+    let address = exactly_core::net::url_address(url).unwrap_or_else(|| "the server".into());
+    match options.connect().await {
+        Ok(c) => Ok(c),
+        Err(e @ (sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut)) => {
+            let probe = address.clone();
+            let why = tokio::task::spawn_blocking(move || exactly_core::net::diagnose(&probe))
+                .await
+                .unwrap_or_default();
+            Err(PostgresSinkError::db(format!("connecting to {address} ({why})"), e))
         }
-        let address = exactly_core::net::url_address(&config.url).unwrap_or_else(|| "the server".into());
-        match options.connect().await {
-            Ok(c) => Ok(c),
-            Err(e @ (sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut)) => {
-                let probe = address.clone();
-                let why = tokio::task::spawn_blocking(move || exactly_core::net::diagnose(&probe))
-                    .await
-                    .unwrap_or_default();
-                Err(PostgresSinkError::db(format!("connecting to {address} ({why})"), e))
-            }
-            Err(e) => Err(PostgresSinkError::db(format!("connecting to {address}"), e)),
-        }
-    })
+        Err(e) => Err(PostgresSinkError::db(format!("connecting to {address}"), e)),
+    }
 }
 
 /// Closes a connection, ignoring errors (the server may already be gone).

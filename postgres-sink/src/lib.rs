@@ -23,6 +23,7 @@ use exactly_core::CheckpointId;
 use exactly_twophase::TwoPhaseSink;
 
 pub use config::{Column, Mode, OnError, PostgresSinkConfig};
+pub use db::connect_url;
 pub use error::{PostgresSinkError, Result};
 pub use two_phase::{PgCommittable, PgTransaction, TwoPhasePostgresSink};
 pub use upsert::UpsertPostgresSink;

@@ -32,29 +32,45 @@ pub const RUN: usize = 1 << 20;
 pub enum Output {
     /// A Kafka topic (read with isolation.level=read_committed).
     Topic(String),
-    /// A MySQL/MariaDB table.
-    Table(String),
+    /// A table of a database.
+    Table(Database, String),
+}
+
+/// The database of a table output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Database {
+    /// MySQL or MariaDB (`--mysql-url`, or the job's MySQL sink).
+    Mysql,
+    /// PostgreSQL (`--postgres-url`, or the job's PostgreSQL sink).
+    Postgres,
 }
 
 impl std::fmt::Display for Output {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Output::Topic(t) => write!(f, "topic {t}"),
-            Output::Table(t) => write!(f, "table {t}"),
+            Output::Table(Database::Mysql, t) => write!(f, "table {t}"),
+            Output::Table(Database::Postgres, t) => write!(f, "postgres table {t}"),
         }
     }
 }
 
-/// Parses `topic:NAME`, `mysql:TABLE` or a bare topic name.
+/// Parses `topic:NAME`, `mysql:TABLE`, `postgres:TABLE` (or `postgres:SCHEMA.TABLE`) or a bare
+/// topic name.
 pub fn parse_output(s: &str) -> Result<Output, String> {
     let out = match s.split_once(':') {
         Some(("topic", t)) => Output::Topic(t.to_owned()),
-        Some(("mysql", t)) => Output::Table(t.to_owned()),
-        Some(_) => return Err(format!("{s:?}: expected topic:NAME, mysql:TABLE or a topic name")),
+        Some(("mysql", t)) => Output::Table(Database::Mysql, t.to_owned()),
+        Some(("postgres", t)) => Output::Table(Database::Postgres, t.to_owned()),
+        Some(_) => {
+            return Err(format!(
+                "{s:?}: expected topic:NAME, mysql:TABLE, postgres:TABLE or a topic name"
+            ))
+        }
         None => Output::Topic(s.to_owned()),
     };
     match &out {
-        Output::Topic(t) | Output::Table(t) if t.is_empty() => Err(format!("{s:?}: the name is empty")),
+        Output::Topic(t) | Output::Table(_, t) if t.is_empty() => Err(format!("{s:?}: the name is empty")),
         _ => Ok(out),
     }
 }
@@ -82,6 +98,8 @@ pub struct VerifyArgs {
     pub kafka_config: Option<PathBuf>,
     /// MySQL URL (default: the job's MySQL sink).
     pub mysql_url: Option<String>,
+    /// PostgreSQL URL (default: the job's PostgreSQL sink).
+    pub postgres_url: Option<String>,
     /// Examples per kind of problem.
     pub examples: usize,
     /// Where sorted runs are spilled (default: the system's temporary directory).
@@ -173,7 +191,11 @@ struct FromJob {
     security: Option<exactly_kafka_client::KafkaSecurity>,
     /// The job's consumer group: its ACLs let the verifier read (it commits nothing).
     group: Option<String>,
-    mysql: Option<exactly_mysql_sink::MysqlSinkConfig>,
+    /// The database, URL and password file of the job's table sink.
+    database: Option<(Database, String, Option<PathBuf>)>,
+    /// The input's field that fills the id column, when the sink maps a field of another name
+    /// to it (a PostgreSQL column's `field`).
+    input_field: Option<String>,
 }
 
 fn from_job(args: &VerifyArgs) -> Result<FromJob> {
@@ -184,7 +206,8 @@ fn from_job(args: &VerifyArgs) -> Result<FromJob> {
             bootstrap: None,
             security: None,
             group: None,
-            mysql: None,
+            database: None,
+            input_field: None,
         });
     };
     let sink = match &args.sink {
@@ -200,7 +223,8 @@ fn from_job(args: &VerifyArgs) -> Result<FromJob> {
                 .iter()
                 .filter(|s| match (&s.kind, &args.output) {
                     (SinkKind::Kafka(k), Output::Topic(t)) => &k.topic == t,
-                    (SinkKind::Mysql(m), Output::Table(t)) => &m.table == t,
+                    (SinkKind::Mysql(m), Output::Table(Database::Mysql, t)) => &m.table == t,
+                    (SinkKind::Postgres(p), Output::Table(Database::Postgres, t)) => &p.table == t,
                     _ => false,
                 })
                 .collect();
@@ -226,9 +250,18 @@ fn from_job(args: &VerifyArgs) -> Result<FromJob> {
         bootstrap: Some(job.file.source.bootstrap_servers.clone()),
         group: Some(job.file.source.group_id.clone()),
         security: Some(job.file.source.security.clone()),
-        mysql: match &sink.kind {
-            SinkKind::Mysql(m) => Some((**m).clone()),
-            SinkKind::Kafka(_) | SinkKind::Postgres(_) => None,
+        database: match &sink.kind {
+            SinkKind::Mysql(m) => Some((Database::Mysql, m.url.clone(), m.password_file.clone())),
+            SinkKind::Postgres(p) => Some((Database::Postgres, p.url.clone(), p.password_file.clone())),
+            SinkKind::Kafka(_) => None,
+        },
+        input_field: match &sink.kind {
+            SinkKind::Postgres(p) => p
+                .columns
+                .iter()
+                .find(|c| c.name == args.id)
+                .and_then(|c| c.field.clone()),
+            _ => None,
         },
     })
 }
@@ -238,7 +271,7 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
     if args.key.is_some() != args.order.is_some() {
         bail!("--key and --order go together: the order field is checked per key");
     }
-    if args.key.is_some() && matches!(args.output, Output::Table(_)) {
+    if args.key.is_some() && matches!(args.output, Output::Table(..)) {
         bail!("--key/--order check the order of a topic's records; rows of a table have no order");
     }
     let job = from_job(&args)?;
@@ -249,7 +282,7 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
                 args.id
             );
         }
-        if matches!(args.output, Output::Table(_)) {
+        if matches!(args.output, Output::Table(..)) {
             bail!("--id {}: a table's id is a column", args.id);
         }
         if !job.transforms.is_empty() {
@@ -302,10 +335,12 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
         out_of_order_examples: Vec::new(),
     };
 
-    // The input: which ids should appear, and how often.
+    // The input: which ids should appear, and how often (read from the field the sink fills the
+    // id column from).
+    let input_id = job.input_field.clone().unwrap_or_else(|| args.id.clone());
     let mut input = Sorter::new(&spill, RUN)?;
     {
-        let (c, range, id) = (cluster.clone(), args.source.clone(), args.id.clone());
+        let (c, range, id) = (cluster.clone(), args.source.clone(), input_id.clone());
         let g = group.clone();
         let transforms = job.transforms.clone();
         // Delimited input mapped to columns: the id is the column of that name.
@@ -415,9 +450,9 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
             }
             order_examples = examples;
         }
-        Output::Table(table) => {
-            let (url, password_file) = mysql_server(&args, &job)?;
-            let (n, unreadable) = read::read_table(&url, password_file.as_deref(), table, &args.id, |row, id| {
+        Output::Table(db, table) => {
+            let (url, password_file) = db_server(&args, &job, *db)?;
+            let (n, unreadable) = read::read_table(*db, &url, password_file.as_deref(), table, &args.id, |row, id| {
                 output.push(Entry {
                     hash: hash(id),
                     loc: row,
@@ -482,14 +517,14 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
 
     // Examples: the ids behind the hashes, and where they were read.
     let input_topic = args.source.topic.clone();
-    report.lost_examples = read::resolve(&cluster, &group, &input_topic, &args.id, &job.transforms, lost).await?;
+    report.lost_examples = read::resolve(&cluster, &group, &input_topic, &input_id, &job.transforms, lost).await?;
     match &args.output {
         Output::Topic(t) => {
             report.duplicated_examples = read::resolve(&cluster, &group, t, &args.id, &[], duplicated).await?;
             report.outside_examples = read::resolve(&cluster, &group, t, &args.id, &[], outside).await?;
         }
-        Output::Table(table) => {
-            let (url, password_file) = mysql_server(&args, &job)?;
+        Output::Table(db, table) => {
+            let (url, password_file) = db_server(&args, &job, *db)?;
             let mut wanted: BTreeMap<u128, (bool, u64)> = BTreeMap::new();
             for (h, locs) in &duplicated {
                 wanted.insert(*h, (true, locs.len() as u64));
@@ -499,7 +534,7 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
             }
             if !wanted.is_empty() {
                 let mut found: BTreeMap<u128, String> = BTreeMap::new();
-                read::read_table(&url, password_file.as_deref(), table, &args.id, |_, id| {
+                read::read_table(*db, &url, password_file.as_deref(), table, &args.id, |_, id| {
                     let h = hash(id);
                     if wanted.contains_key(&h) {
                         found.entry(h).or_insert_with(|| id.to_owned());
@@ -584,13 +619,17 @@ fn column_id(mapping: &exactly_mysql_sink::Mapping, i: usize, value: Option<&[u8
     }
 }
 
-/// The MySQL server of a table output: `--mysql-url`, or the job's MySQL sink (with its password
-/// file, which does not apply to a URL given on the command line).
-fn mysql_server(args: &VerifyArgs, job: &FromJob) -> Result<(String, Option<PathBuf>)> {
-    match (&args.mysql_url, &job.mysql) {
+/// The server of a table output: `--mysql-url` / `--postgres-url`, or the job's sink of that
+/// database (with its password file, which does not apply to a URL given on the command line).
+fn db_server(args: &VerifyArgs, job: &FromJob, db: Database) -> Result<(String, Option<PathBuf>)> {
+    let (flag, given, name) = match db {
+        Database::Mysql => ("--mysql-url", &args.mysql_url, "MySQL"),
+        Database::Postgres => ("--postgres-url", &args.postgres_url, "PostgreSQL"),
+    };
+    match (given, &job.database) {
         (Some(url), _) => Ok((url.clone(), None)),
-        (None, Some(m)) => Ok((m.url.clone(), m.password_file.clone())),
-        (None, None) => bail!("--mysql-url is required (or --job, whose MySQL sink names it)"),
+        (None, Some((d, url, password_file))) if *d == db => Ok((url.clone(), password_file.clone())),
+        _ => bail!("{flag} is required (or --job, whose {name} sink names it)"),
     }
 }
 
@@ -664,8 +703,16 @@ mod tests {
     fn outputs_and_ids_parse() {
         assert_eq!(parse_output("paid").unwrap(), Output::Topic("paid".into()));
         assert_eq!(parse_output("topic:paid").unwrap(), Output::Topic("paid".into()));
-        assert_eq!(parse_output("mysql:orders").unwrap(), Output::Table("orders".into()));
-        assert!(parse_output("postgres:x").is_err());
+        assert_eq!(
+            parse_output("mysql:orders").unwrap(),
+            Output::Table(Database::Mysql, "orders".into())
+        );
+        assert_eq!(
+            parse_output("postgres:shop.orders").unwrap(),
+            Output::Table(Database::Postgres, "shop.orders".into())
+        );
+        assert!(parse_output("sqlite:x").is_err());
+        assert!(parse_output("postgres:").is_err());
         assert!(parse_output("mysql:").is_err());
         assert_eq!(id_text(&serde_json::json!(42)), "42");
         assert_eq!(id_text(&serde_json::json!("a-1")), "a-1");

@@ -14,9 +14,8 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
-use sqlx::Row;
 
-use super::Example;
+use super::{Database, Example};
 use crate::jobfile::Transform;
 
 /// One end of an input range.
@@ -344,27 +343,66 @@ pub(super) async fn resolve(
     .await?
 }
 
-/// Reads column `id` of every row of `table`, calling `f(row number, id)`; returns the rows and
-/// those whose id is NULL.
+/// Reads column `id` of every row of `table` in `db`, calling `f(row number, id)` with the id as
+/// text; returns the rows and those whose id is NULL.
 pub(super) async fn read_table(
+    db: Database,
     url: &str,
     password_file: Option<&std::path::Path>,
     table: &str,
     id: &str,
-    mut f: impl FnMut(u64, &str) -> Result<()>,
+    f: impl FnMut(u64, &str) -> Result<()>,
 ) -> Result<(u64, u64)> {
-    let plain = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$');
-    if !plain(table) || !plain(id) {
-        bail!("{table:?}.{id:?}: table and column names of letters, digits, '_' and '$' only");
+    match db {
+        Database::Mysql => {
+            let plain = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$');
+            if !plain(table) || !plain(id) {
+                bail!("{table:?}.{id:?}: table and column names of letters, digits, '_' and '$' only");
+            }
+            let mut conn = exactly_mysql_sink::connect_url(url, password_file).await?;
+            let sql = format!("SELECT CAST(`{id}` AS CHAR) FROM `{table}`");
+            read_rows(sqlx::query(&sql).fetch(&mut conn), table, id, f).await
+        }
+        Database::Postgres => {
+            // As the PostgreSQL sink names them: `table` or `schema.table`, quoted.
+            let plain = |s: &str| {
+                !s.is_empty()
+                    && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && !s.starts_with(|c: char| c.is_ascii_digit())
+            };
+            let quoted = match table.split_once('.') {
+                Some((schema, name)) if plain(schema) && plain(name) => format!("\"{schema}\".\"{name}\""),
+                None if plain(table) => format!("\"{table}\""),
+                _ => {
+                    bail!("{table:?}: a table (or schema.table) of letters, digits and '_', not starting with a digit")
+                }
+            };
+            if !plain(id) {
+                bail!("--id {id:?}: a column of letters, digits and '_', not starting with a digit");
+            }
+            let mut conn = exactly_postgres_sink::connect_url(url, password_file).await?;
+            let sql = format!("SELECT \"{id}\"::text FROM {quoted}");
+            read_rows(sqlx::query(&sql).fetch(&mut conn), table, id, f).await
+        }
     }
-    let mut conn = exactly_mysql_sink::connect_url(url, password_file).await?;
-    let sql = format!("SELECT CAST(`{id}` AS CHAR) FROM `{table}`");
+}
+
+/// Streams the rows of a one-column query (the id as text), with a progress bar.
+async fn read_rows<R: sqlx::Row>(
+    mut rows: futures_util::stream::BoxStream<'_, Result<R, sqlx::Error>>,
+    table: &str,
+    id: &str,
+    mut f: impl FnMut(u64, &str) -> Result<()>,
+) -> Result<(u64, u64)>
+where
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
     let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
     bar.set_style(
         ProgressStyle::with_template("reading table {prefix}: {pos} rows ({per_sec})").expect("a valid template"),
     );
     bar.set_prefix(table.to_owned());
-    let mut rows = sqlx::query(&sql).fetch(&mut conn);
     let (mut n, mut null) = (0u64, 0u64);
     while let Some(row) = rows
         .try_next()

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use exactly_integration_tests::{connect_mysql, produce, query_i64, unique, ChildJob, TestEnv};
+use exactly_integration_tests::{connect_mysql, produce, query_i64, unique, verify_job, ChildJob, TestEnv};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 use sqlx::Row;
@@ -153,27 +153,7 @@ fn exactly_verify(job_file: &str) -> Result<()> {
     let exactly_cli::jobfile::SinkKind::Mysql(m) = &job.sinks[0].kind else {
         bail!("not a MySQL job");
     };
-    let out = std::process::Command::new(exactly())
-        .args([
-            "verify",
-            "--source",
-            &input,
-            "--output",
-            &format!("mysql:{}", m.table),
-            "--id",
-            "id",
-        ])
-        .args(["--job", job_file])
-        .output()?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if out.status.code() != Some(0) {
-        bail!(
-            "exactly verify found the table not exactly once (exit {:?}):\n{stdout}\n{}",
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(())
+    verify_job(exactly(), job_file, &input, &format!("mysql:{}", m.table), "id")
 }
 
 pub(crate) async fn drain_and_verify(env: &TestEnv, s: &Setup) -> Result<()> {

@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use exactly_integration_tests::{connect_postgres, pg_i64, postgres_url, produce, unique, ChildJob, TestEnv};
+use exactly_integration_tests::{
+    connect_postgres, pg_i64, postgres_url, produce, unique, verify_job, ChildJob, TestEnv,
+};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 use sqlx::Row;
@@ -187,6 +189,8 @@ pub(crate) async fn drain_and_verify(env: &TestEnv, s: &Setup) -> Result<()> {
         (expected, expected, 0, expected),
         "rows, distinct ids, wrong rows, max id"
     );
+    // `exactly verify` agrees (servers, TLS and the table from the job file).
+    verify_job(exactly(), &s.args[1], &s.input, &format!("postgres:{}", s.table), "id")?;
     // The progress rows agree: the newest offsets recorded per partition reach the input's end.
     let progress = sqlx::query(&format!("SELECT offsets::text FROM \"{}\" WHERE job = $1", s.progress))
         .bind(&s.job)
