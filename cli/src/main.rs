@@ -202,6 +202,9 @@ enum Command {
         /// MySQL URL.
         #[arg(long, env = "EXACTLY_MYSQL_URL")]
         mysql: Option<String>,
+        /// PostgreSQL URL (TLS as its sslmode says).
+        #[arg(long, env = "EXACTLY_POSTGRES_URL")]
+        postgres: Option<String>,
         /// Object store location for `bench storage` (`s3://bucket/prefix`; credentials and
         /// endpoint from AWS_* variables).
         #[arg(long, env = "EXACTLY_BENCH_CHECKPOINTS")]
@@ -532,6 +535,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             rounds,
             bootstrap,
             mysql,
+            postgres,
             checkpoints,
             intervals,
             parallelism,
@@ -550,6 +554,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                     rounds,
                     bootstrap,
                     mysql,
+                    postgres,
                     checkpoints,
                     intervals,
                     parallelism,

@@ -41,9 +41,12 @@ async fn kafka_to_postgres_two_phase_is_exactly_once_across_sigkills() -> Result
             ("sink.before_pre_commit", "sink.before_pre_commit=freeze@3"),
             ("sink.after_pre_commit", "sink.after_pre_commit=freeze@3"),
             ("checkpoint.after_durable", "checkpoint.after_durable=freeze@3"),
-            // The start after a kill with prepared transactions pending dies before committing them.
-            ("sink.before_recovery_commit", "sink.before_recovery_commit=freeze@1"),
             ("sink.before_commit", "sink.before_commit=freeze@3"),
+            // The start after a kill with a prepared transaction pending dies before committing
+            // it. It follows the kill before a commit, which leaves one pending for certain (the
+            // checkpoint frozen after it was durable may have had no records under load: then the
+            // restart has nothing to commit and never got here).
+            ("sink.before_recovery_commit", "sink.before_recovery_commit=freeze@1"),
             ("sink.after_commit", "sink.after_commit=freeze@3"),
         ],
     )

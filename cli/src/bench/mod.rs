@@ -7,6 +7,7 @@ mod k2k;
 mod kafka;
 mod mysql;
 mod peers;
+mod postgres;
 mod source;
 
 pub use k2k::K2kMode;
@@ -63,6 +64,8 @@ pub enum Which {
     K2k,
     /// Kafka-to-MySQL XA and upsert vs a plain batched INSERT loop.
     Mysql,
+    /// Kafka-to-PostgreSQL two-phase and upsert vs a plain batched INSERT loop.
+    Postgres,
     /// Checkpoints in an object store (`--checkpoints URL`) vs a local directory.
     Storage,
     /// The same pass-through by a plain loop, `exactly run`, Kafka Streams and Flink, each a
@@ -88,6 +91,8 @@ pub struct BenchOptions {
     pub bootstrap: Option<String>,
     /// MySQL URL.
     pub mysql: Option<String>,
+    /// PostgreSQL URL.
+    pub postgres: Option<String>,
     /// Object store location of the storage benchmark (`s3://bucket/prefix`).
     pub checkpoints: Option<String>,
     /// Checkpoint (commit) intervals of the k2k and peers benchmarks.
@@ -135,6 +140,11 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
         let b = need(&o.bootstrap, "mysql", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
         let m = need(&o.mysql, "mysql", "--mysql", "EXACTLY_MYSQL_URL")?;
         mysql::bench_mysql(b, m, o.records.unwrap_or(100_000), &mut report).await?;
+    }
+    if all || which == Which::Postgres {
+        let b = need(&o.bootstrap, "postgres", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
+        let p = need(&o.postgres, "postgres", "--postgres", "EXACTLY_POSTGRES_URL")?;
+        postgres::bench_postgres(b, p, o.records.unwrap_or(100_000), &mut report).await?;
     }
     if which == Which::Peers {
         let b = need(&o.bootstrap, "peers", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;

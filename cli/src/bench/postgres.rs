@@ -1,0 +1,156 @@
+//! `exactly bench postgres`: the PostgreSQL sink in two-phase and upsert modes vs a plain batched
+//! INSERT loop, over the same connection settings (TLS as the URL says).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use super::kafka::*;
+use super::Report;
+use exactly_core::runtime::JobBuilder;
+use exactly_kafka_source::{KafkaRecord, KafkaSource, KafkaSourceConfig, RawBytes};
+use exactly_postgres_sink::{Column, Mode, OnError, PgOrigin, PgRecord, PostgresSink, PostgresSinkConfig};
+use rdkafka::Message;
+
+/// JSON `{"id", "k", "seq"}` records, as the sink reads them.
+fn json_backlog(bootstrap: &str, topic: &str, n: u64) -> Result<()> {
+    let p = producer(bootstrap)?;
+    for i in 0..n {
+        let key = format!("k{}", i % 1000);
+        let value = format!(r#"{{"id":{i},"k":"{key}","seq":{i}}}"#);
+        send(&p, topic, key.as_bytes(), value.as_bytes());
+    }
+    rdkafka::producer::Producer::flush(&p, Duration::from_secs(120))?;
+    Ok(())
+}
+
+async fn exec(conn: &mut sqlx::PgConnection, sql: String) -> Result<()> {
+    sqlx::Executor::execute(conn, sql.as_str()).await?;
+    Ok(())
+}
+
+pub(crate) async fn bench_postgres(bootstrap: &str, url: &str, n: u64, report: &mut Report) -> Result<()> {
+    let input = unique("bench-pg");
+    topic(bootstrap, &input).await?;
+    json_backlog(bootstrap, &input, n)?;
+    println!("Kafka-to-PostgreSQL: {n} rows (id, k, seq) from JSON records, batches of 500, checkpoints every 1 s");
+    let mut conn = exactly_postgres_sink::connect_url(url, None).await?;
+    // Baseline: read the same records, plain batched INSERTs, autocommit per batch.
+    let table = unique("bench_pg_plain").replace('-', "_");
+    exec(
+        &mut conn,
+        format!("CREATE TABLE \"{table}\" (id bigint, k text, seq bigint)"),
+    )
+    .await?;
+    let c = consumer(bootstrap, &input, true)?;
+    let start = Instant::now();
+    let mut seen = 0u64;
+    let mut batch: Vec<(i64, String, i64)> = Vec::new();
+    while seen < n {
+        if let Some(m) = c.poll(Duration::from_millis(100)) {
+            let m = m?;
+            let v: serde_json::Value = serde_json::from_slice(m.payload().unwrap_or_default())?;
+            let field = |f: &str| v[f].as_i64().with_context(|| format!("field {f} of {v}"));
+            batch.push((
+                field("id")?,
+                v["k"].as_str().unwrap_or_default().to_owned(),
+                field("seq")?,
+            ));
+            seen += 1;
+        }
+        if batch.len() >= 500 || (seen == n && !batch.is_empty()) {
+            let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new(format!("INSERT INTO \"{table}\" (id, k, seq) "));
+            qb.push_values(batch.drain(..), |mut b, (id, k, s)| {
+                b.push_bind(id).push_bind(k).push_bind(s);
+            });
+            qb.build().execute(&mut conn).await?;
+        }
+    }
+    let plain = n as f64 / start.elapsed().as_secs_f64();
+    println!("{:<22} {:>12.0} rows/s   ratio 1.000", "plain INSERT loop", plain);
+    report.row(
+        "postgres",
+        "plain INSERT loop",
+        &[("rows_per_s", plain), ("ratio", 1.0)],
+    );
+    exec(&mut conn, format!("DROP TABLE IF EXISTS \"{table}\"")).await?;
+    let column = |name: &str, ty: &str, key: bool| Column {
+        name: name.into(),
+        sql_type: ty.into(),
+        key,
+        field: None,
+    };
+    for mode in [Mode::TwoPhase, Mode::Upsert] {
+        let table = unique("bench_pg_rows").replace('-', "_");
+        let job_id = unique("bench");
+        let config = PostgresSinkConfig {
+            url: url.to_owned(),
+            password_file: None,
+            table: table.clone(),
+            mode,
+            job_id: job_id.clone(),
+            sink_id: "rows".into(),
+            columns: vec![
+                column("id", "bigint", true),
+                column("k", "text", false),
+                column("seq", "bigint", false),
+            ],
+            batch_size: 500,
+            create_table: true,
+            progress_table: "bench_progress".into(),
+            on_error: OnError::Fail,
+        };
+        let source = KafkaSourceConfig::new(bootstrap, vec![input.clone()], unique("g"));
+        let dir = tempfile::tempdir()?;
+        let mut job = JobBuilder::new(job_config(dir.path()));
+        job.source("in", 1, move |_| KafkaSource::new(source.clone(), RawBytes))
+            .map(|r: KafkaRecord| PgRecord {
+                tombstone: r.value.is_none(),
+                payload: r.value.unwrap_or_default(),
+                key: r.key,
+                origin: Some(PgOrigin {
+                    topic: r.topic.to_string(),
+                    partition: r.partition,
+                    offset: r.offset,
+                }),
+            })
+            .sink("postgres", move |_| PostgresSink::new(config.clone()).expect("valid"));
+        let start = Instant::now();
+        let handle = job.build()?.start();
+        let (mut last, mut progressed) = (0i64, Instant::now());
+        loop {
+            // The progress rows (a few, by primary key) say how many rows are committed; a
+            // COUNT(*) of the table would scan it and slow down the writer it measures.
+            let rows: i64 =
+                sqlx::query_scalar("SELECT COALESCE(SUM(rows_written), 0)::bigint FROM bench_progress WHERE job = $1")
+                    .bind(&job_id)
+                    .fetch_one(&mut conn)
+                    .await
+                    .unwrap_or(0);
+            if rows as u64 >= n {
+                break;
+            }
+            if rows > last {
+                (last, progressed) = (rows, Instant::now());
+            } else if progressed.elapsed() > Duration::from_secs(120) {
+                handle.cancel();
+                let outcome = handle.join().await;
+                anyhow::bail!("no progress for 120 s at {rows} of {n} rows ({mode:?}): {outcome:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let rate = n as f64 / start.elapsed().as_secs_f64();
+        handle.cancel();
+        handle.join().await?;
+        let name = if mode == Mode::TwoPhase {
+            "two_phase (prepared)"
+        } else {
+            "upsert (idempotent)"
+        };
+        println!("{name:<22} {rate:>12.0} rows/s   ratio {:.3}", rate / plain);
+        report.row("postgres", name, &[("rows_per_s", rate), ("ratio", rate / plain)]);
+        exec(&mut conn, format!("DROP TABLE IF EXISTS \"{table}\"")).await?;
+    }
+    delete_topics(bootstrap, &[&input]).await;
+    Ok(())
+}
