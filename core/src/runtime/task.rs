@@ -346,7 +346,11 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
             let status = source.poll_next(&mut buf).await.map_err(|e| user_error(&info.uid, e))?;
             if !buf.is_empty() {
                 idle = false;
-                (read, told) = (true, false);
+                // The coordinator needs one event since the barrier saying records were read;
+                // telling it again after every poll would only repeat that.
+                if !read {
+                    (read, told) = (true, false);
+                }
             }
             if matches!(status, SourceStatus::Idle | SourceStatus::CaughtUp) && !told {
                 told = true;
