@@ -26,6 +26,12 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 const T: Duration = Duration::from_secs(60);
 
+/// Topic settings for records stamped in 2023 (fixed timestamps the tests assert): without them
+/// the broker's 7-day time retention deletes the records at its next check (every 5 minutes), and
+/// a test that reads them during the few seconds that straddle a check finds nothing (seen: a
+/// timestamp start position then rightly started at the end and waited 60 s for records).
+const OLD_TIMESTAMPS: &[(&str, &str)] = &[("retention.ms", "-1")];
+
 fn job_config(dir: &Path, interval: Duration) -> JobConfig {
     let mut c = CheckpointConfig::new(dir);
     c.interval = interval;
@@ -99,7 +105,7 @@ async fn run_until(env: &TestEnv, topic: &str, start: StartPosition, expect: usi
 async fn every_start_position_and_restored_offsets_winning_over_it() -> Result<()> {
     let env = TestEnv::get().await?;
     let topic = unique("src-start");
-    create_topic(env, &topic, 1).await?;
+    create_topic_with(env, &topic, 1, OLD_TIMESTAMPS).await?;
     let base = 1_700_000_000_000;
     produce_timed(env, &topic, base)?;
     let all: Vec<String> = (0..10).map(|i| format!("v{i}")).collect();
@@ -207,7 +213,7 @@ fn group_offset(env: &TestEnv, group: &str, topic: &str) -> Result<Offset> {
 async fn group_offsets_advance_only_when_a_checkpoint_completes() -> Result<()> {
     let env = TestEnv::get().await?;
     let topic = unique("src-group");
-    create_topic(env, &topic, 1).await?;
+    create_topic_with(env, &topic, 1, OLD_TIMESTAMPS).await?;
     produce_timed(env, &topic, 1_700_000_000_000)?;
     let group = unique("g");
     let dir = tempfile::tempdir()?;
@@ -636,7 +642,7 @@ async fn records_arrive_with_every_field_as_written() -> Result<()> {
     use rdkafka::message::{Header, OwnedHeaders};
     let env = TestEnv::get().await?;
     let topic = unique("src-fields");
-    create_topic(env, &topic, 3).await?;
+    create_topic_with(env, &topic, 3, OLD_TIMESTAMPS).await?;
     let p: rdkafka::producer::BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", &env.kafka_bootstrap)
         .create()?;

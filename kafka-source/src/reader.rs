@@ -243,10 +243,15 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                     .consumer()
                     .offsets_for_times(tpl, TIMEOUT)
                     .map_err(|e| SourceError::kafka("offsets for times", e))?;
-                match found.find_partition(&tp.topic, tp.partition).map(|e| e.offset()) {
-                    Some(Offset::Offset(o)) => Ok(o),
+                match answer(&found, tp, "the offset for the start timestamp")? {
+                    Offset::Offset(o) => Ok(o),
                     // No record at or after the timestamp: start at the end.
-                    _ => Ok(self.watermarks(tp)?.1),
+                    _ => {
+                        let end = self.watermarks(tp)?.1;
+                        info!(topic = %tp.topic, partition = tp.partition, timestamp_ms = *ms, offset = end,
+                            "No record at or after the start timestamp: starting at the end.");
+                        Ok(end)
+                    }
                 }
             }
             StartPosition::GroupOffsets { reset } => {
@@ -256,8 +261,8 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                     .consumer()
                     .committed_offsets(tpl, TIMEOUT)
                     .map_err(|e| SourceError::kafka("committed offsets of the group", e))?;
-                match committed.find_partition(&tp.topic, tp.partition).map(|e| e.offset()) {
-                    Some(Offset::Offset(o)) => Ok(o),
+                match answer(&committed, tp, "the group's committed offset")? {
+                    Offset::Offset(o) => Ok(o),
                     _ => self.reset(tp, *reset),
                 }
             }
@@ -680,5 +685,73 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
             }
         }
         Ok(())
+    }
+}
+
+/// The broker's answer for `tp` in `list`. An error for the partition, or no answer, fails (the
+/// job restarts; missing authorization stops it), so that a lookup that did not work is never
+/// taken for "no offset" — which starts at the end or the reset position: records skipped or
+/// replayed without a word.
+fn answer(list: &TopicPartitionList, tp: &TopicPartition, what: &str) -> Result<Offset> {
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaErrorCode;
+    let place = format!("{what} of {}/{}", tp.topic, tp.partition);
+    let Some(e) = list.find_partition(&tp.topic, tp.partition) else {
+        return Err(SourceError::kafka(
+            format!("no answer from the broker for {place}"),
+            KafkaError::OffsetFetch(RDKafkaErrorCode::UnknownPartition),
+        ));
+    };
+    if let Err(err) = e.error() {
+        if let Some(code) = err.rdkafka_error_code() {
+            if let Some(fatal) = crate::error::unretried(code, place.clone()) {
+                return Err(fatal);
+            }
+        }
+        return Err(SourceError::kafka(place, err));
+    }
+    Ok(e.offset())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[allow(unsafe_code)]
+    fn a_failed_lookup_is_an_error_not_a_missing_offset() {
+        let tp = TopicPartition {
+            topic: "t".into(),
+            partition: 0,
+        };
+        // No answer for the partition.
+        let empty = TopicPartitionList::new();
+        assert!(matches!(answer(&empty, &tp, "x"), Err(SourceError::Kafka { .. })));
+        // An offset, and "none" (the broker found no record at or after a timestamp).
+        let mut list = TopicPartitionList::new();
+        list.add_partition_offset("t", 0, Offset::Offset(5)).unwrap();
+        assert_eq!(answer(&list, &tp, "x").unwrap(), Offset::Offset(5));
+        list.set_partition_offset("t", 0, Offset::End).unwrap();
+        assert_eq!(answer(&list, &tp, "x").unwrap(), Offset::End);
+        // The partition's own error: retried by a restart, or fatal without authorization.
+        let set_err = |list: &mut TopicPartitionList, err: rdkafka::bindings::rd_kafka_resp_err_t| {
+            // SAFETY: the list owns one element, which this test changes in place.
+            unsafe { (*(*list.ptr()).elems).err = err };
+        };
+        set_err(
+            &mut list,
+            rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+        );
+        let e = answer(&list, &tp, "the offset for the start timestamp").unwrap_err();
+        assert!(matches!(e, SourceError::Kafka { .. }), "{e}");
+        assert!(
+            e.to_string().contains("the offset for the start timestamp of t/0"),
+            "{e}"
+        );
+        set_err(
+            &mut list,
+            rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED,
+        );
+        assert!(matches!(answer(&list, &tp, "x"), Err(SourceError::Fetch { .. })));
     }
 }
