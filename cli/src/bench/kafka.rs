@@ -229,3 +229,50 @@ pub(super) fn job_config_every(dir: &std::path::Path, interval: Duration) -> Job
     config.restart = RestartStrategy::None;
     config
 }
+
+/// Waits until consumer group `group` (a job's Kafka source) has committed offsets through all `n`
+/// records of `topic`: the source commits them when a checkpoint completes, when its sinks commit
+/// too (the caller then counts the sink's output until it has all `n`). Fails, cancelling `job`,
+/// when the offsets do not move for `stall`.
+///
+/// Not the sinks' progress tables: they keep only the latest checkpoint's rows (older ones are
+/// pruned), so their sums stop short of `n`.
+pub(super) async fn wait_consumed(
+    bootstrap: &str,
+    (topic, group): (&str, &str),
+    n: u64,
+    job: &exactly_core::runtime::JobHandle,
+    stall: Duration,
+) -> Result<()> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition(topic, p);
+    }
+    let (mut last, mut moved) = (0u64, Instant::now());
+    loop {
+        let committed = tokio::task::block_in_place(|| c.committed_offsets(tpl.clone(), Duration::from_secs(10)))?;
+        let now: u64 = committed
+            .elements()
+            .iter()
+            .map(|e| match e.offset() {
+                Offset::Offset(o) => o.max(0) as u64,
+                _ => 0,
+            })
+            .sum();
+        if now >= n {
+            return Ok(());
+        }
+        if now != last {
+            (last, moved) = (now, Instant::now());
+        } else if moved.elapsed() > stall {
+            job.cancel();
+            bail!("no progress for {stall:?}: {now} of {n} input offsets committed");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

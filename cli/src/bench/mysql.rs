@@ -13,6 +13,9 @@ use exactly_mysql_sink::{
 };
 use rdkafka::Message;
 
+/// A run that stops making progress this long fails.
+const STALL: Duration = Duration::from_secs(120);
+
 pub(crate) async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64, report: &mut Report) -> Result<()> {
     let input = unique("bench-sql");
     topic(bootstrap, &input).await?;
@@ -82,7 +85,8 @@ pub(crate) async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64, report: &m
             progress_table: "bench_progress".into(),
             on_error: OnError::Fail,
         };
-        let source = KafkaSourceConfig::new(bootstrap, vec![input.clone()], unique("g"));
+        let group = unique("g");
+        let source = KafkaSourceConfig::new(bootstrap, vec![input.clone()], &group);
         let dir = tempfile::tempdir()?;
         let mut job = JobBuilder::new(job_config(dir.path()));
         job.source("in", 1, move |_| KafkaSource::new(source.clone(), RawBytes))
@@ -99,20 +103,16 @@ pub(crate) async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64, report: &m
             .sink("mysql", move |_| MysqlSink::new(config.clone()).expect("valid"));
         let start = Instant::now();
         let handle = job.build()?.start();
-        loop {
-            // The progress rows (a few, by primary key) say how many rows are committed; a
-            // COUNT(*) of the table would scan it and slow down the writer it measures.
-            let rows: i64 = sqlx::query_scalar(
-                "SELECT CAST(COALESCE(SUM(rows_written), 0) AS SIGNED) FROM bench_progress WHERE job = ?",
-            )
-            .bind(&job_id)
-            .fetch_one(&mut conn)
-            .await
-            .unwrap_or(0);
-            if rows as u64 >= n {
-                break;
+        wait_consumed(bootstrap, (&input, &group), n, &handle, STALL).await?;
+        // The table's count only now: counting all along would scan it under the writer.
+        let count = format!("SELECT COUNT(*) FROM `{table}`");
+        let deadline = Instant::now() + STALL;
+        while (sqlx::query_scalar::<_, i64>(&count).fetch_one(&mut conn).await? as u64) < n {
+            if Instant::now() > deadline {
+                handle.cancel();
+                anyhow::bail!("{table} lacks rows {STALL:?} after the input was consumed");
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let rate = n as f64 / start.elapsed().as_secs_f64();
         handle.cancel();

@@ -24,6 +24,9 @@ fn json_backlog(bootstrap: &str, topic: &str, n: u64) -> Result<()> {
     Ok(())
 }
 
+/// A run that stops making progress this long fails.
+const STALL: Duration = Duration::from_secs(120);
+
 async fn exec(conn: &mut sqlx::PgConnection, sql: String) -> Result<()> {
     sqlx::Executor::execute(conn, sql.as_str()).await?;
     Ok(())
@@ -39,7 +42,8 @@ pub(crate) async fn bench_postgres(bootstrap: &str, url: &str, n: u64, report: &
     let table = unique("bench_pg_plain").replace('-', "_");
     exec(
         &mut conn,
-        format!("CREATE TABLE \"{table}\" (id bigint, k text, seq bigint)"),
+        // As the sink creates its table: the key column is the primary key.
+        format!("CREATE TABLE \"{table}\" (id bigint PRIMARY KEY, k text, seq bigint)"),
     )
     .await?;
     let c = consumer(bootstrap, &input, true)?;
@@ -100,7 +104,8 @@ pub(crate) async fn bench_postgres(bootstrap: &str, url: &str, n: u64, report: &
             progress_table: "bench_progress".into(),
             on_error: OnError::Fail,
         };
-        let source = KafkaSourceConfig::new(bootstrap, vec![input.clone()], unique("g"));
+        let group = unique("g");
+        let source = KafkaSourceConfig::new(bootstrap, vec![input.clone()], &group);
         let dir = tempfile::tempdir()?;
         let mut job = JobBuilder::new(job_config(dir.path()));
         job.source("in", 1, move |_| KafkaSource::new(source.clone(), RawBytes))
@@ -117,27 +122,16 @@ pub(crate) async fn bench_postgres(bootstrap: &str, url: &str, n: u64, report: &
             .sink("postgres", move |_| PostgresSink::new(config.clone()).expect("valid"));
         let start = Instant::now();
         let handle = job.build()?.start();
-        let (mut last, mut progressed) = (0i64, Instant::now());
-        loop {
-            // The progress rows (a few, by primary key) say how many rows are committed; a
-            // COUNT(*) of the table would scan it and slow down the writer it measures.
-            let rows: i64 =
-                sqlx::query_scalar("SELECT COALESCE(SUM(rows_written), 0)::bigint FROM bench_progress WHERE job = $1")
-                    .bind(&job_id)
-                    .fetch_one(&mut conn)
-                    .await
-                    .unwrap_or(0);
-            if rows as u64 >= n {
-                break;
-            }
-            if rows > last {
-                (last, progressed) = (rows, Instant::now());
-            } else if progressed.elapsed() > Duration::from_secs(120) {
+        wait_consumed(bootstrap, (&input, &group), n, &handle, STALL).await?;
+        // The table's count only now: counting all along would scan it under the writer.
+        let count = format!("SELECT COUNT(*) FROM \"{table}\"");
+        let deadline = Instant::now() + STALL;
+        while (sqlx::query_scalar::<_, i64>(&count).fetch_one(&mut conn).await? as u64) < n {
+            if Instant::now() > deadline {
                 handle.cancel();
-                let outcome = handle.join().await;
-                anyhow::bail!("no progress for 120 s at {rows} of {n} rows ({mode:?}): {outcome:?}");
+                anyhow::bail!("{table} lacks rows {STALL:?} after the input was consumed");
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let rate = n as f64 / start.elapsed().as_secs_f64();
         handle.cancel();
