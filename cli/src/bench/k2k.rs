@@ -12,7 +12,8 @@ use super::{BenchOptions, Report};
 use exactly_core::runtime::{JobBuilder, JobHandle};
 use exactly_kafka_sink::{DeliveryGuarantee, KafkaSink, KafkaSinkConfig, ProducerRecord};
 use exactly_kafka_source::{KafkaRecord, KafkaSource, KafkaSourceConfig, RawBytes};
-use rdkafka::producer::{BaseRecord, Producer};
+use rdkafka::consumer::Consumer;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::Message;
 
 /// What one measured run runs: the mode, its checkpoint interval and parallelism.
@@ -62,10 +63,32 @@ pub(super) fn k2k_job(
 }
 
 /// The baseline: one rdkafka consumer, one idempotent producer, a loop.
-pub(super) fn plain_loop(bootstrap: &str, input: &str, output: &str, n: u64) -> Result<()> {
+///
+/// With `transactions`, the textbook exactly-once loop of Kafka's own clients instead: the producer
+/// is transactional and commits a transaction every `transactions`, the consumer's positions
+/// inside it (`send_offsets_to_transaction`) — what Kafka's transactions cost on this machine,
+/// without exactly's engine (`--modes plain-transactional`).
+pub(super) fn plain_loop(
+    bootstrap: &str,
+    input: &str,
+    output: &str,
+    n: u64,
+    transactions: Option<Duration>,
+) -> Result<()> {
     let c = consumer(bootstrap, input, true)?;
-    let p = producer(bootstrap)?;
+    let p = match transactions {
+        None => producer(bootstrap)?,
+        Some(_) => {
+            let p: BaseProducer = producer_config(bootstrap)
+                .set("transactional.id", unique("bench-loop"))
+                .create()?;
+            p.init_transactions(TXN_TIMEOUT)?;
+            p.begin_transaction()?;
+            p
+        }
+    };
     let mut moved = 0;
+    let mut committed_at = Instant::now();
     while moved < n {
         if let Some(m) = c.poll(Duration::from_millis(100)) {
             let m = m?;
@@ -90,10 +113,26 @@ pub(super) fn plain_loop(bootstrap: &str, input: &str, output: &str, n: u64) -> 
             }
             moved += 1;
         }
+        if let Some(every) = transactions {
+            if moved == n || committed_at.elapsed() >= every {
+                let group = c
+                    .group_metadata()
+                    .ok_or_else(|| anyhow::anyhow!("the loop's consumer has no group metadata"))?;
+                p.send_offsets_to_transaction(&c.position()?, &group, TXN_TIMEOUT)?;
+                p.commit_transaction(TXN_TIMEOUT)?;
+                if moved < n {
+                    p.begin_transaction()?;
+                }
+                committed_at = Instant::now();
+            }
+        }
     }
     p.flush(Duration::from_secs(60))?;
     Ok(())
 }
+
+/// How long the transactional loop's transaction calls may take.
+const TXN_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub(super) fn quantile(v: &mut [i64], q: f64) -> i64 {
     v.sort_unstable();
@@ -105,6 +144,8 @@ pub(super) fn quantile(v: &mut [i64], q: f64) -> i64 {
 #[derive(Clone, Copy, PartialEq)]
 pub(super) enum K2k {
     Plain,
+    /// The plain loop with a transaction per checkpoint interval.
+    PlainTransactional,
     AtLeastOnce,
     ExactlyOnce,
     /// Exactly-once with `checkpoint.when_caught_up`.
@@ -114,6 +155,9 @@ pub(super) enum K2k {
 /// A mode of `bench k2k` measured against the plain loop (which always runs first).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum K2kMode {
+    /// A second baseline: the plain loop with a Kafka transaction per checkpoint interval
+    /// (transactional producer, consumer positions sent to the transaction), no engine.
+    PlainTransactional,
     /// The Kafka sink at-least-once (idempotent producer, flushed at every barrier).
     AtLeastOnce,
     /// The Kafka sink exactly-once (transactions committed at checkpoint completion).
@@ -125,6 +169,7 @@ pub enum K2kMode {
 impl K2kMode {
     fn mode(self) -> (K2k, &'static str) {
         match self {
+            K2kMode::PlainTransactional => (K2k::PlainTransactional, "plain transactional"),
             K2kMode::AtLeastOnce => (K2k::AtLeastOnce, "at-least-once"),
             K2kMode::ExactlyOnce => (K2k::ExactlyOnce, "exactly-once"),
             K2kMode::ExactlyOnceCaughtUp => (K2k::ExactlyOnceCaughtUp, "exactly-once caught-up"),
@@ -176,12 +221,20 @@ pub(super) async fn k2k_run(
     let seen2 = seen.clone();
     let verifier = std::thread::spawn(move || verify(&b, &o, paced, n, true, &seen2, Duration::from_secs(600)));
     let (b, i, o) = (bootstrap.to_owned(), input.clone(), output.clone());
-    let job = match pipeline.mode {
-        K2k::Plain => {
-            std::thread::spawn(move || plain_loop(&b, &i, &o, paced));
-            None
+    let (job, plain) = match pipeline.mode {
+        K2k::Plain | K2k::PlainTransactional => {
+            let transactions = (pipeline.mode == K2k::PlainTransactional).then_some(pipeline.interval);
+            let run = std::thread::spawn(move || {
+                let r = plain_loop(&b, &i, &o, paced, transactions);
+                if let Err(e) = &r {
+                    // Said at once: the readers would otherwise wait for their deadline.
+                    eprintln!("the plain loop failed: {e:#}");
+                }
+                r
+            });
+            (None, Some(run))
         }
-        _ => Some(k2k_job(bootstrap, &input, &output, dir.path(), pipeline)),
+        _ => (Some(k2k_job(bootstrap, &input, &output, dir.path(), pipeline)), None),
     };
     // The pipeline's rate: until a read_uncommitted reader has the backlog (for exactly-once,
     // written in transactions not yet committed: the final commit waits for the next checkpoint,
@@ -219,6 +272,11 @@ pub(super) async fn k2k_run(
     if let Some(j) = job {
         j.cancel();
         j.join().await?;
+    }
+    if let Some(run) = plain {
+        tokio::task::spawn_blocking(move || run.join())
+            .await?
+            .map_err(|_| anyhow::anyhow!("the plain loop panicked"))??;
     }
     delete_topics(bootstrap, &[&input, &output]).await;
     // The broker removes the files a moment later (gigabytes at 8 M records): let that happen

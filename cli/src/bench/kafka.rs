@@ -6,7 +6,7 @@
 //!
 //! - source: this Kafka source (in a job, checkpoints every 1 s) vs a plain rdkafka consumer loop.
 //! - k2k: Kafka-to-Kafka pass-through with exactly-once, at-least-once, and a plain rdkafka
-//!   consume-and-produce loop, for 100-byte and 1 KB records, checkpoints every 1 s: records/s
+//!   consume-and-produce loop (optionally also that loop with a transaction per interval), for 100-byte and 1 KB records, checkpoints every 1 s: records/s
 //!   with a backlog, written (seen by a read_uncommitted reader: the pipeline's rate) and committed
 //!   (seen by a read_committed reader: exactly-once waits for the commit after the next
 //!   checkpoint), then p50/p99 end-to-end latency to a read_committed consumer at a fixed rate.
@@ -84,12 +84,17 @@ pub(super) async fn delete_topics(bootstrap: &str, names: &[&str]) {
 }
 
 pub(super) fn producer(bootstrap: &str) -> Result<BaseProducer> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+    Ok(producer_config(bootstrap).create()?)
+}
+
+/// The settings of [`producer`]: idempotent, 10 ms linger, a queue of a million records.
+pub(super) fn producer_config(bootstrap: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap)
         .set("linger.ms", "10")
         .set("enable.idempotence", "true")
-        .set("queue.buffering.max.messages", "1000000")
-        .create()?)
+        .set("queue.buffering.max.messages", "1000000");
+    c
 }
 
 pub(super) fn send(p: &BaseProducer, topic: &str, key: &[u8], value: &[u8]) {

@@ -165,7 +165,7 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
         let Some((input, output)) = &o.topics else {
             bail!("plain-loop needs --input and --output");
         };
-        k2k::plain_loop(b, input, output, o.records.unwrap_or(1_000_000))?;
+        k2k::plain_loop(b, input, output, o.records.unwrap_or(1_000_000), None)?;
         // Like every system `bench peers` measures, the loop is stopped from outside (its peak
         // memory is read before that); should nobody stop it, it ends after 10 minutes.
         tokio::time::sleep(std::time::Duration::from_secs(600)).await;
