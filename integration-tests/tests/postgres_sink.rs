@@ -1,7 +1,8 @@
 //! The PostgreSQL sink against a real PostgreSQL (TLS, `scripts/services up postgres`): a
 //! prepared transaction survives its process and is committed by the next start; one nobody
 //! needs is rolled back; committing twice is success; one rolled back behind the sink's back is
-//! reported lost; upserts replay idempotently and tombstones delete. Driven through the public
+//! reported lost; upserts replay idempotently and tombstones delete; JSON values become the
+//! columns' types (numeric, timestamptz, jsonb, arrays, NULL). Driven through the public
 //! API only, as a third party's connector would be.
 
 use anyhow::{bail, Result};
@@ -236,4 +237,88 @@ async fn a_plaintext_connection_is_refused_by_the_server() -> Result<()> {
     let text = format!("{err} {:?}", std::error::Error::source(&err));
     assert!(text.contains("no encryption") || text.contains("pg_hba"), "{text}");
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_fields_become_the_columns_types_as_postgresql_converts_them() -> Result<()> {
+    // The sink hands PostgreSQL the JSON values and PostgreSQL converts them to each column's
+    // type: numbers, strings, booleans, timestamps, JSON documents and arrays; a JSON null or an
+    // absent field is NULL.
+    let (table, job) = (unique("pg_types").replace('-', "_"), unique("pgtypes"));
+    let mut c = config("upsert", &table, &job)?;
+    c.columns = serde_json::from_value(serde_json::json!([
+        { "name": "id", "type": "bigint", "key": true },
+        { "name": "amount", "type": "numeric(12,2)" },
+        { "name": "ratio", "type": "double precision" },
+        { "name": "flag", "type": "boolean" },
+        { "name": "at", "type": "timestamptz" },
+        { "name": "doc", "type": "jsonb" },
+        { "name": "tags", "type": "text[]" },
+        { "name": "label", "type": "text" },
+        { "name": "n", "type": "integer" },
+        { "name": "missing", "type": "text" },
+    ]))?;
+    let mut s = UpsertPostgresSink::new(c)?;
+    s.initialize_state(&InitContext::new(&info(0, 1), None)).await?;
+    let full = serde_json::json!({
+        "id": 1, "amount": 12.5, "ratio": 0.25, "flag": true, "at": "2026-12-02T10:00:00Z",
+        "doc": { "a": [1, 2], "b": "x" }, "tags": ["red", "blue"], "label": 42, "n": "5",
+    });
+    let sparse = serde_json::json!({ "id": 2, "amount": "7.125", "flag": null, "doc": "just a string" });
+    s.write(vec![
+        PgRecord::json(full.to_string()),
+        PgRecord::json(sparse.to_string()),
+    ])
+    .await?;
+    s.snapshot_state(&mut SnapshotContext::new(1, SnapshotKind::Checkpoint, 0))
+        .await?;
+    s.close().await?;
+    let mut conn = connect_postgres().await?;
+    let text = "amount::text, ratio::text, flag::text, (at = '2026-12-02T10:00:00Z')::text, doc::text, \
+                tags::text, label, n::text, missing";
+    let select = |id: i64| format!("SELECT {text} FROM \"{table}\" WHERE id = {id}");
+    let got = cells(sqlx::query_as::<_, RowText>(&select(1)).fetch_one(&mut conn).await?);
+    let want = [
+        Some("12.50"),
+        Some("0.25"),
+        Some("true"),
+        Some("true"),
+        Some(r#"{"a": [1, 2], "b": "x"}"#),
+        Some("{red,blue}"),
+        Some("42"),
+        Some("5"),
+        None,
+    ];
+    assert_eq!(got, want.map(|v| v.map(str::to_owned)), "row 1");
+    let got = cells(sqlx::query_as::<_, RowText>(&select(2)).fetch_one(&mut conn).await?);
+    let want = [
+        Some("7.13"),
+        None,
+        None,
+        None,
+        Some(r#""just a string""#),
+        None,
+        None,
+        None,
+        None,
+    ];
+    assert_eq!(got, want.map(|v| v.map(str::to_owned)), "row 2");
+    Ok(())
+}
+
+/// Nine text columns of a row.
+type RowText = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
+
+fn cells(r: RowText) -> Vec<Option<String>> {
+    vec![r.0, r.1, r.2, r.3, r.4, r.5, r.6, r.7, r.8]
 }
