@@ -6,10 +6,11 @@
 //!
 //! - source: this Kafka source (in a job, checkpoints every 1 s) vs a plain rdkafka consumer loop.
 //! - k2k: Kafka-to-Kafka pass-through with exactly-once, at-least-once, and a plain rdkafka
-//!   consume-and-produce loop (optionally also that loop with a transaction per interval), for 100-byte and 1 KB records, checkpoints every 1 s: records/s
-//!   with a backlog, written (seen by a read_uncommitted reader: the pipeline's rate) and committed
-//!   (seen by a read_committed reader: exactly-once waits for the commit after the next
-//!   checkpoint), then p50/p99 end-to-end latency to a read_committed consumer at a fixed rate.
+//!   consume-and-produce loop (optionally also that loop with a transaction per interval), for
+//!   100-byte and 1 KB records, checkpoints every `--intervals`: records/s with a backlog,
+//!   written (seen by a read_uncommitted reader: the pipeline's rate) and committed (seen by a
+//!   read_committed reader: exactly-once waits for the commit after the next checkpoint), then
+//!   p50/p99 end-to-end latency to a read_committed consumer at a fixed rate.
 //! - mysql: rows/s for xa, upsert, and a plain batched INSERT loop, for the same input.
 //!
 //! This module holds what the benchmarks against the services share (topics, producers,
