@@ -236,6 +236,36 @@ pub(super) fn job_config_every(dir: &std::path::Path, interval: Duration) -> Job
     config
 }
 
+/// A table job (`bench mysql`, `bench postgres`) that stops making progress this long fails.
+pub(super) const STALL: Duration = Duration::from_secs(120);
+
+/// Rows/s of a job moving the `n` records of `topic` into `table`: from `start` until the job's
+/// source has committed all `n` offsets ([`wait_consumed`]) and `count` (the table's rows) has
+/// all `n`; then cancels and joins the job. The table is counted only at the end: counting all
+/// along would scan it under the writer.
+pub(super) async fn table_job_rate(
+    bootstrap: &str,
+    (topic, group): (&str, &str),
+    n: u64,
+    (job, start): (exactly_core::runtime::JobHandle, Instant),
+    table: &str,
+    mut count: impl AsyncFnMut() -> Result<u64>,
+) -> Result<f64> {
+    wait_consumed(bootstrap, (topic, group), n, &job, STALL).await?;
+    let deadline = Instant::now() + STALL;
+    while count().await? < n {
+        if Instant::now() > deadline {
+            job.cancel();
+            bail!("{table} lacks rows {STALL:?} after the input was consumed");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    job.cancel();
+    job.join().await?;
+    Ok(rate)
+}
+
 /// Waits until consumer group `group` (a job's Kafka source) has committed offsets through all `n`
 /// records of `topic`: the source commits them when a checkpoint completes, when its sinks commit
 /// too (the caller then counts the sink's output until it has all `n`). Fails, cancelling `job`,

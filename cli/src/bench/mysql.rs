@@ -13,9 +13,6 @@ use exactly_mysql_sink::{
 };
 use rdkafka::Message;
 
-/// A run that stops making progress this long fails.
-const STALL: Duration = Duration::from_secs(120);
-
 pub(crate) async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64, report: &mut Report) -> Result<()> {
     let input = unique("bench-sql");
     topic(bootstrap, &input).await?;
@@ -102,21 +99,11 @@ pub(crate) async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64, report: &m
             })
             .sink("mysql", move |_| MysqlSink::new(config.clone()).expect("valid"));
         let start = Instant::now();
-        let handle = job.build()?.start();
-        wait_consumed(bootstrap, (&input, &group), n, &handle, STALL).await?;
-        // The table's count only now: counting all along would scan it under the writer.
+        let started = (job.build()?.start(), start);
         let count = format!("SELECT COUNT(*) FROM `{table}`");
-        let deadline = Instant::now() + STALL;
-        while (sqlx::query_scalar::<_, i64>(&count).fetch_one(&mut conn).await? as u64) < n {
-            if Instant::now() > deadline {
-                handle.cancel();
-                anyhow::bail!("{table} lacks rows {STALL:?} after the input was consumed");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let rate = n as f64 / start.elapsed().as_secs_f64();
-        handle.cancel();
-        handle.join().await?;
+        let rows =
+            async || -> Result<u64> { Ok(sqlx::query_scalar::<_, i64>(&count).fetch_one(&mut conn).await? as u64) };
+        let rate = table_job_rate(bootstrap, (&input, &group), n, started, &table, rows).await?;
         let name = if mode == Mode::Xa {
             "xa (two-phase)"
         } else {

@@ -24,9 +24,6 @@ fn json_backlog(bootstrap: &str, topic: &str, n: u64) -> Result<()> {
     Ok(())
 }
 
-/// A run that stops making progress this long fails.
-const STALL: Duration = Duration::from_secs(120);
-
 async fn exec(conn: &mut sqlx::PgConnection, sql: String) -> Result<()> {
     sqlx::Executor::execute(conn, sql.as_str()).await?;
     Ok(())
@@ -121,21 +118,11 @@ pub(crate) async fn bench_postgres(bootstrap: &str, url: &str, n: u64, report: &
             })
             .sink("postgres", move |_| PostgresSink::new(config.clone()).expect("valid"));
         let start = Instant::now();
-        let handle = job.build()?.start();
-        wait_consumed(bootstrap, (&input, &group), n, &handle, STALL).await?;
-        // The table's count only now: counting all along would scan it under the writer.
+        let started = (job.build()?.start(), start);
         let count = format!("SELECT COUNT(*) FROM \"{table}\"");
-        let deadline = Instant::now() + STALL;
-        while (sqlx::query_scalar::<_, i64>(&count).fetch_one(&mut conn).await? as u64) < n {
-            if Instant::now() > deadline {
-                handle.cancel();
-                anyhow::bail!("{table} lacks rows {STALL:?} after the input was consumed");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let rate = n as f64 / start.elapsed().as_secs_f64();
-        handle.cancel();
-        handle.join().await?;
+        let rows =
+            async || -> Result<u64> { Ok(sqlx::query_scalar::<_, i64>(&count).fetch_one(&mut conn).await? as u64) };
+        let rate = table_job_rate(bootstrap, (&input, &group), n, started, &table, rows).await?;
         let name = if mode == Mode::TwoPhase {
             "two_phase (prepared)"
         } else {
