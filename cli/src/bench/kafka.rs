@@ -241,8 +241,8 @@ pub(super) const STALL: Duration = Duration::from_secs(120);
 
 /// Rows/s of a job moving the `n` records of `topic` into `table`: from `start` until the job's
 /// source has committed all `n` offsets ([`wait_consumed`]) and `count` (the table's rows) has
-/// all `n`; then cancels and joins the job. The table is counted only at the end: counting all
-/// along would scan it under the writer.
+/// all `n`; then cancels and joins the job (cancelled as well when anything fails). The table is
+/// counted only at the end: counting all along would scan it under the writer.
 pub(super) async fn table_job_rate(
     bootstrap: &str,
     (topic, group): (&str, &str),
@@ -251,17 +251,20 @@ pub(super) async fn table_job_rate(
     table: &str,
     mut count: impl AsyncFnMut() -> Result<u64>,
 ) -> Result<f64> {
-    wait_consumed(bootstrap, (topic, group), n, &job, STALL).await?;
-    let deadline = Instant::now() + STALL;
-    while count().await? < n {
-        if Instant::now() > deadline {
-            job.cancel();
-            bail!("{table} lacks rows {STALL:?} after the input was consumed");
+    let done = async {
+        wait_consumed(bootstrap, (topic, group), n, &job, STALL).await?;
+        let deadline = Instant::now() + STALL;
+        while count().await? < n {
+            if Instant::now() > deadline {
+                bail!("{table} lacks rows {STALL:?} after the input was consumed");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        Ok(n as f64 / start.elapsed().as_secs_f64())
     }
-    let rate = n as f64 / start.elapsed().as_secs_f64();
+    .await;
     job.cancel();
+    let rate = done?;
     job.join().await?;
     Ok(rate)
 }
