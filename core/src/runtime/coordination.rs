@@ -273,6 +273,7 @@ impl Run<'_> {
         let storage = self.storage.clone().expect("checkpointing on");
         let meta = p.into_metadata(&self.job.config.name, now_ms())?;
         let size = meta.state_size();
+        let persist_started = Instant::now();
         let persisted = {
             let storage = storage.clone();
             let meta = meta.clone();
@@ -297,6 +298,7 @@ impl Run<'_> {
             checkpoint_id = barrier.id,
             duration_ms = duration.as_millis() as u64,
             alignment_ms = alignment.as_millis() as u64,
+            persist_ms = persist_started.elapsed().as_millis() as u64,
             state_bytes = size,
             "Checkpoint complete."
         );
