@@ -342,7 +342,14 @@ async fn finish_pre_commit<C: serde::Serialize + Clone + Send + Sync + 'static>(
     let mut prepared = None;
     if let Some((rest, outcome)) = mine {
         failpoint::hit_in(&uid, "sink.in_background_pre_commit");
-        match rest.await {
+        let started = Instant::now();
+        let result = rest.await;
+        tracing::debug!(
+            checkpoint_id = id,
+            background_ms = started.elapsed().as_millis() as u64,
+            "Background pre-commit ended."
+        );
+        match result {
             Ok(c) => {
                 outcome.send_replace(Flight::Done(c.clone()));
                 prepared = Some(c);
@@ -454,7 +461,15 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
         let mut background = None;
         if let Some(txn) = self.current.take() {
             failpoint::hit_in(&self.uid, "sink.before_pre_commit");
-            match self.sink.pre_commit(txn, id).await? {
+            let started = Instant::now();
+            let outcome = self.sink.pre_commit(txn, id).await?;
+            // What the records after the barrier waited for (a Kafka transaction's flush).
+            tracing::debug!(
+                checkpoint_id = id,
+                pre_commit_ms = started.elapsed().as_millis() as u64,
+                "Pre-commit returned."
+            );
+            match outcome {
                 PreCommitted::Committable(c) => {
                     prepared = true;
                     self.pending.entry(id).or_default().push(Pending {
