@@ -64,6 +64,9 @@ enum SlotState {
 pub struct KafkaTransaction {
     slot: usize,
     records: u64,
+    /// Time the writes waited for room in librdkafka's queue: in all, and the longest write's.
+    queue_full: Duration,
+    longest_queue_full: Duration,
 }
 
 impl TransactionalKafkaSink {
@@ -242,13 +245,18 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             .begin_transaction()
             .map_err(|e| SinkError::kafka(format!("begin_transaction on {}", s.id), e))?;
         s.state = SlotState::Open;
-        Ok(KafkaTransaction { slot, records: 0 })
+        Ok(KafkaTransaction {
+            slot,
+            records: 0,
+            queue_full: Duration::ZERO,
+            longest_queue_full: Duration::ZERO,
+        })
     }
 
     async fn write(&mut self, txn: &mut KafkaTransaction, records: Vec<ProducerRecord>) -> exactly_core::Result<()> {
         txn.records += records.len() as u64;
         let s = &self.slots[txn.slot];
-        send_all(
+        let waited = send_all(
             &s.producer,
             &self.config.topic,
             &self.partitions,
@@ -256,6 +264,8 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             records,
         )
         .await?;
+        txn.queue_full += waited;
+        txn.longest_queue_full = txn.longest_queue_full.max(waited);
         Ok(())
     }
 
@@ -299,6 +309,13 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         // (DescribeTransactions) completes in the background; the checkpoint is acknowledged only
         // when it is done (prepared means durable: every record acknowledged by the broker, the
         // transaction Ongoing under this producer's id and epoch).
+        tracing::debug!(
+            checkpoint_id,
+            records = txn.records,
+            queue_full_ms = txn.queue_full.as_millis() as u64,
+            longest_queue_full_ms = txn.longest_queue_full.as_millis() as u64,
+            "Pre-committing a transaction."
+        );
         let s = &mut self.slots[txn.slot];
         flush(
             &s.producer,

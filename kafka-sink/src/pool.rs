@@ -123,14 +123,16 @@ pub(crate) fn create_producer(
     Ok((producer, deliveries))
 }
 
-/// Sends `records` to `topic`, waiting (not failing) while librdkafka's queue is full.
+/// Sends `records` to `topic`, waiting (not failing) while librdkafka's queue is full; returns how
+/// long it waited so.
 pub(crate) async fn send_all(
     producer: &Producer_,
     topic: &str,
     partitions: &[i32],
     partitioner: &dyn Partitioner,
     records: Vec<ProducerRecord>,
-) -> Result<()> {
+) -> Result<Duration> {
+    let mut waited = Duration::ZERO;
     for r in records {
         let partition = partitioner.partition(r.key.as_deref(), r.value.as_deref(), topic, partitions);
         let headers = (!r.headers.is_empty()).then(|| {
@@ -163,13 +165,15 @@ pub(crate) async fn send_all(
                     // Space frees as batches are acknowledged, within a fraction of a millisecond
                     // at high rates: a timer (1 ms resolution) would idle the pipeline longer.
                     record = back;
+                    let started = std::time::Instant::now();
                     tokio::task::block_in_place(|| std::thread::sleep(Duration::from_micros(200)));
+                    waited += started.elapsed();
                 }
                 Err((e, _)) => return Err(SinkError::kafka(format!("producing to {topic}"), e)),
             }
         }
     }
-    Ok(())
+    Ok(waited)
 }
 
 /// Fails if a record was reported undelivered since the last reset.
