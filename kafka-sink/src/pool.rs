@@ -123,8 +123,8 @@ pub(crate) fn create_producer(
     Ok((producer, deliveries))
 }
 
-/// Sends `records` to `topic`, waiting (not failing) while librdkafka's queue is full; returns how
-/// long it waited so.
+/// Sends `records` to `topic`, waiting (not failing) while librdkafka's queue is full; returns the
+/// time spent waiting for room.
 pub(crate) async fn send_all(
     producer: &Producer_,
     topic: &str,
