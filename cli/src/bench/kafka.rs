@@ -252,7 +252,7 @@ pub(super) async fn table_job_rate(
     mut count: impl AsyncFnMut() -> Result<u64>,
 ) -> Result<f64> {
     let done = async {
-        wait_consumed(bootstrap, (topic, group), n, &job, STALL).await?;
+        wait_consumed(bootstrap, (topic, group), n).await?;
         let deadline = Instant::now() + STALL;
         while count().await? < n {
             if Instant::now() > deadline {
@@ -271,18 +271,12 @@ pub(super) async fn table_job_rate(
 
 /// Waits until consumer group `group` (a job's Kafka source) has committed offsets through all `n`
 /// records of `topic`: the source commits them when a checkpoint completes, when its sinks commit
-/// too (the caller then counts the sink's output until it has all `n`). Fails, cancelling `job`,
-/// when the offsets do not move for `stall`.
+/// too (the caller then counts the sink's output until it has all `n`). Fails when the offsets do
+/// not move for [`STALL`].
 ///
 /// Not the sinks' progress tables: they keep only the latest checkpoint's rows (older ones are
 /// pruned), so their sums stop short of `n`.
-pub(super) async fn wait_consumed(
-    bootstrap: &str,
-    (topic, group): (&str, &str),
-    n: u64,
-    job: &exactly_core::runtime::JobHandle,
-    stall: Duration,
-) -> Result<()> {
+async fn wait_consumed(bootstrap: &str, (topic, group): (&str, &str), n: u64) -> Result<()> {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", group)
@@ -308,9 +302,8 @@ pub(super) async fn wait_consumed(
         }
         if now != last {
             (last, moved) = (now, Instant::now());
-        } else if moved.elapsed() > stall {
-            job.cancel();
-            bail!("no progress for {stall:?}: {now} of {n} input offsets committed");
+        } else if moved.elapsed() > STALL {
+            bail!("no progress for {STALL:?}: {now} of {n} input offsets committed");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
