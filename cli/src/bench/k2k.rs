@@ -1,7 +1,7 @@
 //! `exactly bench k2k`: Kafka-to-Kafka exactly-once and at-least-once vs a plain consume-produce
 //! loop (rates with a backlog, then end-to-end latency at a fixed rate).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -193,6 +193,10 @@ pub(super) struct K2kFigures {
     /// first record until a read_committed reader has the backlog (start-up excluded, the last
     /// commit included).
     timed: f64,
+    /// From the same first record until the last stable offsets show every record of the backlog
+    /// visible to read_committed readers: `timed` without the reader's own time to read the last
+    /// transaction once it is committed.
+    visible: f64,
     p50: i64,
     p99: i64,
 }
@@ -219,6 +223,10 @@ pub(super) async fn k2k_run(
         .fetch_metadata(Some(&input), Duration::from_secs(10))
         .map_err(|e| anyhow::anyhow!("metadata of {input}: {e}"))?;
     let start = Instant::now();
+    // The output's last stable offsets, sampled until the read_committed reader has the backlog.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (b, o, stop2) = (bootstrap.to_owned(), output.clone(), stop.clone());
+    let stable = std::thread::spawn(move || stable_offsets(&b, &o, &stop2));
     let (b, o) = (bootstrap.to_owned(), output.clone());
     // read_committed, every record: when the backlog's last arrived, and the latencies.
     let seen = Arc::new(AtomicU64::new(0));
@@ -249,6 +257,7 @@ pub(super) async fn k2k_run(
             .await??;
     let startup_ms = written.first.duration_since(start).as_millis();
     let first_written = written.first;
+    let last_offsets = written.last_offsets;
     let written = (n - 1) as f64 / written.marked.duration_since(written.first).as_secs_f64();
     // Paced phase: records stamped at send time. It starts once the read_committed reader has the
     // backlog: a reader still catching up (4 GB of 1 KB records) would add its own delay.
@@ -258,6 +267,9 @@ pub(super) async fn k2k_run(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    stop.store(true, Ordering::Relaxed);
+    let stable = tokio::task::spawn_blocking(move || stable.join().expect("stable offsets")).await??;
+    let visible_at = visible_at(&stable, &last_offsets);
     let interval = Duration::from_micros(1_000_000 / rate.max(1));
     let begin = Instant::now();
     for i in 0..rate * secs {
@@ -272,6 +284,10 @@ pub(super) async fn k2k_run(
     let seen = tokio::task::spawn_blocking(move || verifier.join().expect("verifier")).await??;
     let committed = n as f64 / seen.marked.duration_since(start).as_secs_f64();
     let timed = n as f64 / seen.marked.duration_since(first_written).as_secs_f64();
+    let visible_at = visible_at.ok_or_else(|| {
+        anyhow::anyhow!("the last stable offsets of {output} never passed the backlog's last records")
+    })?;
+    let visible = n as f64 / visible_at.duration_since(first_written).as_secs_f64();
     let mut paced_lat = seen.lat;
     if let Some(j) = job {
         j.cancel();
@@ -291,6 +307,7 @@ pub(super) async fn k2k_run(
         startup_ms,
         committed,
         timed,
+        visible,
         p50: quantile(&mut paced_lat, 0.5),
         p99: quantile(&mut paced_lat, 0.99),
     })
@@ -304,9 +321,9 @@ pub(crate) async fn bench_k2k(bootstrap: &str, n: u64, o: &BenchOptions, report:
         p => format!("{p} subtasks"),
     };
     println!("Kafka-to-Kafka pass-through, {PARTITIONS} partitions, {subtasks} (--parallelism; the plain loop is one loop), checkpoints every --intervals (record column: size and interval), {n} records backlog, then 5 s at 2000 records/s; {rounds} round(s), the modes one after the other in each (exactly-once caught-up: with checkpoint.when_caught_up)");
-    println!("written/s: a read_uncommitted reader's rate from its first record to the backlog's last (the pipeline's rate); start: job start to first record written; committed/s: job start until a read_committed reader has the backlog (start-up and, exactly-once, the last commit included); timed/s: from the first record written until a read_committed reader has the backlog (start-up excluded, the last commit included: how `bench peers` times every system)");
+    println!("written/s: a read_uncommitted reader's rate from its first record to the backlog's last (the pipeline's rate); start: job start to first record written; committed/s: job start until a read_committed reader has the backlog (start-up and, exactly-once, the last commit included); timed/s: from the first record written until a read_committed reader has the backlog (start-up excluded, the last commit included: how `bench peers` times every system); visible/s: from the same first record until the output's last stable offsets (ListOffsets at read_committed, every 10 ms) pass the backlog's last record in every partition (timed/s without the reader's own time to read the last transaction once committed)");
     println!(
-        "{:<14} {:<6} {:<22} {:>10} {:>7} {:>8} {:>11} {:>7} {:>10} {:>7} {:>7} {:>7}",
+        "{:<14} {:<6} {:<22} {:>10} {:>7} {:>8} {:>11} {:>7} {:>10} {:>7} {:>10} {:>7} {:>7} {:>7}",
         "record",
         "round",
         "mode",
@@ -317,6 +334,8 @@ pub(crate) async fn bench_k2k(bootstrap: &str, n: u64, o: &BenchOptions, report:
         "ratio",
         "timed/s",
         "ratio",
+        "visible/s",
+        "ratio",
         "p50 ms",
         "p99 ms"
     );
@@ -325,10 +344,10 @@ pub(crate) async fn bench_k2k(bootstrap: &str, n: u64, o: &BenchOptions, report:
         .collect();
     for (&size, &interval) in sizes.iter().flat_map(|s| intervals.iter().map(move |i| (s, i))) {
         let record = format!("{size} B {}", humantime::format_duration(interval));
-        // Per mode: (written ratio, committed ratio, timed ratio) of each round.
-        let mut ratios: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); modes.len()];
+        // Per mode: (written, committed, timed, visible) ratio of each round.
+        let mut ratios: Vec<Vec<[f64; 4]>> = vec![Vec::new(); modes.len()];
         for round in 1..=rounds {
-            let mut plain = (0.0, 0.0, 0.0);
+            let mut plain = [0.0; 4];
             for (i, &(mode, name)) in modes.iter().enumerate() {
                 let pipeline = Pipeline {
                     mode,
@@ -336,26 +355,29 @@ pub(crate) async fn bench_k2k(bootstrap: &str, n: u64, o: &BenchOptions, report:
                     parallelism,
                 };
                 let f = k2k_run(bootstrap, pipeline, n, size, 2000, 5).await?;
+                let rates = [f.written, f.committed, f.timed, f.visible];
                 if mode == K2k::Plain {
-                    plain = (f.written, f.committed, f.timed);
+                    plain = rates;
                 }
-                let r = (f.written / plain.0, f.committed / plain.1, f.timed / plain.2);
+                let r: [f64; 4] = std::array::from_fn(|k| rates[k] / plain[k]);
                 ratios[i].push(r);
                 println!(
-                    "{:<14} {:<6} {:<22} {:>10.0} {:>7.3} {:>8} {:>11.0} {:>7.3} {:>10.0} {:>7.3} {:>7} {:>7}",
-                    record, round, name, f.written, r.0, f.startup_ms, f.committed, r.1, f.timed, r.2, f.p50, f.p99
+                    "{:<14} {:<6} {:<22} {:>10.0} {:>7.3} {:>8} {:>11.0} {:>7.3} {:>10.0} {:>7.3} {:>10.0} {:>7.3} {:>7} {:>7}",
+                    record, round, name, f.written, r[0], f.startup_ms, f.committed, r[1], f.timed, r[2], f.visible, r[3], f.p50, f.p99
                 );
                 report.row(
                     "k2k",
                     &format!("{record} round {round} {name}"),
                     &[
                         ("written_records_per_s", f.written),
-                        ("written_ratio_to_plain", r.0),
+                        ("written_ratio_to_plain", r[0]),
                         ("startup_ms", f.startup_ms as f64),
                         ("committed_records_per_s", f.committed),
-                        ("committed_ratio_to_plain", r.1),
+                        ("committed_ratio_to_plain", r[1]),
                         ("timed_records_per_s", f.timed),
-                        ("timed_ratio_to_plain", r.2),
+                        ("timed_ratio_to_plain", r[2]),
+                        ("visible_records_per_s", f.visible),
+                        ("visible_ratio_to_plain", r[3]),
                         ("p50_ms", f.p50 as f64),
                         ("p99_ms", f.p99 as f64),
                     ],
@@ -364,12 +386,11 @@ pub(crate) async fn bench_k2k(bootstrap: &str, n: u64, o: &BenchOptions, report:
         }
         if rounds > 1 {
             for (i, &(_, name)) in modes.iter().enumerate().skip(1) {
-                let written = median(ratios[i].iter().map(|r| r.0).collect());
-                let committed = median(ratios[i].iter().map(|r| r.1).collect());
-                let timed = median(ratios[i].iter().map(|r| r.2).collect());
+                let [written, committed, timed, visible] =
+                    std::array::from_fn(|k| median(ratios[i].iter().map(|r| r[k]).collect()));
                 println!(
-                    "{:<14} {:<6} {:<22} {:>10} {:>7.3} {:>8} {:>11} {:>7.3} {:>10} {:>7.3}",
-                    record, "median", name, "", written, "", "", committed, "", timed
+                    "{:<14} {:<6} {:<22} {:>10} {:>7.3} {:>8} {:>11} {:>7.3} {:>10} {:>7.3} {:>10} {:>7.3}",
+                    record, "median", name, "", written, "", "", committed, "", timed, "", visible
                 );
                 report.row(
                     "k2k",
@@ -378,6 +399,7 @@ pub(crate) async fn bench_k2k(bootstrap: &str, n: u64, o: &BenchOptions, report:
                         ("written_ratio_to_plain", written),
                         ("committed_ratio_to_plain", committed),
                         ("timed_ratio_to_plain", timed),
+                        ("visible_ratio_to_plain", visible),
                     ],
                 );
             }

@@ -16,7 +16,7 @@
 //! This module holds what the benchmarks against the services share (topics, producers,
 //! consumers, the independent verifier); `k2k.rs`, `source.rs` and `mysql.rs` hold one each.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Result};
@@ -162,6 +162,8 @@ pub(super) struct Seen {
     pub(super) marked: Instant,
     /// Latency (now − record timestamp, ms) of each record after the `mark`-th.
     pub(super) lat: Vec<i64>,
+    /// The highest offset of the first `mark` records in each partition (−1: none there).
+    pub(super) last_offsets: Vec<i64>,
 }
 
 /// Reads `n` records of `topic` (read_committed or not), counting them in `progress`.
@@ -182,6 +184,7 @@ pub(super) fn verify(
     let end = Instant::now() + deadline;
     let mut lat = Vec::with_capacity(n.saturating_sub(mark) as usize);
     let (mut first, mut marked) = (None, None);
+    let mut last_offsets = vec![-1i64; PARTITIONS as usize];
     let mut count = 0u64;
     while count < n {
         match c.poll(Duration::from_millis(100)) {
@@ -190,6 +193,11 @@ pub(super) fn verify(
                 count += 1;
                 if count == 1 {
                     first = Some(Instant::now());
+                }
+                if count <= mark {
+                    if let Some(last) = last_offsets.get_mut(m.partition() as usize) {
+                        *last = (*last).max(m.offset());
+                    }
                 }
                 if count > mark {
                     lat.push(now_ms() - m.timestamp().to_millis().unwrap_or(0));
@@ -215,7 +223,51 @@ pub(super) fn verify(
         first: first.unwrap_or(now),
         marked: marked.unwrap_or(now),
         lat,
+        last_offsets,
     })
+}
+
+/// The last stable offset of each partition of `topic` (what a read_committed reader may read up
+/// to), sampled every 10 ms until `stop` is set (and once after): (when the answer came, one offset per partition).
+pub(super) fn stable_offsets(bootstrap: &str, topic: &str, stop: &AtomicBool) -> Result<Vec<(Instant, Vec<i64>)>> {
+    // Assigned nothing (it only asks); ListOffsets at its isolation level answers the last stable offset.
+    let mut cfg = ClientConfig::new();
+    for (k, v) in client_overrides("BENCH_PLAIN_CLIENT") {
+        cfg.set(k, v);
+    }
+    let c: BaseConsumer = cfg
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", unique("bench-stable"))
+        .set("isolation.level", "read_committed")
+        .create()?;
+    let mut samples = Vec::new();
+    loop {
+        // One more sample after `stop`: it is set once a reader had everything, so that one shows it.
+        let stopping = stop.load(Ordering::Relaxed);
+        let mut offsets = Vec::with_capacity(PARTITIONS as usize);
+        for p in 0..PARTITIONS {
+            let (_, stable) = c
+                .fetch_watermarks(topic, p, Duration::from_secs(10))
+                .map_err(|e| anyhow::anyhow!("last stable offset of {topic}/{p}: {e}"))?;
+            offsets.push(stable);
+        }
+        samples.push((Instant::now(), offsets));
+        if stopping {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(samples)
+}
+
+/// The first sample of [`stable_offsets`] in which every partition's last stable offset lies past
+/// `last` (the highest offset of the records wanted there): from then on a read_committed reader
+/// could read them all.
+pub(super) fn visible_at(samples: &[(Instant, Vec<i64>)], last: &[i64]) -> Option<Instant> {
+    samples
+        .iter()
+        .find(|(_, stable)| last.iter().zip(stable).all(|(l, s)| s > l))
+        .map(|(t, _)| *t)
 }
 
 pub(super) fn median(mut v: Vec<f64>) -> f64 {

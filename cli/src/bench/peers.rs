@@ -6,11 +6,15 @@
 //!
 //! Timing: a read_uncommitted reader marks the first output record (start-up excluded); a
 //! read_committed reader marks when all N are visible (the last commit included); rate = N ÷ the
-//! time between. Peak RSS: the process's `VmHWM` (Linux) just before it is stopped.
+//! time between. Visible: the same from the first output record until the output's last stable
+//! offsets (ListOffsets at read_committed, every 10 ms) pass the last record in every partition —
+//! without the reader's own time to read the last transaction once committed. Peak RSS: the
+//! process's `VmHWM` (Linux) just before it is stopped.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -60,6 +64,7 @@ pub(crate) struct PeersOptions<'a> {
 
 struct Measured {
     rate: f64,
+    visible: f64,
     startup_ms: u128,
     rss_mb: f64,
 }
@@ -89,30 +94,35 @@ pub(crate) async fn bench_peers(o: &PeersOptions<'_>, report: &mut Report) -> Re
         "Kafka-to-Kafka pass-through, {} records of {} B, parallelism {}, {} round(s), systems one after the other in each round, each its own process",
         o.records, o.size, o.parallelism, o.rounds
     );
-    println!("rate: records ÷ (a read_committed reader has them all − a read_uncommitted reader saw the first); start: process start to first output record; RSS: peak resident memory of the process");
+    println!("rate: records ÷ (a read_committed reader has them all − a read_uncommitted reader saw the first); visible: records ÷ (the last stable offsets pass the last record in every partition − the same first); start: process start to first output record; RSS: peak resident memory of the process");
     println!(
-        "{:<9} {:<6} {:<17} {:>10} {:>7} {:>9} {:>8}",
-        "interval", "round", "system", "records/s", "ratio", "start ms", "RSS MB"
+        "{:<9} {:<6} {:<17} {:>10} {:>7} {:>10} {:>7} {:>9} {:>8}",
+        "interval", "round", "system", "records/s", "ratio", "visible/s", "ratio", "start ms", "RSS MB"
     );
     for &interval in o.intervals {
         let label = humantime::format_duration(interval).to_string();
         let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); o.systems.len()];
+        let mut visible: Vec<Vec<f64>> = vec![Vec::new(); o.systems.len()];
         let mut rss: Vec<Vec<f64>> = vec![Vec::new(); o.systems.len()];
         for round in 1..=o.rounds.max(1) {
             let mut baseline = None;
             for (i, &system) in o.systems.iter().enumerate() {
                 let m = run_one(o, system, &input, interval, &java).await?;
-                let base = *baseline.get_or_insert(m.rate);
+                let (base, base_visible) = *baseline.get_or_insert((m.rate, m.visible));
                 let ratio = m.rate / base;
+                let visible_ratio = m.visible / base_visible;
                 ratios[i].push(ratio);
+                visible[i].push(visible_ratio);
                 rss[i].push(m.rss_mb);
                 println!(
-                    "{:<9} {:<6} {:<17} {:>10.0} {:>7.3} {:>9} {:>8.0}",
+                    "{:<9} {:<6} {:<17} {:>10.0} {:>7.3} {:>10.0} {:>7.3} {:>9} {:>8.0}",
                     label,
                     round,
                     system.name(),
                     m.rate,
                     ratio,
+                    m.visible,
+                    visible_ratio,
                     m.startup_ms,
                     m.rss_mb
                 );
@@ -122,6 +132,8 @@ pub(crate) async fn bench_peers(o: &PeersOptions<'_>, report: &mut Report) -> Re
                     &[
                         ("records_per_s", m.rate),
                         ("ratio_to_first", ratio),
+                        ("visible_records_per_s", m.visible),
+                        ("visible_ratio_to_first", visible_ratio),
                         ("startup_ms", m.startup_ms as f64),
                         ("peak_rss_mb", m.rss_mb),
                     ],
@@ -129,21 +141,27 @@ pub(crate) async fn bench_peers(o: &PeersOptions<'_>, report: &mut Report) -> Re
             }
         }
         for (i, &system) in o.systems.iter().enumerate() {
-            let (r, m) = (median(ratios[i].clone()), median(rss[i].clone()));
+            let (r, v, m) = (
+                median(ratios[i].clone()),
+                median(visible[i].clone()),
+                median(rss[i].clone()),
+            );
             println!(
-                "{:<9} {:<6} {:<17} {:>10} {:>7.3} {:>9} {:>8.0}",
+                "{:<9} {:<6} {:<17} {:>10} {:>7.3} {:>10} {:>7.3} {:>9} {:>8.0}",
                 label,
                 "median",
                 system.name(),
                 "",
                 r,
                 "",
+                v,
+                "",
                 m
             );
             report.row(
                 "peers",
                 &format!("{label} median {}", system.name()),
-                &[("ratio_to_first", r), ("peak_rss_mb", m)],
+                &[("ratio_to_first", r), ("visible_ratio_to_first", v), ("peak_rss_mb", m)],
             );
         }
     }
@@ -206,9 +224,17 @@ async fn run_one(
     let deadline = Duration::from_secs(900);
     let uncommitted = std::thread::spawn(move || verify(&b1, &o1, 1, 1, false, &AtomicU64::new(0), deadline));
     let committed = std::thread::spawn(move || verify(&b2, &o2, n, n, true, &AtomicU64::new(0), deadline));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (b3, o3, stop2) = (o.bootstrap.to_owned(), output.clone(), stop.clone());
+    let stable = std::thread::spawn(move || stable_offsets(&b3, &o3, &stop2));
     let start = Instant::now();
     let mut child = Guard(cmd.spawn().with_context(|| format!("starting {}", system.name()))?);
-    let wait = tokio::task::spawn_blocking(move || (uncommitted.join(), committed.join()));
+    let stop3 = stop.clone();
+    let wait = tokio::task::spawn_blocking(move || {
+        let r = (uncommitted.join(), committed.join());
+        stop3.store(true, Ordering::Relaxed);
+        r
+    });
     let mut wait = std::pin::pin!(wait);
     let (first, all) = loop {
         tokio::select! {
@@ -224,14 +250,22 @@ async fn run_one(
     };
     let rss_mb = peak_rss_kb(child.0.id()).unwrap_or(0) as f64 / 1024.0;
     drop(child);
+    stop.store(true, Ordering::Relaxed);
+    let stable = tokio::task::spawn_blocking(move || stable.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("stable offsets panicked"))??;
     let (first, all) = (
         first.map_err(|_| anyhow::anyhow!("reader panicked"))??,
         all.map_err(|_| anyhow::anyhow!("reader panicked"))??,
     );
+    let visible_at = visible_at(&stable, &all.last_offsets).ok_or_else(|| {
+        anyhow::anyhow!("the last stable offsets of {output} never passed the last records the reader saw")
+    })?;
     delete_topics(o.bootstrap, &[&output]).await;
     tokio::time::sleep(SETTLE).await;
     Ok(Measured {
         rate: n as f64 / all.marked.duration_since(first.first).as_secs_f64(),
+        visible: n as f64 / visible_at.duration_since(first.first).as_secs_f64(),
         startup_ms: first.first.duration_since(start).as_millis(),
         rss_mb,
     })
