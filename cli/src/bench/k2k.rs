@@ -1,7 +1,7 @@
 //! `exactly bench k2k`: Kafka-to-Kafka exactly-once and at-least-once vs a plain consume-produce
 //! loop (rates with a backlog, then end-to-end latency at a fixed rate).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -224,9 +224,7 @@ pub(super) async fn k2k_run(
         .map_err(|e| anyhow::anyhow!("metadata of {input}: {e}"))?;
     let start = Instant::now();
     // The output's last stable offsets, sampled until the read_committed reader has the backlog.
-    let stop = Arc::new(AtomicBool::new(false));
-    let (b, o, stop2) = (bootstrap.to_owned(), output.clone(), stop.clone());
-    let stable = std::thread::spawn(move || stable_offsets(&b, &o, &stop2));
+    let stable = StableOffsets::start(bootstrap, &output);
     let (b, o) = (bootstrap.to_owned(), output.clone());
     // read_committed, every record: when the backlog's last arrived, and the latencies.
     let seen = Arc::new(AtomicU64::new(0));
@@ -267,9 +265,7 @@ pub(super) async fn k2k_run(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    stop.store(true, Ordering::Relaxed);
-    let stable = tokio::task::spawn_blocking(move || stable.join().expect("stable offsets")).await??;
-    let visible_at = visible_at(&stable, &last_offsets);
+    let visible_at = stable.visible_at(last_offsets).await?;
     let interval = Duration::from_micros(1_000_000 / rate.max(1));
     let begin = Instant::now();
     for i in 0..rate * secs {

@@ -17,6 +17,7 @@
 //! consumers, the independent verifier); `k2k.rs`, `source.rs` and `mysql.rs` hold one each.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Result};
@@ -227,10 +228,45 @@ pub(super) fn verify(
     })
 }
 
-/// The last stable offset of each partition of `topic` (what a read_committed reader may read up
-/// to), sampled every 10 ms until `stop` is set, and once after: (when the answer came, one
-/// offset per partition). A sample whose question failed (a busy broker) is left out.
-pub(super) fn stable_offsets(bootstrap: &str, topic: &str, stop: &AtomicBool) -> Result<Vec<(Instant, Vec<i64>)>> {
+/// The last stable offsets of a topic's partitions (what a read_committed reader may read up to),
+/// sampled every 10 ms on a thread of their own from [`StableOffsets::start`] until
+/// [`StableOffsets::visible_at`].
+pub(super) struct StableOffsets {
+    stop: Arc<AtomicBool>,
+    samples: std::thread::JoinHandle<Result<Vec<Sample>>>,
+}
+
+/// When an answer came, and the last stable offset of each partition in it.
+type Sample = (Instant, Vec<i64>);
+
+impl StableOffsets {
+    pub(super) fn start(bootstrap: &str, topic: &str) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (b, t, s) = (bootstrap.to_owned(), topic.to_owned(), stop.clone());
+        StableOffsets {
+            stop,
+            samples: std::thread::spawn(move || sample(&b, &t, &s)),
+        }
+    }
+
+    /// Stops sampling (once everything was read, so the last sample shows it) and answers the
+    /// first sample in which every partition's last stable offset lay past `last` (the highest
+    /// offset of the records wanted there): from then on a read_committed reader could read them all.
+    pub(super) async fn visible_at(self, last: Vec<i64>) -> Result<Option<Instant>> {
+        self.stop.store(true, Ordering::Relaxed);
+        let samples = tokio::task::spawn_blocking(move || self.samples.join())
+            .await?
+            .map_err(|_| anyhow::anyhow!("the stable-offset sampler panicked"))??;
+        Ok(samples
+            .iter()
+            .find(|(_, stable)| last.iter().zip(stable).all(|(l, s)| s > l))
+            .map(|(t, _)| *t))
+    }
+}
+
+/// A [`Sample`] every 10 ms until `stop` is set, and once after. A sample whose question failed (a
+/// busy broker) is left out; the one after `stop` is asked up to three times.
+fn sample(bootstrap: &str, topic: &str, stop: &AtomicBool) -> Result<Vec<Sample>> {
     // Assigned nothing (it only asks); ListOffsets at its isolation level answers the last stable offset.
     let mut cfg = ClientConfig::new();
     for (k, v) in client_overrides("BENCH_PLAIN_CLIENT") {
@@ -242,8 +278,8 @@ pub(super) fn stable_offsets(bootstrap: &str, topic: &str, stop: &AtomicBool) ->
         .set("isolation.level", "read_committed")
         .create()?;
     let mut samples = Vec::new();
+    let mut final_tries = 0;
     loop {
-        // One more sample after `stop`: it is set once a reader had everything, so that one shows it.
         let stopping = stop.load(Ordering::Relaxed);
         let offsets: Result<Vec<i64>, _> = (0..PARTITIONS)
             .map(|p| {
@@ -251,25 +287,20 @@ pub(super) fn stable_offsets(bootstrap: &str, topic: &str, stop: &AtomicBool) ->
                     .map(|(_, stable)| stable)
             })
             .collect();
+        let answered = offsets.is_ok();
         if let Ok(offsets) = offsets {
             samples.push((Instant::now(), offsets));
         }
         if stopping {
-            break;
+            final_tries += 1;
+            if answered || final_tries == 3 {
+                break;
+            }
+        } else {
+            std::thread::sleep(Duration::from_millis(10));
         }
-        std::thread::sleep(Duration::from_millis(10));
     }
     Ok(samples)
-}
-
-/// The first sample of [`stable_offsets`] in which every partition's last stable offset lies past
-/// `last` (the highest offset of the records wanted there): from then on a read_committed reader
-/// could read them all.
-pub(super) fn visible_at(samples: &[(Instant, Vec<i64>)], last: &[i64]) -> Option<Instant> {
-    samples
-        .iter()
-        .find(|(_, stable)| last.iter().zip(stable).all(|(l, s)| s > l))
-        .map(|(t, _)| *t)
 }
 
 pub(super) fn median(mut v: Vec<f64>) -> f64 {
@@ -291,7 +322,7 @@ pub(super) fn job_config_every(dir: &std::path::Path, interval: Duration) -> Job
 }
 
 /// A table job (`bench mysql`, `bench postgres`) that stops making progress this long fails.
-pub(super) const STALL: Duration = Duration::from_secs(120);
+const STALL: Duration = Duration::from_secs(120);
 
 /// Rows/s of a job moving the `n` records of `topic` into `table`: from `start` until the job's
 /// source has committed all `n` offsets ([`wait_consumed`]) and `count` (the table's rows) has

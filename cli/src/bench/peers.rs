@@ -13,8 +13,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -224,17 +223,10 @@ async fn run_one(
     let deadline = Duration::from_secs(900);
     let uncommitted = std::thread::spawn(move || verify(&b1, &o1, 1, 1, false, &AtomicU64::new(0), deadline));
     let committed = std::thread::spawn(move || verify(&b2, &o2, n, n, true, &AtomicU64::new(0), deadline));
-    let stop = Arc::new(AtomicBool::new(false));
-    let (b3, o3, stop2) = (o.bootstrap.to_owned(), output.clone(), stop.clone());
-    let stable = std::thread::spawn(move || stable_offsets(&b3, &o3, &stop2));
+    let stable = StableOffsets::start(o.bootstrap, &output);
     let start = Instant::now();
     let mut child = Guard(cmd.spawn().with_context(|| format!("starting {}", system.name()))?);
-    let stop3 = stop.clone();
-    let wait = tokio::task::spawn_blocking(move || {
-        let r = (uncommitted.join(), committed.join());
-        stop3.store(true, Ordering::Relaxed);
-        r
-    });
+    let wait = tokio::task::spawn_blocking(move || (uncommitted.join(), committed.join()));
     let mut wait = std::pin::pin!(wait);
     let (first, all) = loop {
         tokio::select! {
@@ -250,15 +242,11 @@ async fn run_one(
     };
     let rss_mb = peak_rss_kb(child.0.id()).unwrap_or(0) as f64 / 1024.0;
     drop(child);
-    stop.store(true, Ordering::Relaxed);
-    let stable = tokio::task::spawn_blocking(move || stable.join())
-        .await?
-        .map_err(|_| anyhow::anyhow!("stable offsets panicked"))??;
     let (first, all) = (
         first.map_err(|_| anyhow::anyhow!("reader panicked"))??,
         all.map_err(|_| anyhow::anyhow!("reader panicked"))??,
     );
-    let visible_at = visible_at(&stable, &all.last_offsets).ok_or_else(|| {
+    let visible_at = stable.visible_at(all.last_offsets).await?.ok_or_else(|| {
         anyhow::anyhow!("the last stable offsets of {output} never passed the last records the reader saw")
     })?;
     delete_topics(o.bootstrap, &[&output]).await;
