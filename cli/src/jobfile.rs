@@ -834,6 +834,28 @@ delivery = { type = "exactly_once", transactional_id_prefix = "orders" }
     }
 
     #[test]
+    fn when_caught_up_takes_a_flag_or_a_name_and_defaults_to_after_backlog() {
+        use exactly_core::coordinator::WhenCaughtUp;
+        let when = |line: &str| {
+            parse(&GOOD.replace("timeout = \"30s\"", &format!("timeout = \"30s\"\n{line}")))
+                .map(|j| j.file.checkpoints.expect("checkpoints").when_caught_up)
+        };
+        assert_eq!(when("").unwrap(), WhenCaughtUp::AfterBacklog);
+        for (line, expected) in [
+            ("when_caught_up = false", WhenCaughtUp::Never),
+            ("when_caught_up = true", WhenCaughtUp::Always),
+            ("when_caught_up = \"never\"", WhenCaughtUp::Never),
+            ("when_caught_up = \"after-backlog\"", WhenCaughtUp::AfterBacklog),
+            ("when_caught_up = \"always\"", WhenCaughtUp::Always),
+        ] {
+            assert_eq!(when(line).unwrap(), expected, "{line}");
+        }
+        let e = when("when_caught_up = \"backlog\"").unwrap_err();
+        assert_eq!(e.line, Some(10), "{e}");
+        assert!(e.message.contains(r#"false, "after-backlog" or true"#), "{e}");
+    }
+
+    #[test]
     fn an_unknown_field_names_its_line() {
         let src = GOOD.replace("group_id = \"g\"", "group_id = \"g\"\ngroupid = \"h\"");
         let e = parse(&src).unwrap_err();

@@ -857,5 +857,62 @@ async fn a_source_under_steady_traffic_reports_caught_up() -> Result<()> {
         caught_up > 0,
         "no CaughtUp in 4 s of steady traffic ({read} records read); statuses: {statuses:?}"
     );
+    // Traffic it keeps up with is no backlog: no early checkpoint by default for it.
+    assert!(
+        !statuses.contains_key("Backlog"),
+        "Backlog under steady traffic ({read} records read); statuses: {statuses:?}"
+    );
+    Ok(())
+}
+
+/// A topic filled before the source starts is a backlog: its polls take whole batches already
+/// fetched and say `Backlog` (what `when_caught_up = "after-backlog"`, the default, checkpoints
+/// after), until the source has read it all — then no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_reading_a_filled_topic_reports_backlog_until_it_has_read_it() -> Result<()> {
+    use exactly_core::runtime::{InitContext, Source, SourceStatus};
+
+    let env = TestEnv::get().await?;
+    let topic = unique("backlog");
+    create_topic(env, &topic, 2).await?;
+    let n = 50_000usize;
+    let records: Vec<(String, String)> = (0..n).map(|i| (i.to_string(), format!("value-{i:06}"))).collect();
+    produce(env, &topic, &records)?;
+    let mut config = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));
+    config.start = StartPosition::Earliest;
+    let batch = config.poll_batch;
+    let mut source = KafkaSource::new(config, RawBytes);
+    let info = subtask_info("backlog");
+    source.initialize_state(&InitContext::new(&info, None)).await?;
+    let mut out = Vec::new();
+    let (mut read, mut backlog, mut after) = (0usize, 0usize, BTreeMap::<String, usize>::new());
+    let until = std::time::Instant::now() + T;
+    // Read the backlog, then 2 s more with nothing new.
+    let mut done: Option<std::time::Instant> = None;
+    while done.is_none_or(|d| d.elapsed() < Duration::from_secs(2)) && std::time::Instant::now() < until {
+        let status = source.poll_next(&mut out).await?;
+        if status == SourceStatus::Backlog {
+            assert_eq!(out.len(), batch, "a Backlog poll brings a whole batch");
+        }
+        read += out.len();
+        out.clear();
+        if done.is_some() {
+            *after.entry(format!("{status:?}")).or_default() += 1;
+        } else {
+            backlog += usize::from(status == SourceStatus::Backlog);
+            if read >= n {
+                done = Some(std::time::Instant::now());
+            }
+        }
+    }
+    assert_eq!(read, n, "the source read {read} of {n} records in {T:?}");
+    assert!(
+        backlog * batch >= n / 2,
+        "only {backlog} Backlog polls of {batch} while reading {n} records that were waiting"
+    );
+    assert!(
+        !after.contains_key("Backlog"),
+        "Backlog after the topic was read to its end; statuses then: {after:?}"
+    );
     Ok(())
 }

@@ -506,10 +506,10 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
 
     /// Appends up to `poll_batch` records: takes what the client has already fetched, in one
     /// call; if nothing is there, waits (asynchronously, briefly) for the fetch queue to fill.
-    /// Returns whether it had to wait and less than a batch came: everything fetched was read
-    /// and the next fetch brought only a little — caught up with the input, not reading a
-    /// backlog (whose fetches bring a batch or more at a time).
-    async fn poll_batch(&mut self, out: &mut Vec<T>) -> Result<bool> {
+    /// Returns `Backlog` if it took a whole batch (reading a backlog, whose fetches bring a batch
+    /// or more at a time), else `CaughtUp` if it had to wait first (everything fetched was read
+    /// and the next fetch brought only a little: caught up with the input), else `More`.
+    async fn poll_batch(&mut self, out: &mut Vec<T>) -> Result<SourceStatus> {
         self.serve_consumer_queue()?;
         let limit = self.config.poll_batch;
         let dead_letters = matches!(self.config.on_deserialization_error, PoisonPolicy::DeadLetter { .. });
@@ -519,11 +519,16 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         // An error librdkafka will not retry past: the attempt fails (never a silent stall).
         let mut failed = None;
         let mut batch = std::mem::take(&mut self.batch);
-        let mut caught_up = false;
+        let mut status = SourceStatus::More;
         {
             let fetch = self.fetch.as_ref().expect("initialized");
-            if batch.fill(fetch, limit) == 0 && tokio::time::timeout(IDLE_WAIT, fetch.readable()).await.is_ok() {
-                caught_up = batch.fill(fetch, limit) < limit;
+            let mut got = batch.fill(fetch, limit);
+            if got == 0 && tokio::time::timeout(IDLE_WAIT, fetch.readable()).await.is_ok() {
+                got = batch.fill(fetch, limit);
+                status = SourceStatus::CaughtUp;
+            }
+            if got == limit {
+                status = SourceStatus::Backlog;
             }
             let positions = &mut self.positions;
             let deserializer = &self.deserializer;
@@ -601,7 +606,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             self.poison(raw, reason)?;
         }
         self.metrics.records.fetch_add(out.len() as u64, Ordering::Relaxed);
-        Ok(caught_up)
+        Ok(status)
     }
 }
 
@@ -631,14 +636,8 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
             tokio::time::sleep(IDLE_WAIT).await;
             return Ok(SourceStatus::Idle);
         }
-        let caught_up = self.poll_batch(out).await?;
-        Ok(if out.is_empty() {
-            SourceStatus::Idle
-        } else if caught_up {
-            SourceStatus::CaughtUp
-        } else {
-            SourceStatus::More
-        })
+        let status = self.poll_batch(out).await?;
+        Ok(if out.is_empty() { SourceStatus::Idle } else { status })
     }
 
     async fn snapshot_state(&mut self, ctx: &mut SnapshotContext) -> exactly_core::Result<()> {

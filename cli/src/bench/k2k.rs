@@ -9,6 +9,7 @@ use anyhow::Result;
 
 use super::kafka::*;
 use super::{BenchOptions, Report};
+use exactly_core::coordinator::WhenCaughtUp;
 use exactly_core::runtime::{JobBuilder, JobHandle};
 use exactly_kafka_sink::{DeliveryGuarantee, KafkaSink, KafkaSinkConfig, ProducerRecord};
 use exactly_kafka_source::{KafkaRecord, KafkaSource, KafkaSourceConfig, RawBytes};
@@ -33,7 +34,7 @@ pub(super) fn k2k_job(
     pipeline: Pipeline,
 ) -> JobHandle {
     let delivery = match pipeline.mode {
-        K2k::ExactlyOnce | K2k::ExactlyOnceCaughtUp => DeliveryGuarantee::ExactlyOnce {
+        K2k::ExactlyOnce(_) => DeliveryGuarantee::ExactlyOnce {
             transactional_id_prefix: unique("bench"),
             pool_size: 3,
             max_pool_size: exactly_kafka_sink::DEFAULT_MAX_POOL_SIZE,
@@ -45,8 +46,8 @@ pub(super) fn k2k_job(
     let mut sink = KafkaSinkConfig::new(bootstrap, output, delivery);
     sink.client.extend(client_overrides("BENCH_SINK_CLIENT"));
     let mut config = job_config_every(dir, pipeline.interval);
-    if let Some(c) = config.checkpointing.as_mut() {
-        c.when_caught_up = pipeline.mode == K2k::ExactlyOnceCaughtUp;
+    if let (Some(c), K2k::ExactlyOnce(when)) = (config.checkpointing.as_mut(), pipeline.mode) {
+        c.when_caught_up = when;
     }
     let mut job = JobBuilder::new(config);
     job.source("in", pipeline.parallelism, move |_| {
@@ -151,9 +152,8 @@ pub(super) enum K2k {
     /// The plain loop with a transaction per checkpoint interval.
     PlainTransactional,
     AtLeastOnce,
-    ExactlyOnce,
-    /// Exactly-once with `checkpoint.when_caught_up`.
-    ExactlyOnceCaughtUp,
+    /// Exactly-once with this `checkpoint.when_caught_up`.
+    ExactlyOnce(WhenCaughtUp),
 }
 
 /// A mode of `bench k2k` measured against the plain loop (which always runs first).
@@ -164,9 +164,12 @@ pub enum K2kMode {
     PlainTransactional,
     /// The Kafka sink at-least-once (idempotent producer, flushed at every barrier).
     AtLeastOnce,
-    /// The Kafka sink exactly-once (transactions committed at checkpoint completion).
+    /// The Kafka sink exactly-once (transactions committed at checkpoint completion), checkpoints
+    /// as configured by default (at the interval, and once the source caught up after a backlog).
     ExactlyOnce,
-    /// Exactly-once with `[checkpoints] when_caught_up = true`.
+    /// Exactly-once with `[checkpoints] when_caught_up = false`: at the interval only.
+    ExactlyOnceInterval,
+    /// Exactly-once with `[checkpoints] when_caught_up = true`: also whenever the source caught up.
     ExactlyOnceCaughtUp,
 }
 
@@ -175,8 +178,9 @@ impl K2kMode {
         match self {
             K2kMode::PlainTransactional => (K2k::PlainTransactional, "plain transactional"),
             K2kMode::AtLeastOnce => (K2k::AtLeastOnce, "at-least-once"),
-            K2kMode::ExactlyOnce => (K2k::ExactlyOnce, "exactly-once"),
-            K2kMode::ExactlyOnceCaughtUp => (K2k::ExactlyOnceCaughtUp, "exactly-once caught-up"),
+            K2kMode::ExactlyOnce => (K2k::ExactlyOnce(WhenCaughtUp::AfterBacklog), "exactly-once"),
+            K2kMode::ExactlyOnceInterval => (K2k::ExactlyOnce(WhenCaughtUp::Never), "exactly-once interval"),
+            K2kMode::ExactlyOnceCaughtUp => (K2k::ExactlyOnce(WhenCaughtUp::Always), "exactly-once caught-up"),
         }
     }
 }
@@ -316,7 +320,7 @@ pub(crate) async fn bench_k2k(bootstrap: &str, n: u64, o: &BenchOptions, report:
         1 => "one subtask".to_owned(),
         p => format!("{p} subtasks"),
     };
-    println!("Kafka-to-Kafka pass-through, {PARTITIONS} partitions, {subtasks} (--parallelism; the plain loop is one loop), checkpoints every --intervals (record column: size and interval), {n} records backlog, then 5 s at 2000 records/s; {rounds} round(s), the modes one after the other in each (exactly-once caught-up: with checkpoint.when_caught_up)");
+    println!("Kafka-to-Kafka pass-through, {PARTITIONS} partitions, {subtasks} (--parallelism; the plain loop is one loop), checkpoints every --intervals (record column: size and interval), {n} records backlog, then 5 s at 2000 records/s; {rounds} round(s), the modes one after the other in each (exactly-once: checkpoints by default, at the interval and once the source caught up after a backlog; interval: when_caught_up = false; caught-up: when_caught_up = true)");
     println!("written/s: a read_uncommitted reader's rate from its first record to the backlog's last (the pipeline's rate); start: job start to first record written; committed/s: job start until a read_committed reader has the backlog (start-up and, exactly-once, the last commit included); timed/s: from the first record written until a read_committed reader has the backlog (start-up excluded, the last commit included: how `bench peers` times every system); visible/s: from the same first record until the output's last stable offsets (ListOffsets at read_committed, every 10 ms) pass the backlog's last record in every partition (timed/s without the reader's own time to read the last transaction once committed)");
     println!(
         "{:<14} {:<6} {:<22} {:>10} {:>7} {:>8} {:>11} {:>7} {:>10} {:>7} {:>10} {:>7} {:>7} {:>7}",

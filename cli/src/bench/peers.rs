@@ -27,8 +27,11 @@ pub enum Peer {
     /// One rdkafka consumer and one idempotent producer in a loop (no guarantee beyond
     /// at-least-once): the baseline.
     Plain,
-    /// `exactly run` on a pass-through job file, exactly-once Kafka sink.
+    /// `exactly run` on a pass-through job file, exactly-once Kafka sink, checkpoints as
+    /// configured by default (at the interval, and once the source caught up after a backlog).
     Exactly,
+    /// The same with `[checkpoints] when_caught_up = false`: at the interval only, as Flink.
+    ExactlyInterval,
     /// The same with `[checkpoints] when_caught_up = true`.
     ExactlyCaughtUp,
     /// Kafka Streams, processing.guarantee=exactly_once_v2, commit.interval.ms = the interval.
@@ -42,6 +45,7 @@ impl Peer {
         match self {
             Peer::Plain => "plain loop",
             Peer::Exactly => "exactly",
+            Peer::ExactlyInterval => "exactly interval",
             Peer::ExactlyCaughtUp => "exactly caught-up",
             Peer::KafkaStreams => "kafka streams",
             Peer::Flink => "flink",
@@ -190,9 +194,13 @@ async fn run_one(
                 .args(["--input", input, "--output", &output]);
             c
         }
-        Peer::Exactly | Peer::ExactlyCaughtUp => {
+        Peer::Exactly | Peer::ExactlyInterval | Peer::ExactlyCaughtUp => {
             let job = dir.path().join("job.toml");
-            let caught_up = system == Peer::ExactlyCaughtUp;
+            let caught_up = match system {
+                Peer::ExactlyInterval => "false",
+                Peer::ExactlyCaughtUp => "true",
+                _ => "\"after-backlog\"",
+            };
             std::fs::write(
                 &job,
                 job_file(o.bootstrap, input, &output, &id, &ms, &p, dir.path(), caught_up),
@@ -277,7 +285,8 @@ fn peak_rss_kb(pid: u32) -> Option<u64> {
 }
 
 /// A pass-through job file: no transforms (records are copied as they are), an exactly-once
-/// Kafka sink, checkpoints every `ms` (and when the source caught up, with `caught_up`).
+/// Kafka sink, checkpoints every `ms` (and when the source caught up, as `caught_up` says: the
+/// TOML value of `when_caught_up`).
 #[allow(clippy::too_many_arguments)]
 fn job_file(
     bootstrap: &str,
@@ -287,7 +296,7 @@ fn job_file(
     ms: &str,
     p: &str,
     dir: &Path,
-    caught_up: bool,
+    caught_up: &str,
 ) -> String {
     format!(
         r#"[job]

@@ -29,6 +29,53 @@ impl CheckpointingMode {
     }
 }
 
+/// When a checkpoint comes before its interval because every live source has caught up with
+/// its input (found nothing new, or less than a batch, after a brief wait) — never sooner than a
+/// tenth of `interval` after the previous trigger. The output read so far then commits (becomes
+/// visible to read_committed readers) at once instead of up to one interval later. In a job
+/// file: `false` (never), `"after-backlog"` (the default) or `true` (always).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WhenCaughtUp {
+    /// At the interval only, as Flink checkpoints.
+    Never,
+    /// Once a source has read a backlog for at least a tenth of the interval — from a poll that
+    /// took a full batch (`SourceStatus::Backlog`) until it caught up — and every source has
+    /// caught up since the last checkpoint: at the end of a backlog (after a restart, an outage
+    /// upstream, a large burst) the output commits at once. Traffic the job keeps up with is
+    /// caught up within moments of any full batch, so it checkpoints at the interval only.
+    #[default]
+    AfterBacklog,
+    /// Whenever every source has caught up after reading records since the last checkpoint.
+    /// Under traffic slower than the job, that is every tenth of the interval: lower latency to
+    /// read_committed readers for ten times as many checkpoints (and transactions).
+    Always,
+}
+
+impl<'de> Deserialize<'de> for WhenCaughtUp {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = WhenCaughtUp;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(r#"false, "after-backlog" or true ("never" and "always" also name false and true)"#)
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> std::result::Result<WhenCaughtUp, E> {
+                Ok(if v { WhenCaughtUp::Always } else { WhenCaughtUp::Never })
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<WhenCaughtUp, E> {
+                match v {
+                    "never" => Ok(WhenCaughtUp::Never),
+                    "after-backlog" => Ok(WhenCaughtUp::AfterBacklog),
+                    "always" => Ok(WhenCaughtUp::Always),
+                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
+                }
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
 fn default_interval() -> Duration {
     Duration::from_secs(10)
 }
@@ -73,13 +120,10 @@ pub struct CheckpointConfig {
     /// Least time between the end of one checkpoint and the start of the next.
     #[serde(default = "default_min_pause", with = "humantime_serde")]
     pub min_pause: Duration,
-    /// Also checkpoint as soon as every live source has caught up with its input (a poll found
-    /// nothing new) after reading records since the last checkpoint — at the end of a burst or
-    /// of a backlog the output commits without waiting for the rest of the interval — but no
-    /// sooner than a tenth of `interval` after the previous trigger. Off by default: checkpoints
-    /// at the interval only, as Flink takes them.
+    /// Whether to checkpoint before the interval once every live source has caught up with its
+    /// input (see [`WhenCaughtUp`]; by default after reading a backlog).
     #[serde(default)]
-    pub when_caught_up: bool,
+    pub when_caught_up: WhenCaughtUp,
     /// A checkpoint not complete after this long is aborted.
     #[serde(default = "default_timeout", with = "humantime_serde")]
     pub timeout: Duration,
@@ -114,7 +158,7 @@ impl CheckpointConfig {
             dir: dir.into(),
             interval: default_interval(),
             min_pause: default_min_pause(),
-            when_caught_up: false,
+            when_caught_up: WhenCaughtUp::default(),
             timeout: default_timeout(),
             max_concurrent: default_max_concurrent(),
             tolerable_failures: default_tolerable_failures(),

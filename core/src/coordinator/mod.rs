@@ -8,7 +8,7 @@ mod config;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-pub use config::{CheckpointConfig, CheckpointingMode};
+pub use config::{CheckpointConfig, CheckpointingMode, WhenCaughtUp};
 
 use crate::checkpoint::{CheckpointMetadata, OperatorSnapshot, SubtaskSnapshot, METADATA_VERSION};
 use crate::error::{CoreError, Result};

@@ -273,6 +273,13 @@ pub enum SourceStatus {
     /// Like `Idle` this counts as caught up for `CheckpointConfig::when_caught_up`: under steady
     /// traffic a source may never find nothing for the whole of its brief wait.
     CaughtUp,
+    /// Records, a full batch: the source is behind, reading a backlog (the Kafka source: it took
+    /// a whole `poll_batch` from what was fetched). Otherwise as `More`. A backlog read — from a
+    /// poll saying `Backlog` until the next saying `Idle` or `CaughtUp` — that lasted a tenth of
+    /// the checkpoint interval makes the time every source has caught up a checkpoint
+    /// (`WhenCaughtUp::AfterBacklog`, the default); a source that never says `Backlog` is
+    /// checkpointed at the interval.
+    Backlog,
     /// The source is exhausted (bounded input).
     End,
 }

@@ -14,8 +14,8 @@ use tracing::{debug, info, warn};
 use super::chain::Notification;
 use super::executor::{now_ms, Command, Job, RunEnd, Spawner};
 use super::restore::RestorePlan;
-use super::task::{Control, TaskEvent};
-use crate::coordinator::{Acknowledged, CheckpointConfig, CheckpointCoordinator, PendingCheckpoint};
+use super::task::{CaughtUp, Control, TaskEvent};
+use crate::coordinator::{Acknowledged, CheckpointConfig, CheckpointCoordinator, PendingCheckpoint, WhenCaughtUp};
 use crate::error::{CoreError, Result};
 use crate::message::{CheckpointBarrier, CheckpointId, SnapshotKind};
 use crate::restart::RestartTracker;
@@ -51,9 +51,9 @@ pub(super) struct Run<'a> {
     pub(super) completed: &'a mut u64,
     pub(super) last_id: &'a mut CheckpointId,
     /// The latest checkpoint triggered in this run, and the sources that caught up with their
-    /// input since its barrier (whether they read records before): `when_caught_up`.
+    /// input since its barrier (with what they read before): `when_caught_up`.
     pub(super) triggered: Option<CheckpointId>,
-    pub(super) caught_up: BTreeMap<usize, bool>,
+    pub(super) caught_up: BTreeMap<usize, CaughtUp>,
 }
 
 impl Run<'_> {
@@ -159,13 +159,23 @@ impl Run<'_> {
     }
 
     /// Whether every live source caught up with its input since the latest barrier, some after
-    /// reading records (so a checkpoint now commits them), with `when_caught_up` on.
+    /// reading records (so a checkpoint now commits them) — and, by default, some after reading
+    /// a backlog for a tenth of the interval: `when_caught_up`.
     fn caught_up(&self) -> bool {
-        self.config().is_some_and(|c| c.when_caught_up)
-            && self.caught_up.values().any(|read| *read)
-            && (0..self.controls.len())
-                .filter(|t| self.sources[*t] && !self.ended.contains(t))
-                .all(|t| self.caught_up.contains_key(&t))
+        let Some(c) = self.config() else {
+            return false;
+        };
+        let read = match c.when_caught_up {
+            WhenCaughtUp::Never => return false,
+            WhenCaughtUp::AfterBacklog => {
+                let long = c.interval / 10;
+                self.caught_up.values().any(|u| u.read && u.backlog >= long)
+            }
+            WhenCaughtUp::Always => self.caught_up.values().any(|u| u.read),
+        };
+        read && (0..self.controls.len())
+            .filter(|t| self.sources[*t] && !self.ended.contains(t))
+            .all(|t| self.caught_up.contains_key(&t))
     }
 
     /// Starts a checkpoint: barriers at live sources, direct snapshots at ended tasks.
@@ -231,9 +241,9 @@ impl Run<'_> {
                     self.abort(b, &reason).await?;
                 }
             }
-            TaskEvent::CaughtUp { task, after, read } => {
+            TaskEvent::CaughtUp { task, after, caught } => {
                 if after == self.triggered {
-                    self.caught_up.insert(task, read);
+                    self.caught_up.insert(task, caught);
                     if self.caught_up() {
                         self.on_timer().await?;
                     }

@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
@@ -50,13 +50,24 @@ pub(crate) enum TaskEvent {
     /// The task processed its end of input (it stays to snapshot and hear notifications).
     Ended { task: usize },
     /// (Sources) a poll found nothing new: caught up with the input, after the barrier of
-    /// checkpoint `after` (`None`: before any in this run); `read` says whether records were read
-    /// since that barrier. Sent once per barrier and again after each new record.
+    /// checkpoint `after` (`None`: before any in this run). Sent once per barrier and again
+    /// when what it says about the time since changes.
     CaughtUp {
         task: usize,
         after: Option<CheckpointId>,
-        read: bool,
+        caught: CaughtUp,
     },
+}
+
+/// What a source read before it caught up, since the latest barrier.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct CaughtUp {
+    /// Records were read.
+    pub(crate) read: bool,
+    /// The longest backlog read that ended since the barrier: from a poll saying
+    /// `SourceStatus::Backlog` (which may have come before the barrier) until the source next
+    /// caught up (`Idle` or `CaughtUp`).
+    pub(crate) backlog: Duration,
 }
 
 /// Everything a task needs from the run it belongs to.
@@ -293,10 +304,13 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
         let mut last_watermark: Option<Watermark> = None;
         let mut idle = false;
         let mut acks = WaitingAcks::default();
-        // For the coordinator's checkpoints when the sources caught up (`when_caught_up`).
+        // For the coordinator's checkpoints when the sources caught up (`when_caught_up`): what
+        // was read since the barrier of `after`, whether the coordinator was told so, and since
+        // when the source has been reading a backlog (a poll said `Backlog`, none caught up since).
         let mut after: Option<CheckpointId> = None;
-        let mut read = false;
+        let mut caught = CaughtUp::default();
         let mut told = false;
+        let mut backlog_since: Option<Instant> = None;
         loop {
             parts.send_ready(&mut acks).await?;
             let control = if ended || stopped {
@@ -317,7 +331,7 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
             if let Some(c) = control {
                 match c {
                     Control::Trigger { barrier, stop } => {
-                        (after, read, told) = (Some(barrier.id), false, false);
+                        (after, caught, told) = (Some(barrier.id), CaughtUp::default(), false);
                         let snapshot = source_snapshot(&info, &mut source, barrier).await?;
                         parts
                             .checkpoint(&mut acks, &mut chain, barrier, snapshot, !ended)
@@ -348,16 +362,30 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
                 idle = false;
                 // The coordinator needs one event since the barrier saying records were read;
                 // telling it again after every poll would only repeat that.
-                if !read {
-                    (read, told) = (true, false);
+                if !caught.read {
+                    (caught.read, told) = (true, false);
                 }
+            }
+            match status {
+                SourceStatus::Backlog => {
+                    backlog_since.get_or_insert_with(Instant::now);
+                }
+                SourceStatus::Idle | SourceStatus::CaughtUp => {
+                    if let Some(since) = backlog_since.take() {
+                        let run = since.elapsed();
+                        if run > caught.backlog {
+                            (caught.backlog, told) = (run, false);
+                        }
+                    }
+                }
+                SourceStatus::More | SourceStatus::End => {}
             }
             if matches!(status, SourceStatus::Idle | SourceStatus::CaughtUp) && !told {
                 told = true;
                 parts.send(TaskEvent::CaughtUp {
                     task: parts.task_id,
                     after,
-                    read,
+                    caught,
                 });
             }
             for r in buf.drain(..) {

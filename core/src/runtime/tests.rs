@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::*;
-use crate::coordinator::CheckpointConfig;
+use crate::coordinator::{CheckpointConfig, WhenCaughtUp};
 use crate::error::{CoreError, ErrorClass};
 use crate::message::CheckpointId;
 use crate::state::{hash_key, KeyedContext, ValueState};
@@ -914,9 +914,11 @@ fn a_fan_out_branch_without_a_sink_is_refused() {
     }
 }
 
-/// Emits its numbers at once, then finds nothing new (a backlog read to its end).
+/// Emits its numbers at once, then finds nothing new (a burst read to its end); says `status`
+/// with them.
 struct Burst {
     left: Vec<u64>,
+    status: SourceStatus,
 }
 
 impl Source<u64> for Burst {
@@ -926,7 +928,37 @@ impl Source<u64> for Burst {
             return Ok(SourceStatus::Idle);
         }
         out.append(&mut self.left);
-        Ok(SourceStatus::More)
+        Ok(self.status)
+    }
+}
+
+/// A backlog: 10 numbers every 10 ms, each poll saying `Backlog`, for `reading`; then nothing new.
+struct Backlogged {
+    next: u64,
+    step: u64,
+    until: Option<std::time::Instant>,
+    reading: Duration,
+}
+
+impl Source<u64> for Backlogged {
+    async fn poll_next(&mut self, out: &mut Vec<u64>) -> crate::Result<SourceStatus> {
+        let until = *self
+            .until
+            .get_or_insert_with(|| std::time::Instant::now() + self.reading);
+        tokio::time::sleep(Duration::from_millis(if std::time::Instant::now() < until {
+            10
+        } else {
+            5
+        }))
+        .await;
+        if std::time::Instant::now() >= until {
+            return Ok(SourceStatus::Idle);
+        }
+        for _ in 0..10 {
+            out.push(self.next);
+            self.next += self.step;
+        }
+        Ok(SourceStatus::Backlog)
     }
 }
 
@@ -934,7 +966,7 @@ impl Source<u64> for Burst {
 /// the numbers committed and the checkpoints completed once `until` holds or `limit` passed.
 async fn two_sources_until<S: Source<u64> + 'static>(
     source: impl Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
-    when_caught_up: bool,
+    when_caught_up: WhenCaughtUp,
     limit: Duration,
     until: impl Fn(usize) -> bool,
 ) -> (usize, u64) {
@@ -967,9 +999,10 @@ async fn two_sources_until<S: Source<u64> + 'static>(
 }
 
 /// A burst of 1 000 numbers over two source subtasks, then idleness (see `two_sources_until`).
-async fn burst_then_idle(when_caught_up: bool, limit: Duration, until: impl Fn(usize) -> bool) -> (usize, u64) {
+async fn burst_then_idle(when_caught_up: WhenCaughtUp, limit: Duration, until: impl Fn(usize) -> bool) -> (usize, u64) {
     let burst = |info: &SubtaskInfo| Burst {
         left: (0..1_000).filter(|n| n % 2 == u64::from(info.index)).collect(),
+        status: SourceStatus::More,
     };
     two_sources_until(burst, when_caught_up, limit, until).await
 }
@@ -977,12 +1010,12 @@ async fn burst_then_idle(when_caught_up: bool, limit: Duration, until: impl Fn(u
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_when_caught_up_a_burst_commits_before_the_interval_and_idleness_triggers_nothing_more() {
     // Early checkpoints wait a tenth of the 20 s interval: the burst commits after ≈2 s.
-    let (committed, checkpoints) = burst_then_idle(true, Duration::from_secs(15), |n| n == 1_000).await;
+    let (committed, checkpoints) = burst_then_idle(WhenCaughtUp::Always, Duration::from_secs(15), |n| n == 1_000).await;
     assert_eq!(committed, 1_000, "the burst committed by an early checkpoint");
     assert_eq!(checkpoints, 1, "one checkpoint for the burst");
     // Caught up with nothing read since: no checkpoint storm (watched for 5 s, two and a half
     // times the early trigger's minimum distance).
-    let (committed, checkpoints) = burst_then_idle(true, Duration::from_secs(7), |_| false).await;
+    let (committed, checkpoints) = burst_then_idle(WhenCaughtUp::Always, Duration::from_secs(7), |_| false).await;
     assert_eq!(
         (committed, checkpoints),
         (1_000, 1),
@@ -1014,7 +1047,7 @@ async fn with_when_caught_up_sources_that_report_caught_up_with_records_commit_b
         next: u64::from(info.index),
         step: 2,
     };
-    let (n, checkpoints) = two_sources_until(trickle, true, Duration::from_secs(10), |n| n > 0).await;
+    let (n, checkpoints) = two_sources_until(trickle, WhenCaughtUp::Always, Duration::from_secs(10), |n| n > 0).await;
     assert!(
         n > 0 && checkpoints > 0,
         "nothing committed in 10 s of a 20 s interval ({checkpoints} checkpoints)"
@@ -1023,10 +1056,79 @@ async fn with_when_caught_up_sources_that_report_caught_up_with_records_commit_b
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_when_caught_up_a_burst_waits_for_the_interval() {
-    let (committed, checkpoints) = burst_then_idle(false, Duration::from_secs(5), |_| false).await;
+    let (committed, checkpoints) = burst_then_idle(WhenCaughtUp::Never, Duration::from_secs(5), |_| false).await;
     assert_eq!(
         (committed, checkpoints),
         (0, 0),
         "nothing commits before the 20 s interval"
     );
+}
+
+/// Two subtasks reading a backlog for `reading` (see `Backlogged`), with `when_caught_up`.
+async fn backlog_then_idle(
+    reading: Duration,
+    when_caught_up: WhenCaughtUp,
+    limit: Duration,
+    until: impl Fn(usize) -> bool,
+) -> (usize, u64) {
+    let backlog = move |info: &SubtaskInfo| Backlogged {
+        next: u64::from(info.index),
+        step: 2,
+        until: None,
+        reading,
+    };
+    two_sources_until(backlog, when_caught_up, limit, until).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_a_backlog_commits_once_read_and_nothing_follows() {
+    assert_eq!(CheckpointConfig::new("x").when_caught_up, WhenCaughtUp::AfterBacklog);
+    // 3 s of `Backlog` polls: over a tenth of the 20 s interval. Read to its end, it commits.
+    let reading = Duration::from_secs(3);
+    let (committed, checkpoints) =
+        backlog_then_idle(reading, WhenCaughtUp::AfterBacklog, Duration::from_secs(15), |n| n > 0).await;
+    assert!(committed > 0, "the backlog did not commit before the 20 s interval");
+    assert_eq!(checkpoints, 1, "one checkpoint for the backlog");
+    // Then idle: nothing more (watched 5 s past the backlog's end).
+    let (committed, checkpoints) =
+        backlog_then_idle(reading, WhenCaughtUp::AfterBacklog, Duration::from_secs(8), |_| false).await;
+    assert!(committed > 0);
+    assert_eq!(checkpoints, 1, "idle after the backlog: no further checkpoint");
+    // Interval only: the same backlog waits.
+    let (committed, checkpoints) =
+        backlog_then_idle(reading, WhenCaughtUp::Never, Duration::from_secs(6), |_| false).await;
+    assert_eq!(
+        (committed, checkpoints),
+        (0, 0),
+        "when_caught_up = false: at the interval only"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_a_short_backlog_or_a_trickle_waits_for_the_interval() {
+    // `Backlog` for less than a tenth of the interval (one poll; 0.5 s of polls): a burst, not
+    // a backlog worth a checkpoint of its own.
+    let burst = |info: &SubtaskInfo| Burst {
+        left: (0..1_000).filter(|n| n % 2 == u64::from(info.index)).collect(),
+        status: SourceStatus::Backlog,
+    };
+    let (committed, checkpoints) =
+        two_sources_until(burst, WhenCaughtUp::AfterBacklog, Duration::from_secs(5), |_| false).await;
+    assert_eq!((committed, checkpoints), (0, 0), "a one-poll burst");
+    let (committed, checkpoints) = backlog_then_idle(
+        Duration::from_millis(500),
+        WhenCaughtUp::AfterBacklog,
+        Duration::from_secs(5),
+        |_| false,
+    )
+    .await;
+    assert_eq!((committed, checkpoints), (0, 0), "half a second of backlog");
+    // Steady traffic the sources keep up with: caught up at every poll, no backlog.
+    let trickle = |info: &SubtaskInfo| Trickle {
+        next: u64::from(info.index),
+        step: 2,
+    };
+    let (committed, checkpoints) =
+        two_sources_until(trickle, WhenCaughtUp::AfterBacklog, Duration::from_secs(5), |_| false).await;
+    assert_eq!((committed, checkpoints), (0, 0), "a trickle");
 }
