@@ -54,21 +54,6 @@ fn fsync_parent(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Creates `dir` and its missing ancestors; returns the directories it created, outermost first.
-/// Their entries in their parents are durable only once those parents are fsynced
-/// ([`fsync_parent`] of each, after the files written into them are fsynced: on ext4 the file's
-/// fsync has then committed the directory's creation too, and the parent's is cheap).
-fn create_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut created: Vec<PathBuf> = dir
-        .ancestors()
-        .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
-        .map(Path::to_path_buf)
-        .collect();
-    fs::create_dir_all(dir).map_err(|e| CoreError::io("creating", dir, e))?;
-    created.reverse();
-    Ok(created)
-}
-
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut f = File::create(path).map_err(|e| CoreError::io("creating", path, e))?;
     f.write_all(bytes).map_err(|e| CoreError::io("writing", path, e))?;
@@ -100,10 +85,9 @@ impl Blobs for Dir {
 
     fn put(&self, key: &str, bytes: &[u8], how: Put) -> Result<bool> {
         let path = self.locate(key);
-        let created = match path.parent() {
-            Some(parent) => create_dirs(parent)?,
-            None => Vec::new(),
-        };
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(|e| CoreError::io("creating", parent, e))?;
+        }
         match how {
             Put::InProgress => write_synced(&path, bytes)?,
             Put::Replace => {
@@ -126,11 +110,6 @@ impl Blobs for Dir {
                 }
                 fsync_parent(&path)?;
             }
-        }
-        // A new checkpoint directory (chk-N) must not vanish with a power loss after its
-        // transactions were committed: its entry in the root is made durable too.
-        for dir in &created {
-            fsync_parent(dir)?;
         }
         Ok(true)
     }
@@ -163,26 +142,5 @@ impl Blobs for Dir {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CoreError::io("removing", &path, e)),
             _ => Ok(()),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn create_dirs_names_the_directories_it_created_outermost_first() {
-        let tmp = tempfile::tempdir().unwrap();
-        let deep = tmp.path().join("a/b/c");
-        let created = create_dirs(&deep).unwrap();
-        let expected: Vec<PathBuf> = ["a", "a/b", "a/b/c"].iter().map(|d| tmp.path().join(d)).collect();
-        assert_eq!(created, expected);
-        assert!(deep.is_dir());
-        assert!(create_dirs(&deep).unwrap().is_empty(), "nothing new the second time");
-        let dir = Dir {
-            root: tmp.path().join("root"),
-        };
-        assert!(dir.put("chk-1/_metadata", b"m", Put::Create).unwrap());
-        assert_eq!(fs::read(tmp.path().join("root/chk-1/_metadata")).unwrap(), b"m");
     }
 }
