@@ -178,7 +178,7 @@ impl K2kMode {
         match self {
             K2kMode::PlainTransactional => (K2k::PlainTransactional, "plain transactional"),
             K2kMode::AtLeastOnce => (K2k::AtLeastOnce, "at-least-once"),
-            K2kMode::ExactlyOnce => (K2k::ExactlyOnce(WhenCaughtUp::AfterBacklog), "exactly-once"),
+            K2kMode::ExactlyOnce => (K2k::ExactlyOnce(WhenCaughtUp::default()), "exactly-once"),
             K2kMode::ExactlyOnceInterval => (K2k::ExactlyOnce(WhenCaughtUp::Never), "exactly-once interval"),
             K2kMode::ExactlyOnceCaughtUp => (K2k::ExactlyOnce(WhenCaughtUp::Always), "exactly-once caught-up"),
         }

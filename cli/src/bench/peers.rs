@@ -196,10 +196,11 @@ async fn run_one(
         }
         Peer::Exactly | Peer::ExactlyInterval | Peer::ExactlyCaughtUp => {
             let job = dir.path().join("job.toml");
+            // `exactly` leaves it out: the job as configured by default.
             let caught_up = match system {
-                Peer::ExactlyInterval => "false",
-                Peer::ExactlyCaughtUp => "true",
-                _ => "\"after-backlog\"",
+                Peer::ExactlyInterval => "when_caught_up = false",
+                Peer::ExactlyCaughtUp => "when_caught_up = true",
+                _ => "",
             };
             std::fs::write(
                 &job,
@@ -285,8 +286,8 @@ fn peak_rss_kb(pid: u32) -> Option<u64> {
 }
 
 /// A pass-through job file: no transforms (records are copied as they are), an exactly-once
-/// Kafka sink, checkpoints every `ms` (and when the source caught up, as `caught_up` says: the
-/// TOML value of `when_caught_up`).
+/// Kafka sink, checkpoints every `ms` (and when the source caught up, as the `caught_up` line
+/// says: `when_caught_up = …`, or nothing for the default).
 #[allow(clippy::too_many_arguments)]
 fn job_file(
     bootstrap: &str,
@@ -307,7 +308,7 @@ parallelism = {p}
 dir = "{dir}/checkpoints"
 interval = "{ms}ms"
 timeout = "60s"
-when_caught_up = {caught_up}
+{caught_up}
 
 [restart]
 type = "none"
