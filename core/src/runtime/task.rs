@@ -373,6 +373,11 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
                 SourceStatus::Idle | SourceStatus::CaughtUp => {
                     if let Some(since) = backlog_since.take() {
                         let run = since.elapsed();
+                        tracing::debug!(
+                            subtask = info.index,
+                            backlog_ms = run.as_millis() as u64,
+                            "Source caught up after reading a backlog."
+                        );
                         if run > caught.backlog {
                             (caught.backlog, told) = (run, false);
                         }
