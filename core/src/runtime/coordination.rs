@@ -165,7 +165,7 @@ impl Run<'_> {
         let Some(c) = self.config() else {
             return false;
         };
-        let read = match c.when_caught_up {
+        let worth_it = match c.when_caught_up {
             WhenCaughtUp::Never => return false,
             WhenCaughtUp::AfterBacklog => {
                 let long = c.interval / 10;
@@ -173,9 +173,10 @@ impl Run<'_> {
             }
             WhenCaughtUp::Always => self.caught_up.values().any(|u| u.read),
         };
-        read && (0..self.controls.len())
-            .filter(|t| self.sources[*t] && !self.ended.contains(t))
-            .all(|t| self.caught_up.contains_key(&t))
+        worth_it
+            && (0..self.controls.len())
+                .filter(|t| self.sources[*t] && !self.ended.contains(t))
+                .all(|t| self.caught_up.contains_key(&t))
     }
 
     /// Starts a checkpoint: barriers at live sources, direct snapshots at ended tasks.

@@ -382,16 +382,16 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
                             (caught.backlog, told) = (run, false);
                         }
                     }
+                    if !told {
+                        told = true;
+                        parts.send(TaskEvent::CaughtUp {
+                            task: parts.task_id,
+                            after,
+                            caught,
+                        });
+                    }
                 }
                 SourceStatus::More | SourceStatus::End => {}
-            }
-            if matches!(status, SourceStatus::Idle | SourceStatus::CaughtUp) && !told {
-                told = true;
-                parts.send(TaskEvent::CaughtUp {
-                    task: parts.task_id,
-                    after,
-                    caught,
-                });
             }
             for r in buf.drain(..) {
                 chain.record(r)?;
