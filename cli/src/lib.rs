@@ -8,6 +8,7 @@ pub mod datagen;
 pub mod jobfile;
 pub mod logging;
 pub mod metrics;
+mod records;
 pub mod run;
 pub mod txn;
 pub mod verify;

@@ -10,16 +10,17 @@ use anyhow::{bail, Context, Result};
 use exactly_core::runtime::{JobBuilder, JobConfig, JobControl, JobOutcome, Stream, SubtaskRange};
 use exactly_core::storage::Storage;
 use exactly_core::{BoxError, CoreError, ErrorClass};
-use exactly_kafka_sink::{KafkaSink, ProducerRecord};
+use exactly_kafka_sink::KafkaSink;
 use exactly_kafka_source::{Deserializer, KafkaRecord, KafkaSource};
-use exactly_mysql_sink::{MysqlSink, Origin, SinkRecord};
-use exactly_postgres_sink::{PgOrigin, PgRecord, PostgresSink};
+use exactly_mysql_sink::MysqlSink;
+use exactly_postgres_sink::PostgresSink;
 use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::admin;
 use crate::jobfile::{Job, JobSink, SinkKind, Transform};
 use crate::metrics::Registry;
+use crate::records;
 
 /// Flags of `exactly run` that override the job file.
 #[derive(Debug, Clone, Default)]
@@ -53,18 +54,6 @@ pub fn parse_subtasks(s: &str) -> Result<SubtaskRange, String> {
     Ok(SubtaskRange { first, last })
 }
 
-/// A record after the job file's transforms.
-#[derive(Debug, Clone)]
-pub struct Prepared {
-    key: Option<Vec<u8>>,
-    value: Option<Vec<u8>>,
-    timestamp: Option<i64>,
-    headers: Vec<(String, Option<Vec<u8>>)>,
-    topic: Arc<str>,
-    partition: i32,
-    offset: i64,
-}
-
 /// Applies the transforms while deserializing, so that a record that is not JSON follows the
 /// source's poison-record policy (fail, skip, dead-letter). `None`: filtered out.
 struct Prepare {
@@ -74,8 +63,8 @@ struct Prepare {
     registry: Arc<Registry>,
 }
 
-impl Deserializer<Option<Prepared>> for Prepare {
-    fn deserialize(&self, r: KafkaRecord) -> Result<Option<Prepared>, BoxError> {
+impl Deserializer<Option<KafkaRecord>> for Prepare {
+    fn deserialize(&self, r: KafkaRecord) -> Result<Option<KafkaRecord>, BoxError> {
         let mut key = r.key;
         // A tombstone (no value) is a deletion of its key, not a JSON `null`: it passes the
         // transforms untouched, keeps its key, and each sink applies it as a deletion (Kafka: a
@@ -97,15 +86,7 @@ impl Deserializer<Option<Prepared>> for Prepare {
             }
             Some(serde_json::to_vec(&v)?)
         };
-        Ok(Some(Prepared {
-            key,
-            value,
-            timestamp: r.timestamp,
-            headers: r.headers,
-            topic: r.topic,
-            partition: r.partition,
-            offset: r.offset,
-        }))
+        Ok(Some(KafkaRecord { key, value, ..r }))
     }
 }
 
@@ -275,7 +256,7 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
             reg.source(info.index, source.metrics());
             source
         })
-        .flat_map(|r: Option<Prepared>, out| {
+        .flat_map(|r: Option<KafkaRecord>, out| {
             if let Some(r) = r {
                 out.emit(r)?;
             }
@@ -354,12 +335,13 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
     Ok(outcome)
 }
 
-/// Ends `stream` in `sink`: its own transforms, then the Kafka or MySQL sink under its name.
-fn attach_sink(stream: Stream<Prepared>, sink: &JobSink, registry: &Arc<Registry>) {
+/// Ends `stream` in `sink`: its own transforms, then the Kafka, MySQL or PostgreSQL sink under its
+/// name.
+fn attach_sink(stream: Stream<KafkaRecord>, sink: &JobSink, registry: &Arc<Registry>) {
     let name = sink.name.clone();
     let transforms = Arc::new(sink.transforms.clone());
     let counter = registry.sink_records(&name);
-    let stream = stream.flat_map(move |mut r: Prepared, out| {
+    let stream = stream.flat_map(move |mut r: KafkaRecord, out| {
         if !transforms.is_empty() {
             if let Some(bytes) = &r.value {
                 // The source parsed it already (the poison-record policy applies there).
@@ -384,66 +366,37 @@ fn attach_sink(stream: Stream<Prepared>, sink: &JobSink, registry: &Arc<Registry
             let k = (**k).clone();
             let reg = registry.clone();
             let n = name.clone();
-            stream
-                .map(|r: Prepared| ProducerRecord {
-                    key: r.key,
-                    value: r.value,
-                    timestamp: r.timestamp,
-                    headers: r.headers,
-                })
-                .sink(&name, move |info| {
-                    let sink = KafkaSink::new(k.clone()).expect("checked when the job file was loaded");
-                    if let Some(m) = sink.two_phase_metrics() {
-                        reg.sink(&n, info.index, m);
-                    }
-                    sink
-                });
+            stream.map(records::to_kafka).sink(&name, move |info| {
+                let sink = KafkaSink::new(k.clone()).expect("checked when the job file was loaded");
+                if let Some(m) = sink.two_phase_metrics() {
+                    reg.sink(&n, info.index, m);
+                }
+                sink
+            });
         }
         SinkKind::Mysql(m) => {
             let m = (**m).clone();
             let reg = registry.clone();
             let n = name.clone();
-            stream
-                .map(|r: Prepared| SinkRecord {
-                    tombstone: r.value.is_none(),
-                    payload: r.value.unwrap_or_default(),
-                    key: r.key,
-                    origin: Some(Origin {
-                        topic: r.topic.to_string(),
-                        partition: r.partition,
-                        offset: r.offset,
-                    }),
-                })
-                .sink(&name, move |info| {
-                    let sink = MysqlSink::new(m.clone()).expect("checked when the job file was loaded");
-                    if let Some(m) = sink.two_phase_metrics() {
-                        reg.sink(&n, info.index, m);
-                    }
-                    sink
-                });
+            stream.map(records::to_mysql).sink(&name, move |info| {
+                let sink = MysqlSink::new(m.clone()).expect("checked when the job file was loaded");
+                if let Some(m) = sink.two_phase_metrics() {
+                    reg.sink(&n, info.index, m);
+                }
+                sink
+            });
         }
         SinkKind::Postgres(p) => {
             let p = (**p).clone();
             let reg = registry.clone();
             let n = name.clone();
-            stream
-                .map(|r: Prepared| PgRecord {
-                    tombstone: r.value.is_none(),
-                    payload: r.value.unwrap_or_default(),
-                    key: r.key,
-                    origin: Some(PgOrigin {
-                        topic: r.topic.to_string(),
-                        partition: r.partition,
-                        offset: r.offset,
-                    }),
-                })
-                .sink(&name, move |info| {
-                    let sink = PostgresSink::new(p.clone()).expect("checked when the job file was loaded");
-                    if let Some(m) = sink.two_phase_metrics() {
-                        reg.sink(&n, info.index, m);
-                    }
-                    sink
-                });
+            stream.map(records::to_postgres).sink(&name, move |info| {
+                let sink = PostgresSink::new(p.clone()).expect("checked when the job file was loaded");
+                if let Some(m) = sink.two_phase_metrics() {
+                    reg.sink(&n, info.index, m);
+                }
+                sink
+            });
         }
     }
 }

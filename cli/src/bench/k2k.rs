@@ -11,8 +11,8 @@ use super::kafka::*;
 use super::{BenchOptions, Report};
 use exactly_core::coordinator::WhenCaughtUp;
 use exactly_core::runtime::{JobBuilder, JobHandle};
-use exactly_kafka_sink::{DeliveryGuarantee, KafkaSink, KafkaSinkConfig, ProducerRecord};
-use exactly_kafka_source::{KafkaRecord, KafkaSource, KafkaSourceConfig, RawBytes};
+use exactly_kafka_sink::{DeliveryGuarantee, KafkaSink, KafkaSinkConfig};
+use exactly_kafka_source::{KafkaSource, KafkaSourceConfig, RawBytes};
 use rdkafka::consumer::Consumer;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::Message;
@@ -53,12 +53,7 @@ pub(super) fn k2k_job(
     job.source("in", pipeline.parallelism, move |_| {
         KafkaSource::new(source.clone(), RawBytes)
     })
-    .map(|r: KafkaRecord| ProducerRecord {
-        key: r.key,
-        value: r.value,
-        timestamp: r.timestamp,
-        headers: r.headers,
-    })
+    .map(crate::records::to_kafka)
     .sink("out", move |_| KafkaSink::new(sink.clone()).expect("valid"));
     job.build().expect("valid job").start()
 }

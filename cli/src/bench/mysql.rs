@@ -7,10 +7,8 @@ use anyhow::Result;
 use super::kafka::*;
 use super::Report;
 use exactly_core::runtime::JobBuilder;
-use exactly_kafka_source::{KafkaRecord, KafkaSource, KafkaSourceConfig, RawBytes};
-use exactly_mysql_sink::{
-    Column, ColumnType, Format, Mapping, Mode, MysqlSink, MysqlSinkConfig, OnError, Origin, SinkRecord,
-};
+use exactly_kafka_source::{KafkaSource, KafkaSourceConfig, RawBytes};
+use exactly_mysql_sink::{Column, ColumnType, Format, Mapping, Mode, MysqlSink, MysqlSinkConfig, OnError};
 use rdkafka::Message;
 
 pub(crate) async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64, report: &mut Report) -> Result<()> {
@@ -87,16 +85,7 @@ pub(crate) async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64, report: &m
         let dir = tempfile::tempdir()?;
         let mut job = JobBuilder::new(job_config(dir.path()));
         job.source("in", 1, move |_| KafkaSource::new(source.clone(), RawBytes))
-            .map(|r: KafkaRecord| SinkRecord {
-                tombstone: r.value.is_none(),
-                payload: r.value.unwrap_or_default(),
-                key: r.key,
-                origin: Some(Origin {
-                    topic: r.topic.to_string(),
-                    partition: r.partition,
-                    offset: r.offset,
-                }),
-            })
+            .map(crate::records::to_mysql)
             .sink("mysql", move |_| MysqlSink::new(config.clone()).expect("valid"));
         let start = Instant::now();
         let started = (job.build()?.start(), start);

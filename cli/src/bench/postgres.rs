@@ -8,8 +8,8 @@ use anyhow::{Context, Result};
 use super::kafka::*;
 use super::Report;
 use exactly_core::runtime::JobBuilder;
-use exactly_kafka_source::{KafkaRecord, KafkaSource, KafkaSourceConfig, RawBytes};
-use exactly_postgres_sink::{Column, Mode, OnError, PgOrigin, PgRecord, PostgresSink, PostgresSinkConfig};
+use exactly_kafka_source::{KafkaSource, KafkaSourceConfig, RawBytes};
+use exactly_postgres_sink::{Column, Mode, OnError, PostgresSink, PostgresSinkConfig};
 use rdkafka::Message;
 
 /// JSON `{"id", "k", "seq"}` records, as the sink reads them.
@@ -106,16 +106,7 @@ pub(crate) async fn bench_postgres(bootstrap: &str, url: &str, n: u64, report: &
         let dir = tempfile::tempdir()?;
         let mut job = JobBuilder::new(job_config(dir.path()));
         job.source("in", 1, move |_| KafkaSource::new(source.clone(), RawBytes))
-            .map(|r: KafkaRecord| PgRecord {
-                tombstone: r.value.is_none(),
-                payload: r.value.unwrap_or_default(),
-                key: r.key,
-                origin: Some(PgOrigin {
-                    topic: r.topic.to_string(),
-                    partition: r.partition,
-                    offset: r.offset,
-                }),
-            })
+            .map(crate::records::to_postgres)
             .sink("postgres", move |_| PostgresSink::new(config.clone()).expect("valid"));
         let start = Instant::now();
         let started = (job.build()?.start(), start);
