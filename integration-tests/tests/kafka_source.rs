@@ -2,7 +2,7 @@
 //! group offsets committed only on completed checkpoints, read_committed isolation, partition and
 //! topic discovery, rescaling across restores, and the poison-record policies.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -805,6 +805,18 @@ async fn a_dead_letter_that_cannot_be_written_fails_the_checkpoint() -> Result<(
 /// partitions (never 20 ms without one); while it runs the source must report `CaughtUp`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_under_steady_traffic_reports_caught_up() -> Result<()> {
+    steady_traffic(false).await
+}
+
+/// The same, polled as the runtime polls: after `Idle` or `CaughtUp` it waits in
+/// `Source::available` (and meanwhile serves checkpoints), every other wait cut short as a
+/// barrier would cut it. The statuses are the same, and every record is read exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_waiting_in_available_reads_steady_traffic_exactly_once() -> Result<()> {
+    steady_traffic(true).await
+}
+
+async fn steady_traffic(wait_in_available: bool) -> Result<()> {
     use exactly_core::runtime::{InitContext, Source, SourceStatus};
     use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -838,15 +850,31 @@ async fn a_source_under_steady_traffic_reports_caught_up() -> Result<()> {
     let info = subtask_info("steady");
     source.initialize_state(&InitContext::new(&info, None)).await?;
     let mut out = Vec::new();
-    let (mut read, mut caught_up, mut statuses) = (0usize, 0usize, BTreeMap::<String, usize>::new());
+    let (mut caught_up, mut statuses) = (0usize, BTreeMap::<String, usize>::new());
+    let mut seen = BTreeSet::new();
+    let (mut waiting, mut waits) = (false, 0u64);
+    let mut poll =
+        async |source: &mut KafkaSource<KafkaRecord, RawBytes>, out: &mut Vec<KafkaRecord>| -> Result<SourceStatus> {
+            if wait_in_available && waiting {
+                waits += 1;
+                if waits % 2 == 0 {
+                    let _ = tokio::time::timeout(Duration::from_millis(1), source.available()).await;
+                } else {
+                    source.available().await;
+                }
+            }
+            let status = source.poll_next(out).await?;
+            waiting = matches!(status, SourceStatus::Idle | SourceStatus::CaughtUp);
+            Ok(status)
+        };
     let until = std::time::Instant::now() + Duration::from_secs(4);
     while std::time::Instant::now() < until {
-        let status = source.poll_next(&mut out).await?;
-        read += out.len();
-        out.clear();
+        let status = poll(&mut source, &mut out).await?;
+        seen.extend(out.drain(..).map(|r: KafkaRecord| (r.partition, r.offset)));
         caught_up += usize::from(status == SourceStatus::CaughtUp);
         *statuses.entry(format!("{status:?}")).or_default() += 1;
     }
+    let read = seen.len();
     stop.store(true, Ordering::Relaxed);
     let written = feeder.join().expect("feeder")?;
     assert!(
@@ -862,6 +890,16 @@ async fn a_source_under_steady_traffic_reports_caught_up() -> Result<()> {
         !statuses.contains_key("Backlog"),
         "Backlog under steady traffic ({read} records read); statuses: {statuses:?}"
     );
+    // The rest, then every record once (a set of offsets: a record read twice is counted too).
+    let mut polled = read;
+    let until = std::time::Instant::now() + T;
+    while (seen.len() as u64) < written && std::time::Instant::now() < until {
+        poll(&mut source, &mut out).await?;
+        polled += out.len();
+        seen.extend(out.drain(..).map(|r: KafkaRecord| (r.partition, r.offset)));
+    }
+    assert_eq!(seen.len() as u64, written, "records read of those written");
+    assert_eq!(polled, seen.len(), "records read more than once");
     Ok(())
 }
 

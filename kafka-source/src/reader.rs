@@ -102,6 +102,9 @@ pub struct KafkaSource<T, D> {
     pending: PendingOffsets,
     next_discovery: Option<Instant>,
     next_periodic_commit: Option<Instant>,
+    /// `available` waited (for records, or its bound) since the last poll: the poll takes what
+    /// there is without waiting again.
+    waited: bool,
     _t: std::marker::PhantomData<fn() -> T>,
 }
 
@@ -123,6 +126,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             pending: PendingOffsets::default(),
             next_discovery: None,
             next_periodic_commit: None,
+            waited: false,
             _t: std::marker::PhantomData,
         }
     }
@@ -523,7 +527,10 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         {
             let fetch = self.fetch.as_ref().expect("initialized");
             let mut got = batch.fill(fetch, limit);
-            if got == 0 && tokio::time::timeout(IDLE_WAIT, fetch.readable()).await.is_ok() {
+            if std::mem::take(&mut self.waited) {
+                // `available` waited: what there is now is all there was (`Idle` when nothing).
+                status = SourceStatus::CaughtUp;
+            } else if got == 0 && tokio::time::timeout(IDLE_WAIT, fetch.readable()).await.is_ok() {
                 got = batch.fill(fetch, limit);
                 status = SourceStatus::CaughtUp;
             }
@@ -633,11 +640,25 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
         }
         if self.positions.is_empty() {
             self.serve_consumer_queue()?;
-            tokio::time::sleep(IDLE_WAIT).await;
+            if !std::mem::take(&mut self.waited) {
+                tokio::time::sleep(IDLE_WAIT).await;
+            }
             return Ok(SourceStatus::Idle);
         }
         let status = self.poll_batch(out).await?;
         Ok(if out.is_empty() { SourceStatus::Idle } else { status })
+    }
+
+    /// Waits until librdkafka has queued fetched records, at most `IDLE_WAIT` (cancel-safe: a
+    /// notification that came while nobody waited is kept for the next wait).
+    async fn available(&mut self) {
+        match &self.fetch {
+            Some(fetch) if !self.positions.is_empty() => {
+                let _ = tokio::time::timeout(IDLE_WAIT, fetch.readable()).await;
+            }
+            _ => tokio::time::sleep(IDLE_WAIT).await,
+        }
+        self.waited = true;
     }
 
     async fn snapshot_state(&mut self, ctx: &mut SnapshotContext) -> exactly_core::Result<()> {

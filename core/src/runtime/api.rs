@@ -266,7 +266,8 @@ pub trait KeyedProcessFunction<I, O>: CheckpointedFunction + CheckpointListener 
 pub enum SourceStatus {
     /// Records may follow.
     More,
-    /// Nothing now; poll again (the source waited briefly before returning).
+    /// Nothing now; poll again (the source waited briefly before returning, in this poll or in
+    /// [`Source::available`] before it).
     Idle,
     /// Records, and with them the source has read all its input so far: it found nothing left
     /// to read, waited, and took what arrived (the Kafka source: less than a batch). Poll again.
@@ -303,6 +304,18 @@ pub trait Source<T>: Send + 'static {
     /// Appends records to `out` and returns promptly (within a few tens of milliseconds when there
     /// is no data, so barriers are not delayed).
     fn poll_next(&mut self, out: &mut Vec<T>) -> impl Future<Output = Result<SourceStatus>> + Send;
+    /// Waits until `poll_next` may find records, or at most a few tens of milliseconds (Flink's
+    /// `SourceReader::isAvailable`). After a poll that said `Idle` or `CaughtUp` the runtime
+    /// waits here, not in `poll_next`, and meanwhile injects barriers, sends acknowledgements and
+    /// delivers checkpoint notifications (so a sink chained to the source commits) without waiting
+    /// for the source: the future may be dropped before it completes and must lose nothing then
+    /// (cancel-safe). A source that waits here need not wait in `poll_next` when it follows.
+    ///
+    /// The default completes at once: `poll_next` does the waiting, and whatever the runtime has
+    /// to do for a checkpoint waits for that poll to return.
+    fn available(&mut self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
     /// Snapshots the read position.
     fn snapshot_state(&mut self, _ctx: &mut SnapshotContext) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }

@@ -221,3 +221,5 @@ impl JobConfig {
 mod deferred_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod waiting_tests;

@@ -311,6 +311,9 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
         let mut caught = CaughtUp::default();
         let mut told = false;
         let mut backlog_since: Option<Instant> = None;
+        // The last poll found nothing more to read (`Idle` or `CaughtUp`): wait for records in
+        // `Source::available` before polling again, and meanwhile serve the coordinator.
+        let mut waiting = false;
         loop {
             parts.send_ready(&mut acks).await?;
             let control = if ended || stopped {
@@ -320,6 +323,22 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
                         None => return Ok(()),
                     },
                     () = acks.oldest_ended(), if !acks.is_empty() => continue,
+                }
+            } else if waiting {
+                let woken = tokio::select! {
+                    biased;
+                    c = parts.control.recv() => Woken::Control(c),
+                    () = acks.oldest_ended(), if !acks.is_empty() => Woken::Acknowledgement,
+                    () = source.available() => Woken::Records,
+                };
+                match woken {
+                    Woken::Control(Some(c)) => Some(c),
+                    Woken::Control(None) => return Ok(()),
+                    Woken::Acknowledgement => continue,
+                    Woken::Records => {
+                        waiting = false;
+                        None
+                    }
                 }
             } else {
                 match parts.control.try_recv() {
@@ -358,6 +377,7 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
                 continue;
             }
             let status = source.poll_next(&mut buf).await.map_err(|e| user_error(&info.uid, e))?;
+            waiting = matches!(status, SourceStatus::Idle | SourceStatus::CaughtUp);
             if !buf.is_empty() {
                 idle = false;
                 // The coordinator needs one event since the barrier saying records were read;
@@ -418,6 +438,16 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
             }
         }
     })
+}
+
+/// What ended a source task's wait for records.
+enum Woken {
+    /// A message from the coordinator (`None`: the run is being torn down).
+    Control(Option<Control>),
+    /// The oldest acknowledgement's deferred parts ended: it can be sent.
+    Acknowledgement,
+    /// `Source::available` completed: poll.
+    Records,
 }
 
 async fn source_snapshot<T, S: Source<T>>(
