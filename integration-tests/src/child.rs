@@ -1,5 +1,6 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -9,6 +10,8 @@ use anyhow::{bail, Context, Result};
 pub struct ChildJob {
     child: Child,
     lines: Arc<Mutex<Vec<String>>>,
+    /// The reader has seen the end of the child's stderr: `lines` holds all it wrote.
+    eof: Arc<AtomicBool>,
 }
 
 impl ChildJob {
@@ -27,13 +30,34 @@ impl ChildJob {
         let mut child = cmd.spawn().with_context(|| format!("starting {program}"))?;
         let stderr = child.stderr.take().expect("piped");
         let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
+        let eof = Arc::new(AtomicBool::new(false));
+        let (sink, end) = (lines.clone(), eof.clone());
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(std::result::Result::ok) {
                 sink.lock().expect("not poisoned").push(line);
             }
+            end.store(true, Ordering::SeqCst);
         });
-        Ok(ChildJob { child, lines })
+        Ok(ChildJob { child, lines, eof })
+    }
+
+    /// Once the child has exited: waits (at most 10 s) until the reader has every line it wrote.
+    /// A busy machine may run the exit before the reader's last lines: a check of the log right
+    /// after would otherwise see part of it (seen as an empty log of a job that failed at start).
+    fn read_to_end(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.eof.load(Ordering::SeqCst) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Whether the child has exited; if so, its whole output has been read.
+    fn exited(&mut self) -> Result<Option<std::process::ExitStatus>> {
+        let status = self.child.try_wait()?;
+        if status.is_some() {
+            self.read_to_end();
+        }
+        Ok(status)
     }
 
     /// The last `n` lines the child wrote to stderr.
@@ -69,17 +93,16 @@ impl ChildJob {
     /// Waits for `line`; `what` says what the child did not do, in the error.
     fn wait_until_written(&mut self, line: &str, what: &str, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
+        let written = |job: &Self| job.lines.lock().expect("not poisoned").iter().any(|l| l.trim() == line);
         loop {
-            if self
-                .lines
-                .lock()
-                .expect("not poisoned")
-                .iter()
-                .any(|l| l.trim() == line)
-            {
+            if written(self) {
                 return Ok(());
             }
-            if let Some(status) = self.child.try_wait()? {
+            if let Some(status) = self.exited()? {
+                // It may have written the line just before it exited.
+                if written(self) {
+                    return Ok(());
+                }
                 bail!("the job exited ({status}) before it could {what}:\n{}", self.tail(40));
             }
             if Instant::now() > deadline {
@@ -89,14 +112,15 @@ impl ChildJob {
         }
     }
 
-    /// Whether the child is still running.
+    /// Whether the child is still running (once it is not, its whole output has been read).
     pub fn running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        matches!(self.exited(), Ok(None))
     }
 
-    /// The exit code once the child has exited (`None` while it runs or if a signal ended it).
+    /// The exit code once the child has exited (`None` while it runs or if a signal ended it);
+    /// its whole output has been read then.
     pub fn exit_code(&mut self) -> Option<i32> {
-        self.child.try_wait().ok().flatten().and_then(|s| s.code())
+        self.exited().ok().flatten().and_then(|s| s.code())
     }
 
     /// SIGKILL, and wait for it to be gone.
@@ -168,4 +192,26 @@ pub fn verify_job(program: &str, job_file: &str, input: &str, output: &str, id: 
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A child that writes more than a pipe holds and exits at once: by the time its exit is
+    /// seen, the reader may still have lines to read. Once `running` says it is gone, every line
+    /// is there (before, a job failing at start was once seen with an empty log on a busy machine).
+    #[test]
+    fn once_the_child_has_exited_its_whole_output_is_read() {
+        for _ in 0..5 {
+            let mut job =
+                ChildJob::spawn("sh", &["-c".to_owned(), "seq 1 30000 >&2; exit 1".to_owned()], "").expect("sh runs");
+            while job.running() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert_eq!(job.tail(1), "30000", "the last line of the output");
+            assert_eq!(job.lines.lock().expect("not poisoned").len(), 30000);
+            assert_eq!(job.exit_code(), Some(1));
+        }
+    }
 }
