@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use exactly_integration_tests::{connect_mysql, produce, query_i64, unique, verify_job, ChildJob, TestEnv};
+use exactly_integration_tests::{connect_mysql, query_i64, unique, verify_job, ChildJob, Feed, TestEnv};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 use sqlx::Row;
@@ -120,11 +120,14 @@ columns = [
 /// A running feeder: its stop flag and thread.
 pub(crate) type Feeder = (Arc<AtomicBool>, std::thread::JoinHandle<Result<()>>);
 
-/// Produces `id,k<id%7>,<id>` records until stopped.
+/// Produces `id,k<id%7>,<id>` records until stopped, 25 every 40 ms or so, with one producer
+/// (a new producer per batch spent most of a second on its start each time: on a busy machine the
+/// first records came after the checkpoints a test meant them for).
 pub(crate) fn feed(env: &TestEnv, s: &Setup) -> Feeder {
     let stop = Arc::new(AtomicBool::new(false));
     let (env, topic, next, flag) = (env.clone(), s.input.clone(), s.next_id.clone(), stop.clone());
     let handle = std::thread::spawn(move || {
+        let feed = Feed::new(&env)?;
         while !flag.load(Ordering::SeqCst) {
             let batch: Vec<(String, String)> = (0..25)
                 .map(|_| {
@@ -132,7 +135,7 @@ pub(crate) fn feed(env: &TestEnv, s: &Setup) -> Feeder {
                     (format!("k{}", id % 7), format!("{id},k{},{id}", id % 7))
                 })
                 .collect();
-            produce(&env, &topic, &batch)?;
+            feed.send(&topic, &batch)?;
             std::thread::sleep(Duration::from_millis(40));
         }
         Ok(())

@@ -12,9 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use exactly_integration_tests::{
-    connect_postgres, pg_i64, postgres_url, produce, unique, verify_job, ChildJob, TestEnv,
-};
+use exactly_integration_tests::{connect_postgres, pg_i64, postgres_url, unique, verify_job, ChildJob, Feed, TestEnv};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 use sqlx::Row;
@@ -123,6 +121,8 @@ pub(crate) fn feed(env: &TestEnv, s: &Setup) -> Feeder {
     let stop = Arc::new(AtomicBool::new(false));
     let (env, topic, next, flag) = (env.clone(), s.input.clone(), s.next_id.clone(), stop.clone());
     let handle = std::thread::spawn(move || {
+        // One producer for every batch: a new one per batch spent most of a second starting.
+        let feed = Feed::new(&env)?;
         while !flag.load(Ordering::SeqCst) {
             let batch: Vec<(String, String)> = (0..25)
                 .map(|_| {
@@ -133,7 +133,7 @@ pub(crate) fn feed(env: &TestEnv, s: &Setup) -> Feeder {
                     )
                 })
                 .collect();
-            produce(&env, &topic, &batch)?;
+            feed.send(&topic, &batch)?;
             std::thread::sleep(Duration::from_millis(40));
         }
         Ok(())
