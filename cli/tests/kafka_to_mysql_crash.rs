@@ -22,7 +22,7 @@ async fn killed_at_every_step(mode: &str, steps: &[(&str, &str)]) -> Result<()> 
     let program = exactly();
     for round in 0..2 {
         for (point, spec) in steps {
-            let feeder = feed(env, &s);
+            let feeder = feed(env, &s)?;
             let mut job = ChildJob::spawn(program, &s.args, spec)?;
             let reached = job.wait_for_failpoint(point, Duration::from_secs(60));
             let reached = reached.map_err(|e| anyhow::anyhow!("{e}"));
@@ -69,7 +69,7 @@ async fn prepared_branches_of_a_job_killed_for_good_are_rolled_back_by_the_next_
     let s = setup(env, "xa", dir.path());
     create_topic(env, &s.input, 2).await?;
     let program = exactly();
-    let feeder = feed(env, &s);
+    let feeder = feed(env, &s)?;
     let mut job = ChildJob::spawn(program, &s.args, "sink.after_pre_commit=freeze@2")?;
     job.wait_for_failpoint("sink.after_pre_commit", Duration::from_secs(60))?;
     job.kill();

@@ -26,7 +26,7 @@ async fn mariadb_killed_while_restored_branches_commit_loses_and_doubles_nothing
         // subtasks yet) prepares no branch: kill later and try again.
         let mut prepared = 0;
         for attempt in 0..5 {
-            let feeder = feed(env, &s);
+            let feeder = feed(env, &s)?;
             let spec = format!("checkpoint.after_durable=freeze@{}", 3 + 2 * attempt);
             let mut job = ChildJob::spawn(exactly(), &s.args, &spec)?;
             job.wait_for_failpoint("checkpoint.after_durable", Duration::from_secs(60))?;

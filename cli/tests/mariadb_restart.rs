@@ -22,7 +22,7 @@ async fn mariadb_killed_and_restarted_mid_run_loses_and_doubles_nothing() -> Res
     let s = setup(env, "xa", dir.path());
     create_topic(env, &s.input, 2).await?;
     let program = exactly();
-    let feeder = feed(env, &s);
+    let feeder = feed(env, &s)?;
     let mut job = ChildJob::spawn(program, &s.args, "")?;
     let mut conn = connect_mysql(env).await?;
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -20,7 +20,7 @@ async fn postgres_killed_and_restarted_mid_run_loses_and_doubles_nothing() -> Re
     let dir = tempfile::tempdir()?;
     let s = setup(env, "two_phase", dir.path())?;
     create_topic(env, &s.input, 2).await?;
-    let feeder = feed(env, &s);
+    let feeder = feed(env, &s)?;
     let mut job = ChildJob::spawn(exactly(), &s.args, "")?;
     let mut conn = connect_postgres().await?;
     let deadline = Instant::now() + Duration::from_secs(60);

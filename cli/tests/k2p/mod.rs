@@ -116,29 +116,36 @@ columns = [
 /// A running feeder: its stop flag and thread.
 pub(crate) type Feeder = (Arc<AtomicBool>, std::thread::JoinHandle<Result<()>>);
 
-/// Produces `{"id": n, "k": "k<n%7>", "seq": n}` records until stopped.
-pub(crate) fn feed(env: &TestEnv, s: &Setup) -> Feeder {
+/// Produces `{"id": n, "k": "k<n%7>", "seq": n}` records until stopped, 25 every 40 ms or
+/// so, with one producer. The first 25 are acknowledged before it returns: a new producer's start
+/// takes most of a second on a busy machine, in which a job started meanwhile reached the
+/// checkpoints a test meant for records before any existed.
+pub(crate) fn feed(env: &TestEnv, s: &Setup) -> Result<Feeder> {
     let stop = Arc::new(AtomicBool::new(false));
-    let (env, topic, next, flag) = (env.clone(), s.input.clone(), s.next_id.clone(), stop.clone());
+    let (topic, next, flag) = (s.input.clone(), s.next_id.clone(), stop.clone());
+    let feed = Feed::new(env)?;
+    feed.send(&topic, &rows(&next))?;
     let handle = std::thread::spawn(move || {
-        // One producer for every batch: a new one per batch spent most of a second starting.
-        let feed = Feed::new(&env)?;
         while !flag.load(Ordering::SeqCst) {
-            let batch: Vec<(String, String)> = (0..25)
-                .map(|_| {
-                    let id = next.fetch_add(1, Ordering::SeqCst) + 1;
-                    (
-                        format!("k{}", id % 7),
-                        format!(r#"{{"id":{id},"k":"k{}","seq":{id}}}"#, id % 7),
-                    )
-                })
-                .collect();
-            feed.send(&topic, &batch)?;
             std::thread::sleep(Duration::from_millis(40));
+            feed.send(&topic, &rows(&next))?;
         }
         Ok(())
     });
-    (stop, handle)
+    Ok((stop, handle))
+}
+
+/// The next 25 records of a feeder.
+fn rows(next: &AtomicU64) -> Vec<(String, String)> {
+    (0..25)
+        .map(|_| {
+            let id = next.fetch_add(1, Ordering::SeqCst) + 1;
+            (
+                format!("k{}", id % 7),
+                format!(r#"{{"id":{id},"k":"k{}","seq":{id}}}"#, id % 7),
+            )
+        })
+        .collect()
 }
 
 pub(crate) fn stop_feed(f: Feeder) -> Result<()> {
