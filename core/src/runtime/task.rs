@@ -316,20 +316,13 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
         let mut waiting = false;
         loop {
             parts.send_ready(&mut acks).await?;
-            let control = if ended || stopped {
-                tokio::select! {
-                    c = parts.control.recv() => match c {
-                        Some(c) => Some(c),
-                        None => return Ok(()),
-                    },
-                    () = acks.oldest_ended(), if !acks.is_empty() => continue,
-                }
-            } else if waiting {
+            // Ended or stopped, it only serves the coordinator; waiting, it also waits for records.
+            let control = if ended || stopped || waiting {
                 let woken = tokio::select! {
                     biased;
                     c = parts.control.recv() => Woken::Control(c),
                     () = acks.oldest_ended(), if !acks.is_empty() => Woken::Acknowledgement,
-                    () = source.available() => Woken::Records,
+                    () = source.available(), if !(ended || stopped) => Woken::Records,
                 };
                 match woken {
                     Woken::Control(Some(c)) => Some(c),
@@ -377,7 +370,6 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
                 continue;
             }
             let status = source.poll_next(&mut buf).await.map_err(|e| user_error(&info.uid, e))?;
-            waiting = matches!(status, SourceStatus::Idle | SourceStatus::CaughtUp);
             if !buf.is_empty() {
                 idle = false;
                 // The coordinator needs one event since the barrier saying records were read;
@@ -391,6 +383,7 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
                     backlog_since.get_or_insert_with(Instant::now);
                 }
                 SourceStatus::Idle | SourceStatus::CaughtUp => {
+                    waiting = true;
                     if let Some(since) = backlog_since.take() {
                         let run = since.elapsed();
                         tracing::debug!(
