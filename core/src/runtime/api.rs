@@ -302,7 +302,9 @@ pub trait Source<T>: Send + 'static {
         async { Ok(()) }
     }
     /// Appends records to `out` and returns promptly (within a few tens of milliseconds when there
-    /// is no data, so barriers are not delayed).
+    /// is no data, so barriers are not delayed). Where there is no data it waits briefly, here or
+    /// in [`Source::available`]: a source that waits in neither is polled again at once and spins
+    /// a core (the runtime still yields to the rest of the job between polls).
     fn poll_next(&mut self, out: &mut Vec<T>) -> impl Future<Output = Result<SourceStatus>> + Send;
     /// Waits until `poll_next` may find records, or at most a few tens of milliseconds (Flink's
     /// `SourceReader::isAvailable`). After a poll that said `Idle` or `CaughtUp` the runtime

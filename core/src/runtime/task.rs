@@ -315,6 +315,11 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
         // `Source::available` before polling again, and meanwhile serve the coordinator.
         let mut waiting = false;
         loop {
+            // A yield point, taken when the task's budget is spent: a source that never waits
+            // (a `poll_next` returning at once with nothing, the default `available`) would
+            // otherwise keep its worker thread forever, and the coordinator, other tasks and a
+            // cancellation could not run there.
+            tokio::task::coop::consume_budget().await;
             parts.send_ready(&mut acks).await?;
             // Ended or stopped, it only serves the coordinator; waiting, it also waits for records.
             let control = if ended || stopped || waiting {

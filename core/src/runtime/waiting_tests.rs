@@ -110,3 +110,59 @@ async fn a_source_waiting_for_records_is_checkpointed_and_its_chained_sink_commi
         "polled again although the source said nothing was available"
     );
 }
+
+/// Emits its numbers in its first poll, then says `Idle` at once from every poll without ever
+/// waiting (against `poll_next`'s contract) and keeps the default `available`, which completes
+/// at once: its task never has to yield on its own.
+struct Spinning {
+    left: Vec<u64>,
+}
+
+impl Source<u64> for Spinning {
+    async fn poll_next(&mut self, out: &mut Vec<u64>) -> crate::Result<SourceStatus> {
+        if self.left.is_empty() {
+            return Ok(SourceStatus::Idle);
+        }
+        out.append(&mut self.left);
+        Ok(SourceStatus::CaughtUp)
+    }
+}
+
+/// A source that never waits spins its task, but the task still yields to the rest of the job:
+/// checkpoints complete, the chained sink commits and the job cancels (it used to hang).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_that_never_waits_is_checkpointed_and_cancels() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut checkpoint = CheckpointConfig::new(dir.path().join("checkpoints"));
+    checkpoint.interval = Duration::from_millis(50);
+    let mut config = JobConfig::new("spinning");
+    config.checkpointing = Some(checkpoint);
+    let committed: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let mut job = JobBuilder::new(config);
+    let c = committed.clone();
+    // Two subtasks: two spinning tasks on a runtime of two worker threads.
+    job.source("numbers", 2, move |info: &SubtaskInfo| Spinning {
+        left: (0..100).map(|n| n * 2 + info.index as u64).collect(),
+    })
+    .sink("out", move |_| Staging {
+        current: Vec::new(),
+        staged: Vec::new(),
+        committed: c.clone(),
+    });
+    let handle = job.build().unwrap().start();
+    // Not a timing claim: a guard against waiting forever when the spinning tasks starve the job.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while committed.lock().unwrap().len() < 200 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let done = handle.metrics().checkpoints().completed;
+    handle.cancel();
+    tokio::time::timeout(Duration::from_secs(30), handle.join())
+        .await
+        .expect("a job whose sources never wait cancels")
+        .unwrap();
+    let mut got = committed.lock().unwrap().clone();
+    got.sort_unstable();
+    assert_eq!(got, (0..200).collect::<Vec<_>>(), "{done} checkpoints completed");
+    assert!(done >= 1, "{done} checkpoints");
+}
