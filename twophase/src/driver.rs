@@ -250,7 +250,15 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
                     failpoint::hit_in(&self.uid, "sink.between_commits");
                 }
                 failpoint::hit_in(&self.uid, "sink.before_commit");
-                if let Err(e) = self.commit_one(first, &p.committable).await {
+                let started = Instant::now();
+                let result = self.commit_one(first, &p.committable).await;
+                tracing::debug!(
+                    checkpoint_id = first,
+                    commit_ms = started.elapsed().as_millis() as u64,
+                    ok = result.is_ok(),
+                    "Commit ended (the records after the completion waited for it)."
+                );
+                if let Err(e) = result {
                     // Keep what is not committed: a later completion or the restart retries it.
                     let rest: Vec<_> = batch.into_iter().skip(i).collect();
                     self.pending.insert(first, rest);
