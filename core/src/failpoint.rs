@@ -10,7 +10,8 @@
 //! `sink.before_pre_commit`, `sink.in_background_pre_commit` (a pre-commit completing in the
 //! background has begun; the next transaction takes records meanwhile), `sink.after_pre_commit`
 //! (prepared, checkpoint not yet acknowledged or durable),
-//! `sink.before_commit`, `sink.between_commits`, `sink.after_commit`, `sink.before_recovery_commit`
+//! `sink.before_commit`, `sink.between_commits`, `sink.in_background_commit` (a commit completing
+//! in the background has begun; records flow meanwhile), `sink.after_commit`, `sink.before_recovery_commit`
 //! (restored, before committing the restored checkpoint's transactions).
 //!
 //! Points hit on behalf of one operator ([`hit_in`]) also answer to `<uid>:<point>`, e.g.

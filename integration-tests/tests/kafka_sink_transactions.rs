@@ -1,7 +1,8 @@
 //! The exactly-once Kafka sink's transaction handling against the real broker, one step at a
 //! time: commit after the producer is gone, a transaction aborted by its timeout reported as
 //! lost, a stale committable that must not commit a newer transaction of the same id, pool
-//! exhaustion declining, lingering transactions of removed subtasks, and the timeout guardrail.
+//! exhaustion declining, a commit in the background, lingering transactions of removed subtasks,
+//! and the timeout guardrail.
 
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,7 @@ use exactly_kafka_sink::{
     DeliveryGuarantee, KafkaCommittable, KafkaSinkConfig, KafkaTransaction, KeyHashPartitioner, ProducerRecord,
     TransactionalKafkaSink,
 };
-use exactly_twophase::{CommitError, PreCommitted, RecoveryContext, TwoPhaseCommitSink};
+use exactly_twophase::{CommitError, Committed, PreCommitted, RecoveryContext, TwoPhaseCommitSink};
 
 const T: Duration = Duration::from_secs(30);
 
@@ -256,6 +257,42 @@ async fn an_exhausted_pool_grows_to_its_maximum_then_declines_then_recovers_and_
     let c6 = prepared(&mut s, t, 6).await?;
     s.commit(&c6).await?;
     assert_eq!(values(env, &topic)?, ["x1", "x2", "x3", "x4", "x6"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_in_the_background_frees_its_producer_and_a_full_pool_waits_for_it_rather_than_grow() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let topic = unique("sink-bg-commit");
+    create_topic(env, &topic, 1).await?;
+    let me = info(0, 1);
+    let mut s = sink(env, &topic, &unique("bgcommit"), 2, Duration::from_secs(120));
+    start(&mut s, &me, &[]).await?;
+    let t1 = txn(&mut s, 1, &["y1"]).await?;
+    let c1 = prepared(&mut s, t1, 1).await?;
+    let t2 = txn(&mut s, 2, &["y2"]).await?;
+    // Checkpoint 1 completes: its commit goes on in the background.
+    let Committed::InBackground(committing) = s.start_commit(&c1).await? else {
+        bail!("a transaction of this run commits in the background");
+    };
+    let committing = tokio::spawn(committing);
+    // Both producers are taken (one committing, one open): the barrier waits for the commit to
+    // free its producer instead of growing the pool.
+    let c2 = prepared(&mut s, t2, 2).await?;
+    assert_eq!(s.producers(), 2, "no producer added while a commit was completing");
+    committing.await??;
+    assert_eq!(values(env, &topic)?, ["y1"]);
+    let t3 = txn(&mut s, 3, &["y3"]).await?;
+    match s.start_commit(&c2).await? {
+        Committed::InBackground(rest) => rest.await?,
+        Committed::Done => bail!("a transaction of this run commits in the background"),
+    }
+    let c3 = prepared(&mut s, t3, 3).await?;
+    // Committing again after the background commit ended is idempotent (a restart does so).
+    s.commit(&c2).await?;
+    s.commit(&c3).await?;
+    assert_eq!(values(env, &topic)?, ["y1", "y2", "y3"]);
+    assert_eq!(s.producers(), 2);
     Ok(())
 }
 

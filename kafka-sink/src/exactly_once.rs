@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use exactly_core::runtime::SubtaskInfo;
 use exactly_core::CheckpointId;
-use exactly_twophase::{CommitError, PreCommitted, PreCommitting, RecoveryContext, TwoPhaseCommitSink};
+use exactly_twophase::{
+    CommitError, Committed, Committing, PreCommitted, PreCommitting, RecoveryContext, TwoPhaseCommitSink,
+};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer;
 use tracing::{info, warn};
@@ -43,9 +45,45 @@ pub struct TransactionalKafkaSink {
 
 struct Slot {
     id: String,
-    producer: Producer_,
+    /// Shared with a commit completing in the background.
+    producer: Arc<Producer_>,
     deliveries: Arc<Deliveries>,
     state: SlotState,
+    /// While `Committing`: the state the slot takes when the background commit ends.
+    committed: Option<tokio::sync::oneshot::Receiver<SlotState>>,
+}
+
+impl Slot {
+    fn new(id: String, producer: Producer_, deliveries: Arc<Deliveries>) -> Self {
+        Slot {
+            id,
+            producer: Arc::new(producer),
+            deliveries,
+            state: SlotState::Free,
+            committed: None,
+        }
+    }
+
+    /// Takes the outcome of a background commit if it has ended (waits for it with `wait`);
+    /// whether it had.
+    async fn settle(&mut self, wait: bool) -> bool {
+        let SlotState::Committing(checkpoint_id) = self.state else {
+            return false;
+        };
+        let next = match self.committed.as_mut() {
+            None => None,
+            Some(rx) if wait => rx.await.ok(),
+            Some(rx) => match rx.try_recv() {
+                Ok(next) => Some(next),
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => return false,
+                Err(tokio::sync::oneshot::error::TryRecvError::Closed) => None,
+            },
+        };
+        // Ended without a word (its task was dropped): still prepared, the driver commits again.
+        self.state = next.unwrap_or(SlotState::Prepared(checkpoint_id));
+        self.committed = None;
+        true
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -55,6 +93,8 @@ enum SlotState {
     /// Pre-committed (or completing its pre-commit in the background) at this checkpoint: the
     /// slot is nobody else's until its transaction commits or the job restarts.
     Prepared(CheckpointId),
+    /// Its transaction (of this checkpoint) commits in the background.
+    Committing(CheckpointId),
     /// Fenced or failed fatally: unusable until the job restarts.
     Broken,
 }
@@ -125,6 +165,15 @@ impl TransactionalKafkaSink {
         self.slots.len()
     }
 
+    /// The slot holding `c`'s transaction in this run. A slot holds one transaction at a time and
+    /// a checkpoint id once per run; committables restored from a checkpoint were committed
+    /// before this run's pool existed.
+    fn own_slot(&self, c: &KafkaCommittable) -> Option<usize> {
+        self.slots
+            .iter()
+            .position(|s| s.id == c.transactional_id && s.state == SlotState::Prepared(c.checkpoint_id))
+    }
+
     fn free_slots(&self) -> usize {
         self.slots.iter().filter(|s| s.state == SlotState::Free).count()
     }
@@ -136,12 +185,7 @@ impl TransactionalKafkaSink {
         let id = transactional_id(&self.prefix, me, self.slots.len());
         warn!(transactional_id = %id, "All transactional producers wait for checkpoints; adding one to the pool.");
         let (producer, deliveries) = self.init_producer(&id)?;
-        self.slots.push(Slot {
-            id,
-            producer,
-            deliveries,
-            state: SlotState::Free,
-        });
+        self.slots.push(Slot::new(id, producer, deliveries));
         Ok(())
     }
 
@@ -162,6 +206,18 @@ impl TransactionalKafkaSink {
                 pool = self.slots.len(),
                 "Checkpoints complete again; closed the producers the pool grew by."
             );
+        }
+    }
+
+    /// Takes the outcomes of the background commits that ended (all of them with `wait`); closes
+    /// producers the pool grew by that they freed.
+    async fn settle_commits(&mut self, wait: bool) {
+        let mut ended = false;
+        for s in &mut self.slots {
+            ended |= s.settle(wait).await;
+        }
+        if ended {
+            self.shrink();
         }
     }
 
@@ -193,6 +249,33 @@ fn committable(
         checkpoint_id,
         probe,
     })
+}
+
+/// Commits the open transaction of `producer` (blocks for the round trips); returns the state its
+/// slot takes and the outcome. A transaction that must be aborted is, here.
+fn commit_blocking(
+    producer: &Producer_,
+    checkpoint_id: CheckpointId,
+    what: String,
+) -> (SlotState, Result<(), CommitError>) {
+    let Err(e) = producer.commit_transaction(TIMEOUT) else {
+        return (SlotState::Free, Ok(()));
+    };
+    let err = commit_error(e);
+    match err {
+        CommitError::Retriable(_) => (SlotState::Prepared(checkpoint_id), Err(err)),
+        CommitError::Lost { .. } => {
+            let _ = producer.abort_transaction(TIMEOUT);
+            (
+                SlotState::Free,
+                Err(CommitError::Lost {
+                    what,
+                    source: err.into(),
+                }),
+            )
+        }
+        _ => (SlotState::Broken, Err(err)),
+    }
 }
 
 pub(crate) fn commit_error(e: KafkaError) -> CommitError {
@@ -233,6 +316,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
     }
 
     async fn begin(&mut self, _checkpoint_id: CheckpointId) -> exactly_core::Result<KafkaTransaction> {
+        self.settle_commits(false).await;
         let n = self.slots.len();
         let slot = (0..n)
             .map(|i| (self.next_slot + i) % n)
@@ -283,6 +367,11 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         }
         // A failed delivery (e.g. fenced by a newer instance) fails now, not after a decline.
         check_deliveries(&self.slots[txn.slot].deliveries, &self.config.topic)?;
+        self.settle_commits(false).await;
+        if self.free_slots() == 0 && self.slots.iter().any(|s| matches!(s.state, SlotState::Committing(_))) {
+            // A commit still completing frees its producer within a round trip.
+            self.settle_commits(true).await;
+        }
         if self.free_slots() == 0 {
             // Every producer holds a transaction waiting for a checkpoint. When those belong to
             // checkpoints that were aborted (the checkpoint storage unreachable, say), only a
@@ -337,40 +426,45 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
     }
 
     async fn commit(&mut self, c: &KafkaCommittable) -> Result<(), CommitError> {
-        // A slot holds one transaction at a time and a checkpoint id once per run; committables
-        // restored from a checkpoint were committed before this run's pool existed.
-        let own = self
-            .slots
-            .iter()
-            .position(|s| s.id == c.transactional_id && s.state == SlotState::Prepared(c.checkpoint_id));
-        let Some(i) = own else {
+        self.settle_commits(false).await;
+        let Some(i) = self.own_slot(c) else {
             // Pre-committed by an earlier run: finish it through the protocol.
             return commit_recovered(&self.wire, c).await;
         };
         let s = &mut self.slots[i];
-        match tokio::task::block_in_place(|| s.producer.commit_transaction(TIMEOUT)) {
-            Ok(()) => {
-                s.state = SlotState::Free;
-                self.shrink();
-                Ok(())
-            }
-            Err(e) => {
-                let err = commit_error(e);
-                match &err {
-                    CommitError::Retriable(_) => {}
-                    CommitError::Lost { .. } => {
-                        let _ = tokio::task::block_in_place(|| s.producer.abort_transaction(TIMEOUT));
-                        s.state = SlotState::Free;
-                        return Err(CommitError::Lost {
-                            what: c.to_string(),
-                            source: err.into(),
-                        });
-                    }
-                    _ => s.state = SlotState::Broken,
-                }
-                Err(err)
-            }
+        let (next, result) =
+            tokio::task::block_in_place(|| commit_blocking(&s.producer, c.checkpoint_id, c.to_string()));
+        s.state = next;
+        if result.is_ok() {
+            self.shrink();
         }
+        result
+    }
+
+    async fn start_commit(&mut self, c: &KafkaCommittable) -> Result<Committed, CommitError> {
+        self.settle_commits(false).await;
+        let Some(i) = self.own_slot(c) else {
+            return commit_recovered(&self.wire, c).await.map(|()| Committed::Done);
+        };
+        // The commit's round trips (EndTxn, the markers written) go on beside the records that
+        // follow; the slot is nobody else's until it ends.
+        let s = &mut self.slots[i];
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        s.state = SlotState::Committing(c.checkpoint_id);
+        s.committed = Some(rx);
+        let (producer, checkpoint_id, what) = (s.producer.clone(), c.checkpoint_id, c.to_string());
+        Ok(Committed::InBackground(Committing::new(async move {
+            let (next, result) = tokio::task::spawn_blocking(move || commit_blocking(&producer, checkpoint_id, what))
+                .await
+                .unwrap_or_else(|e| {
+                    (
+                        SlotState::Prepared(checkpoint_id),
+                        Err(CommitError::Retriable(format!("committing: {e}").into())),
+                    )
+                });
+            let _ = tx.send(next);
+            result
+        })))
     }
 
     async fn abort(&mut self, txn: KafkaTransaction) -> exactly_core::Result<()> {
@@ -472,12 +566,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         let mut slots = Vec::with_capacity(self.pool_size);
         for (id, r) in ids.into_iter().zip(inited) {
             let (producer, deliveries) = r?;
-            slots.push(Slot {
-                id,
-                producer,
-                deliveries,
-                state: SlotState::Free,
-            });
+            slots.push(Slot::new(id, producer, deliveries));
         }
         self.slots = slots;
         info!(

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::error::{CommitError, TwoPhaseError};
-use crate::sink::{PreCommitted, PreCommitting, RecoveryContext, TwoPhaseCommitSink};
+use crate::sink::{Committed, Committing, PreCommitted, PreCommitting, RecoveryContext, TwoPhaseCommitSink};
 
 const STATE: &str = "two-phase-committables";
 
@@ -80,6 +80,13 @@ struct Pending<C> {
     warned: bool,
 }
 
+/// A commit completing in the background: its committable stays in every checkpoint until the
+/// commit is confirmed (a restart commits it again; commit is idempotent).
+struct InCommit<C> {
+    pending: Pending<C>,
+    done: tokio::task::JoinHandle<Result<(), CommitError>>,
+}
+
 /// Where a pre-commit completing in the background stands.
 #[derive(Clone)]
 enum Flight<C> {
@@ -114,6 +121,8 @@ pub struct TwoPhaseSink<T, S: TwoPhaseCommitSink<T>> {
     pending: BTreeMap<CheckpointId, Vec<Pending<S::Committable>>>,
     /// Pre-commits completing in the background, by checkpoint.
     in_flight: BTreeMap<CheckpointId, InFlight<S::Committable>>,
+    /// Commits completing in the background, by checkpoint.
+    committing: BTreeMap<CheckpointId, Vec<InCommit<S::Committable>>>,
     retry: CommitRetry,
     metrics: Arc<TwoPhaseMetrics>,
 }
@@ -135,6 +144,7 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
             current_id: 1,
             pending: BTreeMap::new(),
             in_flight: BTreeMap::new(),
+            committing: BTreeMap::new(),
             retry,
             metrics: Arc::default(),
         }
@@ -146,7 +156,9 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
     }
 
     fn update_pending_metrics(&self) {
-        let n: usize = self.pending.values().map(Vec::len).sum::<usize>() + self.in_flight.len();
+        let n: usize = self.pending.values().map(Vec::len).sum::<usize>()
+            + self.committing.values().map(Vec::len).sum::<usize>()
+            + self.in_flight.len();
         self.metrics.pending.store(n as u64, Ordering::Relaxed);
         let oldest = self
             .pending
@@ -197,15 +209,37 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
         Ok(())
     }
 
+    /// Commits `c` here, retrying retriable failures.
     async fn commit_one(&mut self, id: CheckpointId, c: &S::Committable) -> Result<(), TwoPhaseError> {
+        match self.commit_or_start(id, c, false).await? {
+            None => Ok(()),
+            // Not asked for: the first attempt went through `commit` too.
+            Some(rest) => rest.await.map_err(|e| self.commit_failed(id, c, e)),
+        }
+    }
+
+    /// Commits `c`, retrying retriable failures; with `background`, the first attempt may leave
+    /// the commit completing in the background (returned).
+    async fn commit_or_start(
+        &mut self,
+        id: CheckpointId,
+        c: &S::Committable,
+        background: bool,
+    ) -> Result<Option<Committing>, TwoPhaseError> {
         let mut backoff = self.retry.initial_backoff;
         let mut attempt = 1;
         loop {
-            match self.sink.commit(c).await {
-                Ok(()) => {
+            let result = if background && attempt == 1 {
+                self.sink.start_commit(c).await
+            } else {
+                self.sink.commit(c).await.map(|()| Committed::Done)
+            };
+            match result {
+                Ok(Committed::Done) => {
                     self.metrics.committed.fetch_add(1, Ordering::Relaxed);
-                    return Ok(());
+                    return Ok(None);
                 }
+                Ok(Committed::InBackground(rest)) => return Ok(Some(rest)),
                 Err(CommitError::Retriable(e)) if attempt < self.retry.attempts => {
                     self.metrics.commit_retries.fetch_add(1, Ordering::Relaxed);
                     warn!(checkpoint_id = id, attempt, error = %e, "Commit failed; retrying.");
@@ -213,23 +247,69 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
                     backoff = (backoff * 2).min(self.retry.max_backoff);
                     attempt += 1;
                 }
-                Err(e @ CommitError::Lost { .. }) => {
-                    self.metrics.commit_failures.fetch_add(1, Ordering::Relaxed);
-                    error!(checkpoint_id = id, committable = ?c, error = %e, "Pre-committed transaction lost.");
-                    return Err(TwoPhaseError::Commit {
-                        checkpoint_id: id,
-                        source: e,
-                    });
-                }
-                Err(e) => {
-                    self.metrics.commit_failures.fetch_add(1, Ordering::Relaxed);
-                    return Err(TwoPhaseError::Commit {
-                        checkpoint_id: id,
-                        source: e,
-                    });
-                }
+                Err(e) => return Err(self.commit_failed(id, c, e)),
             }
         }
+    }
+
+    /// A commit that failed for good (the job restarts and commits from its checkpoint, or the
+    /// transaction was lost).
+    fn commit_failed(&self, id: CheckpointId, c: &S::Committable, e: CommitError) -> TwoPhaseError {
+        self.metrics.commit_failures.fetch_add(1, Ordering::Relaxed);
+        if matches!(e, CommitError::Lost { .. }) {
+            error!(checkpoint_id = id, committable = ?c, error = %e, "Pre-committed transaction lost.");
+        }
+        TwoPhaseError::Commit {
+            checkpoint_id: id,
+            source: e,
+        }
+    }
+
+    /// Takes the outcomes of background commits: those that ended (all of them with `wait`).
+    /// A retriable failure is retried here; a failure for good fails the task, the committable
+    /// back in `pending` (a later completion or the restart commits it, or finds it lost).
+    async fn reap_commits(&mut self, wait: bool) -> Result<(), TwoPhaseError> {
+        let ids: Vec<CheckpointId> = self.committing.keys().copied().collect();
+        for id in ids {
+            let list = self.committing.remove(&id).unwrap_or_default();
+            let mut running = Vec::new();
+            let mut failed = None;
+            for c in list {
+                if failed.is_some() || (!wait && !c.done.is_finished()) {
+                    running.push(c);
+                    continue;
+                }
+                let outcome = match c.done.await {
+                    Ok(outcome) => outcome,
+                    Err(e) => Err(CommitError::Retriable(
+                        format!("the background commit ended: {e}").into(),
+                    )),
+                };
+                let result = match outcome {
+                    Ok(()) => Ok(()),
+                    Err(CommitError::Retriable(e)) => {
+                        self.metrics.commit_retries.fetch_add(1, Ordering::Relaxed);
+                        warn!(checkpoint_id = id, error = %e, "Commit failed in the background; retrying.");
+                        tokio::time::sleep(self.retry.initial_backoff).await;
+                        self.commit_one(id, &c.pending.committable).await
+                    }
+                    Err(e) => Err(self.commit_failed(id, &c.pending.committable, e)),
+                };
+                if let Err(e) = result {
+                    self.pending.entry(id).or_default().push(c.pending);
+                    failed = Some(e);
+                }
+            }
+            if !running.is_empty() {
+                self.committing.insert(id, running);
+            }
+            if let Some(e) = failed {
+                self.update_pending_metrics();
+                return Err(e);
+            }
+        }
+        self.update_pending_metrics();
+        Ok(())
     }
 
     async fn commit_up_to(&mut self, id: CheckpointId) -> Result<(), TwoPhaseError> {
@@ -245,28 +325,45 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
                 committables = batch.len(),
                 "Committing."
             );
-            for (i, p) in batch.iter().enumerate() {
+            let mut inline = false;
+            let mut rest = batch.into_iter();
+            while let Some(p) = rest.next() {
                 if committed_any {
                     failpoint::hit_in(&self.uid, "sink.between_commits");
                 }
                 failpoint::hit_in(&self.uid, "sink.before_commit");
                 let started = Instant::now();
-                let result = self.commit_one(first, &p.committable).await;
-                tracing::debug!(
-                    checkpoint_id = first,
-                    commit_ms = started.elapsed().as_millis() as u64,
-                    ok = result.is_ok(),
-                    "Commit ended (the records after the completion waited for it)."
-                );
-                if let Err(e) = result {
-                    // Keep what is not committed: a later completion or the restart retries it.
-                    let rest: Vec<_> = batch.into_iter().skip(i).collect();
-                    self.pending.insert(first, rest);
-                    return Err(e);
+                let result = self.commit_or_start(first, &p.committable, true).await;
+                match result {
+                    Ok(None) => {
+                        tracing::debug!(
+                            checkpoint_id = first,
+                            commit_ms = started.elapsed().as_millis() as u64,
+                            "Committed (the records after the completion waited for it)."
+                        );
+                        inline = true;
+                    }
+                    Ok(Some(committing)) => {
+                        let done =
+                            tokio::spawn(in_background(self.uid.clone(), first, committing, self.metrics.clone()));
+                        self.committing
+                            .entry(first)
+                            .or_default()
+                            .push(InCommit { pending: p, done });
+                    }
+                    Err(e) => {
+                        // Keep what is not committed: a later completion or the restart retries it.
+                        let mut kept = vec![p];
+                        kept.extend(rest);
+                        self.pending.insert(first, kept);
+                        return Err(e);
+                    }
                 }
                 committed_any = true;
             }
-            failpoint::hit_in(&self.uid, "sink.after_commit");
+            if inline {
+                failpoint::hit_in(&self.uid, "sink.after_commit");
+            }
         }
         Ok(())
     }
@@ -325,6 +422,29 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
             }
         }
     }
+}
+
+/// Runs a commit completing in the background (spawned: it goes on while the records flow).
+async fn in_background(
+    uid: String,
+    id: CheckpointId,
+    committing: Committing,
+    metrics: Arc<TwoPhaseMetrics>,
+) -> Result<(), CommitError> {
+    failpoint::hit_in(&uid, "sink.in_background_commit");
+    let started = Instant::now();
+    let result = committing.await;
+    tracing::debug!(
+        checkpoint_id = id,
+        commit_ms = started.elapsed().as_millis() as u64,
+        ok = result.is_ok(),
+        "Background commit ended."
+    );
+    if result.is_ok() {
+        metrics.committed.fetch_add(1, Ordering::Relaxed);
+        failpoint::hit_in(&uid, "sink.after_commit");
+    }
+    result
 }
 
 /// How a background pre-commit ended (waiting until it has); `Failed` when its part was dropped.
@@ -497,6 +617,7 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
         }
         self.current_id = id + 1;
         self.settle(None).await?;
+        self.reap_commits(false).await?;
         self.warn_near_timeout();
         self.check_carried(id)?;
         let origin = self.info.as_ref().map_or(0, |i| i.index);
@@ -504,6 +625,12 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
         for (id, list) in &self.pending {
             for p in list {
                 entries.push(encode(*id, origin, &p.committable)?);
+            }
+        }
+        // Commits still completing: not confirmed, so still this checkpoint's to commit.
+        for (id, list) in &self.committing {
+            for c in list {
+                entries.push(encode(*id, origin, &c.pending.committable)?);
             }
         }
         if background.is_none() && self.in_flight.is_empty() {
@@ -534,6 +661,7 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
 
     async fn notify_checkpoint_complete(&mut self, id: CheckpointId) -> exactly_core::Result<()> {
         self.settle(Some(id)).await?;
+        self.reap_commits(false).await?;
         self.commit_up_to(id).await?;
         self.warn_near_timeout();
         Ok(())
@@ -541,11 +669,14 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
 
     async fn notify_checkpoint_aborted(&mut self, _id: CheckpointId) -> exactly_core::Result<()> {
         // Pre-committed transactions stay pending: the next completed checkpoint covers them.
+        self.reap_commits(false).await?;
         self.warn_near_timeout();
         Ok(())
     }
 
     async fn close(&mut self) -> exactly_core::Result<()> {
+        // The last completed checkpoint's commits end before the job does.
+        self.reap_commits(true).await?;
         // Records after the last completed checkpoint: nobody will commit them.
         if let Some(txn) = self.current.take() {
             self.sink.abort(txn).await?;

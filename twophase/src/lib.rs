@@ -18,4 +18,4 @@ mod sink;
 
 pub use driver::{CommitRetry, TwoPhaseMetrics, TwoPhaseSink, RESTART_ALLOWANCE};
 pub use error::{CommitError, Result, TwoPhaseError};
-pub use sink::{PreCommitted, PreCommitting, RecoveryContext, TwoPhaseCommitSink};
+pub use sink::{Committed, Committing, PreCommitted, PreCommitting, RecoveryContext, TwoPhaseCommitSink};

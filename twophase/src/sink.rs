@@ -61,6 +61,42 @@ impl<C> Debug for PreCommitting<C> {
     }
 }
 
+/// How [`TwoPhaseCommitSink::start_commit`] went.
+#[derive(Debug)]
+pub enum Committed {
+    /// Committed (now or by an earlier attempt).
+    Done,
+    /// The commit completes in the background (a round trip to the external system): the driver
+    /// lets records flow meanwhile and keeps naming the committable in its checkpoints until this
+    /// resolves, so a restart commits it again (commit is idempotent). A retriable error is
+    /// retried through [`TwoPhaseCommitSink::commit`]; the sink must have the transaction ready
+    /// for that call once this future has resolved. Commits of successive checkpoints may overlap.
+    InBackground(Committing),
+}
+
+/// A commit completing in the background (see [`Committed::InBackground`]).
+pub struct Committing(Pin<Box<dyn Future<Output = Result<(), CommitError>> + Send + 'static>>);
+
+impl Committing {
+    /// Wraps the rest of a commit.
+    pub fn new(rest: impl Future<Output = Result<(), CommitError>> + Send + 'static) -> Self {
+        Committing(Box::pin(rest))
+    }
+}
+
+impl Future for Committing {
+    type Output = Result<(), CommitError>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), CommitError>> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+impl Debug for Committing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Committing(..)")
+    }
+}
+
 /// What a sink learns at start, to recover and to clean up.
 #[derive(Debug)]
 pub struct RecoveryContext<'a, C> {
@@ -180,6 +216,17 @@ pub trait TwoPhaseCommitSink<T>: Send + 'static {
 
     /// Commits a pre-committed transaction. Already committed is success.
     fn commit(&mut self, committable: &Self::Committable) -> impl Future<Output = Result<(), CommitError>> + Send;
+
+    /// Commits a pre-committed transaction of this run when its checkpoint completes, here or,
+    /// returning [`Committed::InBackground`], while the records that follow flow on. The default
+    /// commits here ([`commit`](Self::commit)). Restored committables are always committed with
+    /// `commit`, before anything else runs.
+    fn start_commit(
+        &mut self,
+        committable: &Self::Committable,
+    ) -> impl Future<Output = Result<Committed, CommitError>> + Send {
+        async move { self.commit(committable).await.map(|()| Committed::Done) }
+    }
 
     /// Aborts an open transaction (the job is stopping without committing it).
     fn abort(&mut self, txn: Self::Transaction) -> impl Future<Output = Result<()>> + Send;

@@ -327,6 +327,11 @@ pub(crate) fn sigkill_at_every_step(
             "sink.between_commits",
             "sink.before_pre_commit=delay@1500ms@3;sink.between_commits=freeze@1",
         ),
+        // The commit completes in the background while the records after the completion flow
+        // into the next transaction: die before it ends (the restart commits it from the
+        // checkpoint, or finds it committed)...
+        ("sink.in_background_commit", "sink.in_background_commit=freeze@2"),
+        // ...and once it has.
         ("sink.after_commit", "sink.after_commit=freeze@2"),
     ];
     let mut kills = 0;

@@ -25,6 +25,8 @@ struct System {
     /// Pre-commit in the background: each waits for a permit of `gate`, or fails when `fail_background`.
     background: Option<Arc<tokio::sync::Semaphore>>,
     fail_background: bool,
+    /// Commits of this run in the background: each waits for a permit of this gate.
+    commit_gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 #[derive(Clone, Default)]
@@ -96,6 +98,18 @@ impl TwoPhaseCommitSink<u32> for Fake {
             s.committed.push((*c, rows));
         }
         Ok(())
+    }
+    async fn start_commit(&mut self, c: &u64) -> Result<Committed, CommitError> {
+        let gate = self.0.lock().unwrap().commit_gate.clone();
+        let Some(gate) = gate else {
+            return self.commit(c).await.map(|()| Committed::Done);
+        };
+        let (mut fake, c) = (self.clone(), *c);
+        self.0.lock().unwrap().log.push(format!("committing {c}"));
+        Ok(Committed::InBackground(Committing::new(async move {
+            gate.acquire().await.expect("open").forget();
+            fake.commit(&c).await
+        })))
     }
     async fn abort(&mut self, txn: Self::Transaction) -> exactly_core::Result<()> {
         let mut s = self.0.lock().unwrap();
@@ -412,4 +426,114 @@ async fn a_failed_background_pre_commit_fails_its_checkpoint_and_the_next() {
         "nothing to commit for a failed pre-commit"
     );
     assert!(fake.0.lock().unwrap().committed.is_empty());
+}
+
+fn background_commits(fake: &Fake) -> Arc<tokio::sync::Semaphore> {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    fake.0.lock().unwrap().commit_gate = Some(gate.clone());
+    gate
+}
+
+/// Waits until every background commit of `d` has ended (not yet taken by the driver).
+async fn commits_ended(d: &TwoPhaseSink<u32, Fake>) {
+    while d.committing.values().flatten().any(|c| !c.done.is_finished()) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+fn named(state: &RestoredState) -> Vec<CheckpointId> {
+    let mut ids: Vec<CheckpointId> = state.union_state[STATE]
+        .iter()
+        .map(|e| decode::<u64>(e).unwrap().0)
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_commit_lets_records_flow_and_stays_in_checkpoints_until_confirmed() {
+    let fake = Fake::default();
+    let gate = background_commits(&fake);
+    let mut d = open(&fake, None).await;
+    d.write(vec![1]).await.unwrap();
+    barrier(&mut d, 1).await;
+    // The completion starts the commit and returns: the records that follow do not wait for it.
+    d.notify_checkpoint_complete(1).await.unwrap();
+    d.write(vec![2]).await.unwrap();
+    assert!(fake.0.lock().unwrap().committed.is_empty());
+    // Not confirmed yet: checkpoint 2 still names it (a restart from 2 commits it again).
+    let s2 = barrier(&mut d, 2).await;
+    assert_eq!(named(&s2), vec![1, 2]);
+    assert_eq!(d.metrics().pending(), 2);
+    gate.add_permits(1);
+    commits_ended(&d).await;
+    assert_eq!(fake.0.lock().unwrap().committed, vec![(1, vec![1])]);
+    assert_eq!(d.metrics().committed(), 1);
+    d.write(vec![3]).await.unwrap();
+    // Confirmed: checkpoint 3 names only what is not committed.
+    let s3 = barrier(&mut d, 3).await;
+    assert_eq!(named(&s3), vec![2, 3]);
+    d.notify_checkpoint_complete(3).await.unwrap();
+    assert_eq!(
+        fake.0.lock().unwrap().committed.len(),
+        1,
+        "2 and 3 commit in the background"
+    );
+    // Closing waits for the last completed checkpoint's commits.
+    let closing = tokio::spawn(async move {
+        d.close().await.unwrap();
+        d
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!closing.is_finished(), "close returned before its commits ended");
+    gate.add_permits(2);
+    let d = closing.await.unwrap();
+    assert_eq!(
+        fake.0.lock().unwrap().committed,
+        vec![(1, vec![1]), (2, vec![2]), (3, vec![3])]
+    );
+    assert_eq!((d.metrics().committed(), d.metrics().pending()), (3, 0));
+
+    // A restart from checkpoint 2's state finds 1 committed already (idempotent) and commits 2.
+    let fresh = Fake::default();
+    fresh.0.lock().unwrap().prepared.insert(2, vec![2]);
+    let _restarted = open(&fresh, Some(s2)).await;
+    assert_eq!(fresh.0.lock().unwrap().committed, vec![(2, vec![2])]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_commit_that_fails_is_retried_here_or_fails_the_task_loudly() {
+    let fake = Fake::default();
+    let gate = background_commits(&fake);
+    let mut d = open(&fake, None).await;
+    d.write(vec![1]).await.unwrap();
+    barrier(&mut d, 1).await;
+    fake.0.lock().unwrap().fail_commits = 1;
+    d.notify_checkpoint_complete(1).await.unwrap();
+    gate.add_permits(1);
+    // The retriable failure is taken at the next barrier and retried there (through `commit`).
+    commits_ended(&d).await;
+    assert!(fake.0.lock().unwrap().committed.is_empty());
+    d.write(vec![2]).await.unwrap();
+    let s2 = barrier(&mut d, 2).await;
+    assert_eq!(fake.0.lock().unwrap().committed, vec![(1, vec![1])]);
+    assert_eq!(named(&s2), vec![2]);
+    assert_eq!((d.metrics().commit_retries(), d.metrics().committed()), (1, 1));
+
+    // Lost in the background: the next barrier fails the task, loudly, and keeps the committable.
+    fake.0.lock().unwrap().lost = true;
+    d.notify_checkpoint_complete(2).await.unwrap();
+    gate.add_permits(1);
+    commits_ended(&d).await;
+    let mut ctx = SnapshotContext::new(3, SnapshotKind::Checkpoint, 0);
+    let err = d.snapshot_state(&mut ctx).await.unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Fatal);
+    let text = format!("{err} / {:?}", std::error::Error::source(&err));
+    assert!(text.contains("DATA LOST") && text.contains("checkpoint 2"), "{text}");
+    assert_eq!(d.metrics().commit_failures(), 1);
+    assert_eq!(
+        d.pending.get(&2).map(Vec::len),
+        Some(1),
+        "kept for the restart to find lost"
+    );
 }
