@@ -194,7 +194,12 @@ impl TransactionalKafkaSink {
     /// cleaned by the next start like any id of this subtask.
     fn shrink(&mut self) {
         let before = self.slots.len();
-        while self.slots.len() > self.pool_size && self.slots.last().is_some_and(|s| s.state == SlotState::Free) {
+        // The last free producer stays: the next transaction may need it (a commit that ended
+        // with a retriable error leaves its producer prepared, not free).
+        while self.slots.len() > self.pool_size
+            && self.free_slots() > 1
+            && self.slots.last().is_some_and(|s| s.state == SlotState::Free)
+        {
             let slot = self.slots.pop().expect("checked");
             // Closing a client waits for its threads: off the async workers.
             tokio::task::block_in_place(|| drop(slot));
