@@ -103,7 +103,8 @@ struct InFlight<C> {
 }
 
 /// Runs a two-phase-commit sink as a core [`Sink`]: pre-commit at every barrier, commit on
-/// completion (everything up to the completed id, in order), recover before the first record.
+/// completion (everything up to the completed id, started in order; commits a sink lets end in the
+/// background may end in any order), recover before the first record.
 ///
 /// A pre-committed transaction of a checkpoint that is later aborted stays pending and is
 /// committed with the next completed checkpoint: its records precede that checkpoint's barrier,
