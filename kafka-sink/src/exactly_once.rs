@@ -372,8 +372,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         }
         // A failed delivery (e.g. fenced by a newer instance) fails now, not after a decline.
         check_deliveries(&self.slots[txn.slot].deliveries, &self.config.topic)?;
-        self.settle_commits(false).await;
-        if self.free_slots() == 0 && self.slots.iter().any(|s| matches!(s.state, SlotState::Committing(_))) {
+        if self.free_slots() == 0 {
             // A commit still completing frees its producer within a round trip.
             self.settle_commits(true).await;
         }
@@ -431,6 +430,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
     }
 
     async fn commit(&mut self, c: &KafkaCommittable) -> Result<(), CommitError> {
+        // A background commit that failed retriably left its slot prepared again: take that first.
         self.settle_commits(false).await;
         let Some(i) = self.own_slot(c) else {
             // Pre-committed by an earlier run: finish it through the protocol.
@@ -447,7 +447,6 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
     }
 
     async fn start_commit(&mut self, c: &KafkaCommittable) -> Result<Committed, CommitError> {
-        self.settle_commits(false).await;
         let Some(i) = self.own_slot(c) else {
             return commit_recovered(&self.wire, c).await.map(|()| Committed::Done);
         };

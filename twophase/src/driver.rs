@@ -622,18 +622,16 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
         self.warn_near_timeout();
         self.check_carried(id)?;
         let origin = self.info.as_ref().map_or(0, |i| i.index);
-        let mut entries = Vec::new();
-        for (id, list) in &self.pending {
-            for p in list {
-                entries.push(encode(*id, origin, &p.committable)?);
-            }
-        }
-        // Commits still completing: not confirmed, so still this checkpoint's to commit.
-        for (id, list) in &self.committing {
-            for c in list {
-                entries.push(encode(*id, origin, &c.pending.committable)?);
-            }
-        }
+        // Commits still completing are not confirmed: still this checkpoint's to commit.
+        let pending = self.pending.iter().flat_map(|(id, l)| l.iter().map(move |p| (*id, p)));
+        let committing = self
+            .committing
+            .iter()
+            .flat_map(|(id, l)| l.iter().map(move |c| (*id, &c.pending)));
+        let entries = pending
+            .chain(committing)
+            .map(|(id, p)| encode(id, origin, &p.committable))
+            .collect::<Result<Vec<_>, _>>()?;
         if background.is_none() && self.in_flight.is_empty() {
             ctx.put_union_state(STATE, entries);
             if prepared {

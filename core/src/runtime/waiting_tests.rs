@@ -65,41 +65,67 @@ impl Sink<u64> for Staging {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_source_waiting_for_records_is_checkpointed_and_its_chained_sink_commits() {
+/// Runs a job of `parallelism` subtasks of `source` chained to a `Staging` sink, checkpointed
+/// every 50 ms, until `expected` records are committed (or a 30 s guard against waiting forever
+/// passes: not a timing claim), then cancels it; panics with `stuck` if the cancel does not end
+/// the job. Returns the committed records and the checkpoints completed.
+async fn committed_then_cancelled<S, F>(
+    name: &str,
+    parallelism: u32,
+    source: F,
+    expected: usize,
+    stuck: &str,
+) -> (Vec<u64>, u64)
+where
+    S: Source<u64>,
+    F: Fn(&SubtaskInfo) -> S + Send + Sync + 'static,
+{
     let dir = tempfile::tempdir().unwrap();
     let mut checkpoint = CheckpointConfig::new(dir.path().join("checkpoints"));
     checkpoint.interval = Duration::from_millis(50);
-    let mut config = JobConfig::new("waiting");
+    let mut config = JobConfig::new(name);
     config.checkpointing = Some(checkpoint);
-    let polls = Arc::new(AtomicU64::new(0));
     let committed: Arc<Mutex<Vec<u64>>> = Arc::default();
     let mut job = JobBuilder::new(config);
-    let p = polls.clone();
     let c = committed.clone();
-    job.source("numbers", 1, move |_: &SubtaskInfo| Quiet {
-        left: (0..100).collect(),
-        polls: p.clone(),
-    })
-    .sink("out", move |_| Staging {
-        current: Vec::new(),
-        staged: Vec::new(),
-        committed: c.clone(),
-    });
+    job.source("numbers", parallelism, source)
+        .sink("out", move |_| Staging {
+            current: Vec::new(),
+            staged: Vec::new(),
+            committed: c.clone(),
+        });
     let handle = job.build().unwrap().start();
-    // Not a timing claim: a guard against waiting forever if the runtime waited for the source.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while committed.lock().unwrap().len() < 100 && std::time::Instant::now() < deadline {
+    while committed.lock().unwrap().len() < expected && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let done = handle.metrics().checkpoints().completed;
     handle.cancel();
     tokio::time::timeout(Duration::from_secs(30), handle.join())
         .await
-        .expect("a job whose source waits for records cancels")
+        .expect(stuck)
         .unwrap();
+    let got = committed.lock().unwrap().clone();
+    (got, done)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_waiting_for_records_is_checkpointed_and_its_chained_sink_commits() {
+    let polls = Arc::new(AtomicU64::new(0));
+    let p = polls.clone();
+    let (committed, done) = committed_then_cancelled(
+        "waiting",
+        1,
+        move |_: &SubtaskInfo| Quiet {
+            left: (0..100).collect(),
+            polls: p.clone(),
+        },
+        100,
+        "a job whose source waits for records cancels",
+    )
+    .await;
     assert_eq!(
-        *committed.lock().unwrap(),
+        committed,
         (0..100).collect::<Vec<_>>(),
         "the records read before the wait were committed ({done} checkpoints completed)"
     );
@@ -132,36 +158,17 @@ impl Source<u64> for Spinning {
 /// checkpoints complete, the chained sink commits and the job cancels (it used to hang).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_that_never_waits_is_checkpointed_and_cancels() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut checkpoint = CheckpointConfig::new(dir.path().join("checkpoints"));
-    checkpoint.interval = Duration::from_millis(50);
-    let mut config = JobConfig::new("spinning");
-    config.checkpointing = Some(checkpoint);
-    let committed: Arc<Mutex<Vec<u64>>> = Arc::default();
-    let mut job = JobBuilder::new(config);
-    let c = committed.clone();
     // Two subtasks: two spinning tasks on a runtime of two worker threads.
-    job.source("numbers", 2, move |info: &SubtaskInfo| Spinning {
-        left: (0..100).map(|n| n * 2 + info.index as u64).collect(),
-    })
-    .sink("out", move |_| Staging {
-        current: Vec::new(),
-        staged: Vec::new(),
-        committed: c.clone(),
-    });
-    let handle = job.build().unwrap().start();
-    // Not a timing claim: a guard against waiting forever when the spinning tasks starve the job.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while committed.lock().unwrap().len() < 200 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let done = handle.metrics().checkpoints().completed;
-    handle.cancel();
-    tokio::time::timeout(Duration::from_secs(30), handle.join())
-        .await
-        .expect("a job whose sources never wait cancels")
-        .unwrap();
-    let mut got = committed.lock().unwrap().clone();
+    let (mut got, done) = committed_then_cancelled(
+        "spinning",
+        2,
+        |info: &SubtaskInfo| Spinning {
+            left: (0..100).map(|n| n * 2 + info.index as u64).collect(),
+        },
+        200,
+        "a job whose sources never wait cancels",
+    )
+    .await;
     got.sort_unstable();
     assert_eq!(got, (0..200).collect::<Vec<_>>(), "{done} checkpoints completed");
     assert!(done >= 1, "{done} checkpoints");
