@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
+use super::cpu::{CpuClock, CpuPerRecord};
 use super::kafka::*;
 use super::{BenchOptions, Report};
 use exactly_core::coordinator::WhenCaughtUp;
@@ -198,6 +199,8 @@ pub(super) struct K2kFigures {
     visible: f64,
     p50: i64,
     p99: i64,
+    /// CPU per record from the start of the run until a read_committed reader has the backlog.
+    cpu: CpuPerRecord,
 }
 
 /// Records/s with a backlog of `n`, then latency at `rate`/s for `secs`.
@@ -222,6 +225,7 @@ pub(super) async fn k2k_run(
         .fetch_metadata(Some(&input), Duration::from_secs(10))
         .map_err(|e| anyhow::anyhow!("metadata of {input}: {e}"))?;
     let start = Instant::now();
+    let cpu = CpuClock::start();
     // The output's last stable offsets, sampled until the read_committed reader has the backlog.
     let stable = StableOffsets::start(bootstrap, &output);
     let (b, o) = (bootstrap.to_owned(), output.clone());
@@ -264,6 +268,7 @@ pub(super) async fn k2k_run(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let cpu = cpu.per_record(n);
     let visible_at = stable.visible_at(last_offsets).await?;
     let interval = Duration::from_micros(1_000_000 / rate.max(1));
     let begin = Instant::now();
@@ -305,6 +310,7 @@ pub(super) async fn k2k_run(
         visible,
         p50: quantile(&mut paced_lat, 0.5),
         p99: quantile(&mut paced_lat, 0.99),
+        cpu,
     })
 }
 
@@ -316,9 +322,9 @@ pub(crate) async fn bench_k2k(bootstrap: &str, n: u64, o: &BenchOptions, report:
         p => format!("{p} subtasks"),
     };
     println!("Kafka-to-Kafka pass-through, {PARTITIONS} partitions, {subtasks} (--parallelism; the plain loop is one loop), checkpoints every --intervals (record column: size and interval), {n} records backlog, then 5 s at 2000 records/s; {rounds} round(s), the modes one after the other in each (exactly-once: checkpoints by default, at the interval and once the source caught up after a backlog; interval: when_caught_up = false; caught-up: when_caught_up = true)");
-    println!("written/s: a read_uncommitted reader's rate from its first record to the backlog's last (the pipeline's rate); start: job start to first record written; committed/s: job start until a read_committed reader has the backlog (start-up and, exactly-once, the last commit included); timed/s: from the first record written until a read_committed reader has the backlog (start-up excluded, the last commit included: how `bench peers` times every system); visible/s: from the same first record until the output's last stable offsets (ListOffsets at read_committed, every 10 ms) pass the backlog's last record in every partition (timed/s without the reader's own time to read the last transaction once committed)");
+    println!("written/s: a read_uncommitted reader's rate from its first record to the backlog's last (the pipeline's rate); start: job start to first record written; committed/s: job start until a read_committed reader has the backlog (start-up and, exactly-once, the last commit included); timed/s: from the first record written until a read_committed reader has the backlog (start-up excluded, the last commit included: how `bench peers` times every system); visible/s: from the same first record until the output's last stable offsets (ListOffsets at read_committed, every 10 ms) pass the backlog's last record in every partition (timed/s without the reader's own time to read the last transaction once committed); cpu µs: CPU per record of this process (the pipeline and the two readers, which cost the same in every mode) from the start until the read_committed reader has the backlog; broker µs: the same of the local broker (`BENCH_BROKER_PID`, else the one local `kafka.Kafka` process; `-` when not found)");
     println!(
-        "{:<14} {:<6} {:<22} {:>10} {:>7} {:>8} {:>11} {:>7} {:>10} {:>7} {:>10} {:>7} {:>7} {:>7}",
+        "{:<14} {:<6} {:<22} {:>10} {:>7} {:>8} {:>11} {:>7} {:>10} {:>7} {:>10} {:>7} {:>7} {:>7} {:>7} {:>9}",
         "record",
         "round",
         "mode",
@@ -332,7 +338,9 @@ pub(crate) async fn bench_k2k(bootstrap: &str, n: u64, o: &BenchOptions, report:
         "visible/s",
         "ratio",
         "p50 ms",
-        "p99 ms"
+        "p99 ms",
+        "cpu µs",
+        "broker µs"
     );
     let modes: Vec<(K2k, &str)> = std::iter::once((K2k::Plain, "plain loop"))
         .chain(o.modes.iter().map(|m| m.mode()))
@@ -357,8 +365,9 @@ pub(crate) async fn bench_k2k(bootstrap: &str, n: u64, o: &BenchOptions, report:
                 let r: [f64; 4] = std::array::from_fn(|k| rates[k] / plain[k]);
                 ratios[i].push(r);
                 println!(
-                    "{:<14} {:<6} {:<22} {:>10.0} {:>7.3} {:>8} {:>11.0} {:>7.3} {:>10.0} {:>7.3} {:>10.0} {:>7.3} {:>7} {:>7}",
-                    record, round, name, f.written, r[0], f.startup_ms, f.committed, r[1], f.timed, r[2], f.visible, r[3], f.p50, f.p99
+                    "{:<14} {:<6} {:<22} {:>10.0} {:>7.3} {:>8} {:>11.0} {:>7.3} {:>10.0} {:>7.3} {:>10.0} {:>7.3} {:>7} {:>7} {:>7} {:>9}",
+                    record, round, name, f.written, r[0], f.startup_ms, f.committed, r[1], f.timed, r[2], f.visible, r[3], f.p50, f.p99,
+                    CpuPerRecord::show(f.cpu.process), CpuPerRecord::show(f.cpu.broker)
                 );
                 report.row(
                     "k2k",
@@ -375,7 +384,11 @@ pub(crate) async fn bench_k2k(bootstrap: &str, n: u64, o: &BenchOptions, report:
                         ("visible_ratio_to_plain", r[3]),
                         ("p50_ms", f.p50 as f64),
                         ("p99_ms", f.p99 as f64),
-                    ],
+                    ]
+                    .into_iter()
+                    .chain(f.cpu.process.map(|v| ("cpu_us_per_record", v)))
+                    .chain(f.cpu.broker.map(|v| ("broker_cpu_us_per_record", v)))
+                    .collect::<Vec<_>>(),
                 );
             }
         }

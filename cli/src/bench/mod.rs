@@ -3,6 +3,7 @@
 //! writes the figures too.
 
 mod core;
+mod cpu;
 mod k2k;
 mod kafka;
 mod mysql;
