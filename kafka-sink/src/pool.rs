@@ -101,6 +101,10 @@ pub(crate) fn create_producer(
     // pipeline waits meanwhile: a shorter queue than librdkafka's 100 000 messages keeps that wait
     // short (measured with `exactly bench k2k`, 4 M × 100 B, exactly-once against the plain loop:
     // 0.45 × with 100 000, 0.93 × with 20 000; 10 000 and 5 000 stalled on a full queue instead).
+    // The cap trades the flush against waits for room: at 1 s checkpoints, where flushes are rare,
+    // 40 000 wrote faster in four alternating pairs of five (8 M: 891 / 780 / 633 k records/s
+    // against 568 / 567 / 797 k), at 100 ms slower in three of three (597 / 713 / 587 k against
+    // 703 / 801 / 697 k; docs/benchmarks.md, 2026-12-03): `client` sets it per job.
     c.set("queue.buffering.max.messages", "20000");
     for (k, v) in client {
         c.set(k, v);
