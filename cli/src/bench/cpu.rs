@@ -40,17 +40,14 @@ pub(super) struct CpuClock {
 }
 
 /// µs of CPU per record over a run (`None`: not measurable here).
-#[derive(Clone, Copy, Default)]
 pub(super) struct CpuPerRecord {
     pub(super) process: Option<f64>,
     pub(super) broker: Option<f64>,
 }
 
-impl CpuPerRecord {
-    /// A figure for the table: µs with two decimals, or `-`.
-    pub(super) fn show(v: Option<f64>) -> String {
-        v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"))
-    }
+/// A figure for the table: µs with two decimals, or `-`.
+pub(super) fn show(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"))
 }
 
 impl CpuClock {

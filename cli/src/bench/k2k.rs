@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use super::cpu::{CpuClock, CpuPerRecord};
+use super::cpu::{self, CpuClock, CpuPerRecord};
 use super::kafka::*;
 use super::{BenchOptions, Report};
 use exactly_core::coordinator::WhenCaughtUp;
@@ -367,7 +367,7 @@ pub(crate) async fn bench_k2k(bootstrap: &str, n: u64, o: &BenchOptions, report:
                 println!(
                     "{:<14} {:<6} {:<22} {:>10.0} {:>7.3} {:>8} {:>11.0} {:>7.3} {:>10.0} {:>7.3} {:>10.0} {:>7.3} {:>7} {:>7} {:>7} {:>9}",
                     record, round, name, f.written, r[0], f.startup_ms, f.committed, r[1], f.timed, r[2], f.visible, r[3], f.p50, f.p99,
-                    CpuPerRecord::show(f.cpu.process), CpuPerRecord::show(f.cpu.broker)
+                    cpu::show(f.cpu.process), cpu::show(f.cpu.broker)
                 );
                 report.row(
                     "k2k",
