@@ -571,9 +571,25 @@ async fn an_unneeded_open_transaction_is_aborted_before_restored_ones_are_checke
 /// the previous transaction's flush still runs in the background on another pooled producer:
 /// read_committed readers see a partition in log order, so a transaction whose records overtake
 /// the previous one's tail reorders the output. The first transaction is made slow to flush (a
-/// deep queue of tiny batches), the second writes at once, then both commit.
+/// deep queue of tiny batches), the second writes at once (held until the first has delivered
+/// everything, then sent by its pre-commit), then both commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_after_a_barrier_never_overtake_the_previous_transactions_flush() -> Result<()> {
+    order_across_a_barrier(1_000_000, &[100]).await
+}
+
+/// As above, but the second transaction writes more than the sink holds (a producer queue's
+/// worth, here 150 000 records): that write waits for the first transaction's flush, then sends
+/// what was held before its own records, and a later write goes straight out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_beyond_the_hold_wait_for_the_previous_flush_and_keep_their_order() -> Result<()> {
+    order_across_a_barrier(150_000, &[100, 200_000, 100]).await
+}
+
+/// Writes 100 000 records in a first transaction, then `second` (write by write) in the next
+/// while the first flushes; commits both; checks that a read_committed reader sees every record
+/// once and in the order written.
+async fn order_across_a_barrier(queue_cap: usize, second: &[usize]) -> Result<()> {
     let env = TestEnv::get().await?;
     let topic = unique("sink-order");
     create_topic(env, &topic, 1).await?;
@@ -590,7 +606,7 @@ async fn records_after_a_barrier_never_overtake_the_previous_transactions_flush(
         );
         config
             .client
-            .insert("queue.buffering.max.messages".into(), "1000000".into());
+            .insert("queue.buffering.max.messages".into(), queue_cap.to_string());
         config.client.insert("batch.size".into(), "600".into());
         TransactionalKafkaSink::new(config, Box::new(KeyHashPartitioner::default()))?
     };
@@ -610,8 +626,11 @@ async fn records_after_a_barrier_never_overtake_the_previous_transactions_flush(
         other => bail!("expected a pre-commit, got {other:?}"),
     };
     let mut t2 = s.begin(2).await?;
-    s.write(&mut t2, (FIRST + 1..=FIRST + 100).map(record).collect())
-        .await?;
+    let mut next = FIRST + 1;
+    for n in second {
+        s.write(&mut t2, (next..next + n).map(record).collect()).await?;
+        next += n;
+    }
     if let Some(rest) = flushing {
         let c1 = rest.await?;
         s.commit(&c1).await?;
@@ -620,7 +639,7 @@ async fn records_after_a_barrier_never_overtake_the_previous_transactions_flush(
     s.commit(&c2).await?;
 
     let seen: Vec<String> = read_committed(env, &topic, T)?.iter().map(|r| r.value_str()).collect();
-    assert_eq!(seen.len(), FIRST + 100, "every record once");
+    assert_eq!(seen.len(), next - 1, "every record once");
     let out_of_order = seen.windows(2).filter(|w| w[0] >= w[1]).count();
     let first = seen.windows(2).find(|w| w[0] >= w[1]);
     assert_eq!(

@@ -20,7 +20,10 @@ use crate::committable::{KafkaCommittable, Probe, COMMITTABLE_VERSION};
 use crate::config::{DeliveryGuarantee, KafkaSinkConfig};
 use crate::error::{Result, SinkError};
 use crate::partitioner::Partitioner;
-use crate::pool::{check_deliveries, create_producer, flush, send_all, Deliveries, Producer_};
+use crate::pool::{
+    all_delivered, check_deliveries, create_producer, flush_blocking, queue_cap, send_all, wait_all_delivered,
+    Deliveries, Producer_,
+};
 use crate::protocol::TxnDescription;
 use crate::protocol::Wire;
 use crate::recovery::commit_recovered;
@@ -41,6 +44,29 @@ pub struct TransactionalKafkaSink {
     info: Option<SubtaskInfo>,
     slots: Vec<Slot>,
     next_slot: usize,
+    /// The producer of the latest pre-committed transaction while its flush goes on in the
+    /// background, and the records after its barrier, held until it has delivered everything:
+    /// sent at once from the next producer, they could land before its last batches of the same
+    /// partition, and read_committed readers see a partition in log order.
+    draining: Option<Arc<Producer_>>,
+    held: Vec<ProducerRecord>,
+    held_bytes: usize,
+    /// The most records held; beyond it (or [`HOLD_BYTES`]) the record path waits for the flush
+    /// (as many as a producer's queue takes).
+    hold_limit: usize,
+}
+
+/// The most bytes of records held while the previous transaction flushes.
+const HOLD_BYTES: usize = 64 << 20;
+
+fn record_bytes(r: &ProducerRecord) -> usize {
+    // What the record's buffers take beside the vector's own slot.
+    r.key.as_ref().map_or(0, Vec::len)
+        + r.value.as_ref().map_or(0, Vec::len)
+        + r.headers
+            .iter()
+            .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+            .sum::<usize>()
 }
 
 struct Slot {
@@ -125,6 +151,7 @@ impl TransactionalKafkaSink {
             ));
         };
         let wire = Wire::new(config.cluster(), TIMEOUT);
+        let hold_limit = queue_cap(&config.client);
         Ok(TransactionalKafkaSink {
             config,
             prefix: transactional_id_prefix,
@@ -138,6 +165,10 @@ impl TransactionalKafkaSink {
             info: None,
             slots: Vec::new(),
             next_slot: 0,
+            draining: None,
+            held: Vec::new(),
+            held_bytes: 0,
+            hold_limit,
         })
     }
 
@@ -224,6 +255,54 @@ impl TransactionalKafkaSink {
         if ended {
             self.shrink();
         }
+    }
+
+    /// Whether the previous transaction's producer has delivered everything (waits for it with
+    /// `wait`), so that records may go to the next one.
+    fn drained(&mut self, wait: bool) -> Result<bool> {
+        let Some(previous) = &self.draining else {
+            return Ok(true);
+        };
+        if !all_delivered(previous) {
+            if !wait {
+                return Ok(false);
+            }
+            wait_all_delivered(previous, self.config.flush_timeout)?;
+        }
+        self.draining = None;
+        Ok(true)
+    }
+
+    /// Sends the held records and then `records` into `txn` once the previous transaction's
+    /// producer has delivered everything; holds them (or waits, beyond the hold limit) until then.
+    async fn send(&mut self, txn: &mut KafkaTransaction, records: Vec<ProducerRecord>) -> Result<()> {
+        if !self.drained(false)? {
+            let bytes: usize = records.iter().map(record_bytes).sum();
+            if self.held.len() + records.len() <= self.hold_limit && self.held_bytes + bytes <= HOLD_BYTES {
+                self.held.extend(records);
+                self.held_bytes += bytes;
+                return Ok(());
+            }
+            self.drained(true)?;
+        }
+        self.held_bytes = 0;
+        let s = &self.slots[txn.slot];
+        let mut waited = Duration::ZERO;
+        for batch in [std::mem::take(&mut self.held), records] {
+            if !batch.is_empty() {
+                waited += send_all(
+                    &s.producer,
+                    &self.config.topic,
+                    &self.partitions,
+                    self.partitioner.as_ref(),
+                    batch,
+                )
+                .await?;
+            }
+        }
+        txn.queue_full += waited;
+        txn.longest_queue_full = txn.longest_queue_full.max(waited);
+        Ok(())
     }
 
     /// Aborts whatever is open under `id` by initialising a producer with it (fences and aborts).
@@ -328,6 +407,14 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             .find(|i| self.slots[*i].state == SlotState::Free)
             .ok_or_else(|| SinkError::Protocol("no free transactional producer (all pending or broken)".into()))?;
         self.next_slot = (slot + 1) % n;
+        if self
+            .draining
+            .as_ref()
+            .is_some_and(|d| Arc::ptr_eq(d, &self.slots[slot].producer))
+        {
+            // Free again means committed, which its flush preceded.
+            self.draining = None;
+        }
         let s = &mut self.slots[slot];
         s.deliveries.reset();
         s.producer
@@ -344,18 +431,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
 
     async fn write(&mut self, txn: &mut KafkaTransaction, records: Vec<ProducerRecord>) -> exactly_core::Result<()> {
         txn.records += records.len() as u64;
-        let s = &self.slots[txn.slot];
-        let waited = send_all(
-            &s.producer,
-            &self.config.topic,
-            &self.partitions,
-            self.partitioner.as_ref(),
-            records,
-        )
-        .await?;
-        txn.queue_full += waited;
-        txn.longest_queue_full = txn.longest_queue_full.max(waited);
-        Ok(())
+        Ok(self.send(txn, records).await?)
     }
 
     async fn pre_commit(
@@ -369,6 +445,12 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
                 .map_err(|e| SinkError::kafka("aborting an empty transaction", e))?;
             s.state = SlotState::Free;
             return Ok(PreCommitted::Empty);
+        }
+        // The held records are this transaction's: they go out before its flush.
+        let mut txn = txn;
+        if !self.held.is_empty() {
+            self.drained(true)?;
+            self.send(&mut txn, Vec::new()).await?;
         }
         // A failed delivery (e.g. fenced by a newer instance) fails now, not after a decline.
         check_deliveries(&self.slots[txn.slot].deliveries, &self.config.topic)?;
@@ -395,13 +477,13 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
                 });
             }
         }
-        // The flush holds up the records after the barrier: sent at once from the next pooled
-        // producer they could land before this transaction's last batches, and read_committed
-        // readers see a partition in log order (a flush in the background broke the order per
-        // key: `kafka_sink_transactions` shows it). The check with the transaction coordinator
-        // (DescribeTransactions) completes in the background; the checkpoint is acknowledged only
-        // when it is done (prepared means durable: every record acknowledged by the broker, the
-        // transaction Ongoing under this producer's id and epoch).
+        // The flush and then the check with the transaction coordinator (DescribeTransactions)
+        // complete in the background; the checkpoint is acknowledged only when both are done
+        // (prepared means durable: every record acknowledged by the broker, the transaction
+        // Ongoing under this producer's id and epoch). The records after the barrier are held
+        // meanwhile (see `draining`): sent at once from the next pooled producer they could land
+        // before this transaction's last batches (a flush in the background without the hold
+        // broke the order per key: `kafka_sink_transactions` shows it).
         tracing::debug!(
             checkpoint_id,
             records = txn.records,
@@ -409,21 +491,28 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             longest_queue_full_ms = txn.longest_queue_full.as_millis() as u64,
             "Pre-committing a transaction."
         );
+        // One producer drains at a time (a no-op here: this transaction's records went out only
+        // once the previous one had drained).
+        self.drained(true)?;
         let s = &mut self.slots[txn.slot];
-        flush(
-            &s.producer,
-            &s.deliveries,
-            &self.config.topic,
-            self.config.flush_timeout,
-        )?;
         s.state = SlotState::Prepared(checkpoint_id);
-        let probe = s.deliveries.probe().map(|(partition, offset)| Probe {
-            topic: self.config.topic.clone(),
-            partition,
-            offset,
+        self.draining = Some(s.producer.clone());
+        let (producer, deliveries) = (s.producer.clone(), s.deliveries.clone());
+        let (topic, timeout) = (self.config.topic.clone(), self.config.flush_timeout);
+        // On the blocking pool at once, not when the checkpoint's deferred part is first polled.
+        let flushed = tokio::task::spawn_blocking(move || {
+            flush_blocking(&producer, &deliveries, &topic, timeout)?;
+            Ok::<_, SinkError>(deliveries.probe().map(|(partition, offset)| Probe {
+                topic,
+                partition,
+                offset,
+            }))
         });
         let (wire, id) = (self.wire.clone(), s.id.clone());
         Ok(PreCommitted::InBackground(PreCommitting::new(async move {
+            let probe = flushed
+                .await
+                .map_err(|e| SinkError::Protocol(format!("flushing {id}: {e}")))??;
             let desc = wire.describe(&id).await?;
             Ok(committable(id, desc, checkpoint_id, probe)?)
         })))
@@ -472,6 +561,9 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
     }
 
     async fn abort(&mut self, txn: KafkaTransaction) -> exactly_core::Result<()> {
+        // Held records are this transaction's.
+        self.held.clear();
+        self.held_bytes = 0;
         let s = &mut self.slots[txn.slot];
         tokio::task::block_in_place(|| s.producer.abort_transaction(TIMEOUT))
             .map_err(|e| SinkError::kafka(format!("abort_transaction on {}", s.id), e))?;

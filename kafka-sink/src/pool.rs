@@ -89,6 +89,18 @@ impl ProducerContext for SinkContext {
 
 pub(crate) type Producer_ = ThreadedProducer<SinkContext>;
 
+const QUEUE_CAP_KEY: &str = "queue.buffering.max.messages";
+const DEFAULT_QUEUE_CAP: usize = 20_000;
+
+/// How many records a producer of this `client` setting queues at most (librdkafka's
+/// `queue.buffering.max.messages`, ours unless the job sets it).
+pub(crate) fn queue_cap(client: &std::collections::BTreeMap<String, String>) -> usize {
+    client
+        .get(QUEUE_CAP_KEY)
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(DEFAULT_QUEUE_CAP)
+}
+
 /// Creates a producer (transactional when `transactional_id` is given).
 pub(crate) fn create_producer(
     cluster: &exactly_kafka_client::Cluster,
@@ -98,14 +110,18 @@ pub(crate) fn create_producer(
     let mut c = cluster.client_config().map_err(SinkError::Config)?;
     c.set("linger.ms", "5");
     // Every checkpoint flushes the producer (pre-commit, or at-least-once's barrier flush) and the
-    // pipeline waits meanwhile: a shorter queue than librdkafka's 100 000 messages keeps that wait
-    // short (measured with `exactly bench k2k`, 4 M × 100 B, exactly-once against the plain loop:
-    // 0.45 × with 100 000, 0.93 × with 20 000; 10 000 and 5 000 stalled on a full queue instead).
-    // The cap trades the flush against waits for room: at 1 s checkpoints, where flushes are rare,
+    // records after the barrier wait meanwhile (at-least-once on the task; exactly-once held in
+    // memory, up to this many): a shorter queue than librdkafka's 100 000 messages keeps that wait
+    // short (measured with `exactly bench k2k`, 4 M × 100 B, exactly-once against the plain loop,
+    // when exactly-once flushed on the task: 0.45 × with 100 000, 0.93 × with 20 000; 10 000 and
+    // 5 000 stalled on a full queue instead). With the hold, 60 000 and 100 000 measured no
+    // differently from 20 000 at 100 ms (docs/benchmarks.md, 2026-12-03).
+    // The cap trades the flush against waits for room (measured before the hold): at 1 s
+    // checkpoints, where flushes are rare,
     // 40 000 wrote faster in four alternating pairs of five (8 M: 891 / 780 / 633 k records/s
     // against 568 / 567 / 797 k), at 100 ms slower in three of three (597 / 713 / 587 k against
     // 703 / 801 / 697 k; docs/benchmarks.md, 2026-12-03): `client` sets it per job.
-    c.set("queue.buffering.max.messages", "20000");
+    c.set(QUEUE_CAP_KEY, DEFAULT_QUEUE_CAP.to_string());
     for (k, v) in client {
         c.set(k, v);
     }
@@ -193,8 +209,29 @@ pub(crate) fn check_deliveries(deliveries: &Deliveries, topic: &str) -> Result<(
 
 /// Waits for every outstanding record; fails if any was not delivered.
 pub(crate) fn flush(producer: &Producer_, deliveries: &Deliveries, topic: &str, timeout: Duration) -> Result<()> {
-    tokio::task::block_in_place(|| wait_delivered(producer, timeout))?;
+    tokio::task::block_in_place(|| flush_blocking(producer, deliveries, topic, timeout))
+}
+
+/// [`flush`] on a thread that may block (no async worker).
+pub(crate) fn flush_blocking(
+    producer: &Producer_,
+    deliveries: &Deliveries,
+    topic: &str,
+    timeout: Duration,
+) -> Result<()> {
+    wait_delivered(producer, timeout)?;
     check_deliveries(deliveries, topic)
+}
+
+/// Whether every record sent through `producer` has its delivery report handled.
+pub(crate) fn all_delivered(producer: &Producer_) -> bool {
+    producer.in_flight_count() == 0
+}
+
+/// Waits until every record sent through `producer` has its delivery report handled (whether
+/// delivered or not: the caller that owns those records checks that).
+pub(crate) fn wait_all_delivered(producer: &Producer_, timeout: Duration) -> Result<()> {
+    tokio::task::block_in_place(|| wait_delivered(producer, timeout))
 }
 
 /// Sends what is queued at once (linger ignored) and waits until the delivery report of every
