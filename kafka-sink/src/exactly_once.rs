@@ -446,10 +446,11 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             s.state = SlotState::Free;
             return Ok(PreCommitted::Empty);
         }
-        // The held records are this transaction's: they go out before its flush.
+        // The previous transaction's producer drains first (one drains at a time), and the
+        // records held for it are this transaction's: they go out before its flush.
         let mut txn = txn;
+        self.drained(true)?;
         if !self.held.is_empty() {
-            self.drained(true)?;
             self.send(&mut txn, Vec::new()).await?;
         }
         // A failed delivery (e.g. fenced by a newer instance) fails now, not after a decline.
@@ -491,9 +492,6 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             longest_queue_full_ms = txn.longest_queue_full.as_millis() as u64,
             "Pre-committing a transaction."
         );
-        // One producer drains at a time (a no-op here: this transaction's records went out only
-        // once the previous one had drained).
-        self.drained(true)?;
         let s = &mut self.slots[txn.slot];
         s.state = SlotState::Prepared(checkpoint_id);
         self.draining = Some(s.producer.clone());

@@ -117,10 +117,10 @@ pub(crate) fn create_producer(
     // 5 000 stalled on a full queue instead). With the hold, 60 000 and 100 000 measured no
     // differently from 20 000 at 100 ms (docs/benchmarks.md, 2026-12-03).
     // The cap trades the flush against waits for room (measured before the hold): at 1 s
-    // checkpoints, where flushes are rare,
-    // 40 000 wrote faster in four alternating pairs of five (8 M: 891 / 780 / 633 k records/s
-    // against 568 / 567 / 797 k), at 100 ms slower in three of three (597 / 713 / 587 k against
-    // 703 / 801 / 697 k; docs/benchmarks.md, 2026-12-03): `client` sets it per job.
+    // checkpoints, where flushes are rare, 40 000 wrote faster in four alternating pairs of five
+    // (8 M: 891 / 780 / 633 k records/s against 568 / 567 / 797 k), at 100 ms slower in three of
+    // three (597 / 713 / 587 k against 703 / 801 / 697 k; docs/benchmarks.md, 2026-12-03):
+    // `client` sets it per job.
     c.set(QUEUE_CAP_KEY, DEFAULT_QUEUE_CAP.to_string());
     for (k, v) in client {
         c.set(k, v);
