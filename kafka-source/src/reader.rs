@@ -12,7 +12,7 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::message::Message;
 
 use rdkafka::statistics::Statistics;
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use tracing::{debug, info, warn};
 
 use crate::assignment::subtask_for;
@@ -141,39 +141,11 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
     }
 
     fn create_consumer(&self) -> Result<BaseConsumer<SourceContext>> {
-        let mut c = exactly_kafka_client::client_config(&self.config.bootstrap_servers, &self.config.security)
-            .map_err(SourceError::Config)?;
-        for (k, v) in &self.config.client {
-            c.set(k, v);
-        }
-        if !self.config.client.contains_key("statistics.interval.ms") {
-            c.set("statistics.interval.ms", "5000");
-        }
-        if !self.config.client.contains_key("fetch.queue.backoff.ms") {
-            // librdkafka's default (1 s) stalls a partition for a second whenever its prefetch
-            // queue is over the threshold, which a batch-consuming reader hits all the time:
-            // measured: 185 k instead of 1.3 M records/s.
-            c.set("fetch.queue.backoff.ms", "10");
-        }
-        c.set("bootstrap.servers", &self.config.bootstrap_servers)
-            .set("group.id", &self.config.group_id)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("enable.partition.eof", "false")
-            // Offsets are always concrete; this only applies when one is out of range (deleted
-            // by retention), where reading from the earliest remaining record loses the least.
-            .set("auto.offset.reset", "earliest")
-            .set(
-                "isolation.level",
-                match self.config.isolation_level {
-                    IsolationLevel::ReadCommitted => "read_committed",
-                    IsolationLevel::ReadUncommitted => "read_uncommitted",
-                },
-            );
-        c.create_with_context(SourceContext {
-            metrics: self.metrics.clone(),
-        })
-        .map_err(|e| SourceError::kafka("creating the consumer", e))
+        consumer_config(&self.config)?
+            .create_with_context(SourceContext {
+                metrics: self.metrics.clone(),
+            })
+            .map_err(|e| SourceError::kafka("creating the consumer", e))
     }
 
     /// Every partition of the subscribed topics, as the broker lists them now.
@@ -733,9 +705,69 @@ fn answer(list: &TopicPartitionList, tp: &TopicPartition, what: &str) -> Result<
     Ok(e.offset())
 }
 
+/// librdkafka properties the source sets unless `client` sets them, each for a measured reason.
+const CLIENT_DEFAULTS: &[(&str, &str)] = &[
+    // Consumer lag and fetch figures for the metrics.
+    ("statistics.interval.ms", "5000"),
+    // librdkafka's default (1 s) stalls a partition for a second whenever its prefetch queue is
+    // over the threshold, which a batch-consuming reader hits all the time: measured: 185 k
+    // instead of 1.3 M records/s.
+    ("fetch.queue.backoff.ms", "10"),
+    // librdkafka prefetches until each partition holds 100 000 records (or 64 MiB): at 100 B,
+    // ≈ 35 MB more peak memory for a subtask of three partitions, and no faster (measured: see
+    // ARCHITECTURE.md).
+    ("queued.min.messages", "20000"),
+];
+
+/// The consumer's configuration: TLS/SASL, [`CLIENT_DEFAULTS`], the job's `client` properties
+/// (which win over the defaults), then the keys the source owns.
+fn consumer_config(config: &KafkaSourceConfig) -> Result<ClientConfig> {
+    let mut c = exactly_kafka_client::client_config(&config.bootstrap_servers, &config.security)
+        .map_err(SourceError::Config)?;
+    for (k, v) in CLIENT_DEFAULTS {
+        c.set(*k, *v);
+    }
+    for (k, v) in &config.client {
+        c.set(k, v);
+    }
+    c.set("bootstrap.servers", &config.bootstrap_servers)
+        .set("group.id", &config.group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "false")
+        // Offsets are always concrete; this only applies when one is out of range (deleted
+        // by retention), where reading from the earliest remaining record loses the least.
+        .set("auto.offset.reset", "earliest")
+        .set(
+            "isolation.level",
+            match config.isolation_level {
+                IsolationLevel::ReadCommitted => "read_committed",
+                IsolationLevel::ReadUncommitted => "read_uncommitted",
+            },
+        );
+    Ok(c)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_jobs_client_properties_win_over_the_defaults_and_the_owned_keys_over_both() {
+        let mut config = KafkaSourceConfig::new("127.0.0.1:1", vec!["t".into()], "g");
+        let c = consumer_config(&config).unwrap();
+        for (k, v) in CLIENT_DEFAULTS {
+            assert_eq!(c.get(k), Some(*v), "{k}");
+        }
+        config.client.insert("queued.min.messages".into(), "100000".into());
+        config.client.insert("fetch.queue.backoff.ms".into(), "1000".into());
+        let c = consumer_config(&config).unwrap();
+        assert_eq!(c.get("queued.min.messages"), Some("100000"));
+        assert_eq!(c.get("fetch.queue.backoff.ms"), Some("1000"));
+        assert_eq!(c.get("statistics.interval.ms"), Some("5000"));
+        assert_eq!(c.get("group.id"), Some("g"));
+        assert_eq!(c.get("isolation.level"), Some("read_committed"));
+    }
 
     #[test]
     #[allow(unsafe_code)]

@@ -43,7 +43,8 @@ pub(super) fn k2k_job(
         },
         _ => DeliveryGuarantee::AtLeastOnce,
     };
-    let source = KafkaSourceConfig::new(bootstrap, vec![input.to_owned()], unique("g"));
+    let mut source = KafkaSourceConfig::new(bootstrap, vec![input.to_owned()], unique("g"));
+    source.client.extend(client_overrides("BENCH_SOURCE_CLIENT"));
     let mut sink = KafkaSinkConfig::new(bootstrap, output, delivery);
     sink.client.extend(client_overrides("BENCH_SINK_CLIENT"));
     let mut config = job_config_every(dir, pipeline.interval);

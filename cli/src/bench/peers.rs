@@ -287,7 +287,9 @@ fn peak_rss_kb(pid: u32) -> Option<u64> {
 
 /// A pass-through job file: no transforms (records are copied as they are), an exactly-once
 /// Kafka sink, checkpoints every `ms` (and when the source caught up, as the `caught_up` line
-/// says: `when_caught_up = …`, or nothing for the default).
+/// says: `when_caught_up = …`, or nothing for the default). `BENCH_SOURCE_CLIENT` and
+/// `BENCH_SINK_CLIENT` (`key=value,…`) add librdkafka properties to the source and the sink, as
+/// for `bench k2k`.
 #[allow(clippy::too_many_arguments)]
 fn job_file(
     bootstrap: &str,
@@ -318,12 +320,26 @@ bootstrap_servers = "{bootstrap}"
 topics = ["{input}"]
 group_id = "{id}"
 start = {{ type = "earliest" }}
+client = {{ {source_client} }}
 
 [sink.kafka]
 bootstrap_servers = "{bootstrap}"
 topic = "{output}"
 delivery = {{ type = "exactly_once", transactional_id_prefix = "{id}", pool_size = 3, transaction_timeout = "2m" }}
+client = {{ {sink_client} }}
 "#,
-        dir = dir.display()
+        dir = dir.display(),
+        source_client = inline_table("BENCH_SOURCE_CLIENT"),
+        sink_client = inline_table("BENCH_SINK_CLIENT"),
     )
+}
+
+/// The `key=value,…` overrides in `var` as the inside of a TOML inline table (keys quoted:
+/// librdkafka's names have dots).
+fn inline_table(var: &str) -> String {
+    client_overrides(var)
+        .iter()
+        .map(|(k, v)| format!("{k:?} = {v:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
