@@ -132,7 +132,10 @@ pub(super) fn consumer(bootstrap: &str, topic: &str, committed: bool) -> Result<
     for (k, v) in client_overrides("BENCH_PLAIN_CLIENT") {
         cfg.set(k, v);
     }
-    // The baseline gets the same librdkafka tuning the source uses (see the source's consumer).
+    // The baseline gets the source's `fetch.queue.backoff.ms` (see the source's consumer), not its
+    // smaller prefetch (`queued.min.messages` 20 000, for memory): the loop measured no faster
+    // with it (2 M × 100 B: 697 / 653 / 839 / 766 k records/s with librdkafka's 100 000, then
+    // 610 / 732 / 678 / 670 k with 20 000, alternating; `BENCH_PLAIN_CLIENT` sets it).
     let c: BaseConsumer = cfg
         .set("fetch.queue.backoff.ms", "10")
         .set("bootstrap.servers", bootstrap)
