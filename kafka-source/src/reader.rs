@@ -761,6 +761,11 @@ mod tests {
         }
         config.client.insert("queued.min.messages".into(), "100000".into());
         config.client.insert("fetch.queue.backoff.ms".into(), "1000".into());
+        // Validation refuses owned keys in `client`; were one to get through, it would lose.
+        config.client.insert("group.id".into(), "other".into());
+        config
+            .client
+            .insert("isolation.level".into(), "read_uncommitted".into());
         let c = consumer_config(&config).unwrap();
         assert_eq!(c.get("queued.min.messages"), Some("100000"));
         assert_eq!(c.get("fetch.queue.backoff.ms"), Some("1000"));
