@@ -133,8 +133,8 @@ pub(super) fn consumer(bootstrap: &str, topic: &str, committed: bool) -> Result<
         cfg.set(k, v);
     }
     // The baseline gets the source's `fetch.queue.backoff.ms` (see the source's consumer), not its
-    // smaller prefetch (`queued.min.messages` 20 000, for memory): the loop measured no faster
-    // with it (2 M × 100 B: 697 / 653 / 839 / 766 k records/s with librdkafka's 100 000, then
+    // smaller prefetch (`queued.min.messages`, for memory): the loop measured no faster with a
+    // smaller one (2 M × 100 B: 697 / 653 / 839 / 766 k records/s with librdkafka's 100 000, then
     // 610 / 732 / 678 / 670 k with 20 000, alternating; `BENCH_PLAIN_CLIENT` sets it).
     let c: BaseConsumer = cfg
         .set("fetch.queue.backoff.ms", "10")
