@@ -714,9 +714,9 @@ const CLIENT_DEFAULTS: &[(&str, &str)] = &[
     // instead of 1.3 M records/s.
     ("fetch.queue.backoff.ms", "10"),
     // librdkafka prefetches until each partition holds 100 000 records (or 64 MiB): at 100 B,
-    // ≈ 30 MB more peak memory for a subtask of three partitions than 50 000, and no faster; 20 000
-    // saves ≈ 15 MB more but slows the source alone (`bench source`) by a fifth (measured: see
-    // ARCHITECTURE.md).
+    // ≈ 30 MB more peak memory for a subtask of three partitions than 50 000, which measured no
+    // slower in `bench source`; 20 000 saves ≈ 15 MB more and did not slow the pipeline, but
+    // slowed the source alone by a fifth (measured: see ARCHITECTURE.md).
     ("queued.min.messages", "50000"),
 ];
 
