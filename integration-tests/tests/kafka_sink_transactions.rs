@@ -43,6 +43,23 @@ fn sink_growing_to(
     max_pool_size: usize,
     timeout: Duration,
 ) -> TransactionalKafkaSink {
+    eo_sink(env, topic, prefix, pool_size, max_pool_size, timeout, None)
+}
+
+/// An exactly-once sink of two producers that accepts unknown outcomes up to `up_to`.
+fn accepting(env: &TestEnv, topic: &str, prefix: &str, up_to: Option<u64>) -> TransactionalKafkaSink {
+    eo_sink(env, topic, prefix, 2, 4, Duration::from_secs(120), up_to)
+}
+
+fn eo_sink(
+    env: &TestEnv,
+    topic: &str,
+    prefix: &str,
+    pool_size: usize,
+    max_pool_size: usize,
+    timeout: Duration,
+    accept_unknown_outcome_up_to: Option<u64>,
+) -> TransactionalKafkaSink {
     let config = KafkaSinkConfig::new(
         &env.kafka_bootstrap,
         topic,
@@ -51,6 +68,7 @@ fn sink_growing_to(
             pool_size,
             max_pool_size,
             transaction_timeout: timeout,
+            accept_unknown_outcome_up_to,
         },
     );
     TransactionalKafkaSink::new(config, Box::new(KeyHashPartitioner::default())).unwrap()
@@ -439,8 +457,10 @@ async fn a_committable_whose_id_expired_is_settled_by_its_record() -> Result<()>
 }
 
 /// A committed transaction whose record retention removed cannot be checked any more: that is
-/// "unknown" (a warning), not "aborted → DATA LOST". Before: the probe consumer jumped to the end
-/// of the partition (librdkafka's default offset reset) and read the record as absent.
+/// "unknown", not "aborted → DATA LOST" (before, the probe consumer jumped to the end of the
+/// partition, librdkafka's default offset reset, and read the record as absent), and unknown stops
+/// the job, naming the checkpoint and the setting that accepts it, unless that setting covers the
+/// checkpoint (before, it warned and went on: a guess).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probe_record_removed_by_retention_is_unknown_not_lost() -> Result<()> {
     use rdkafka::admin::{AdminClient, AdminOptions};
@@ -474,7 +494,20 @@ async fn a_probe_record_removed_by_retention_is_unknown_not_lost() -> Result<()>
 
     // The restarted sink initialises its ids (new epoch): c is no longer the open transaction of
     // its id, so only its record could tell, and it is gone.
-    let mut restarted = sink(env, &topic, &prefix, 2, Duration::from_secs(120));
+    for accepted in [None, Some(0)] {
+        let mut restarted = accepting(env, &topic, &prefix, accepted);
+        start(&mut restarted, &me, &[]).await?;
+        match restarted.commit(&c).await {
+            Err(CommitError::Fatal(e)) => {
+                let e = e.to_string();
+                for part in ["cannot tell", "checkpoint 1", "accept_unknown_outcome_up_to = 1", "retention"] {
+                    assert!(e.contains(part), "{part:?} missing from: {e}");
+                }
+            }
+            other => bail!("unknown outcome (accepting up to {accepted:?}) must stop the job, got {other:?}"),
+        }
+    }
+    let mut restarted = accepting(env, &topic, &prefix, Some(1));
     start(&mut restarted, &me, &[]).await?;
     restarted.commit(&c).await?;
     assert_eq!(values(env, &topic)?, ["newer"]);
@@ -602,6 +635,7 @@ async fn order_across_a_barrier(queue_cap: usize, second: &[usize]) -> Result<()
                 pool_size: 2,
                 max_pool_size: 4,
                 transaction_timeout: T,
+                accept_unknown_outcome_up_to: None,
             },
         );
         config

@@ -103,6 +103,7 @@ async fn main() -> anyhow::Result<()> {
             pool_size: 3,
             max_pool_size: exactly_kafka_sink::DEFAULT_MAX_POOL_SIZE,
             transaction_timeout: Duration::from_secs(60),
+            accept_unknown_outcome_up_to: None,
         },
     );
     let crashed = Arc::new(AtomicBool::new(false));

@@ -55,6 +55,14 @@ pub enum DeliveryGuarantee {
         /// time a restart takes) and not exceed the broker's `transaction.max.timeout.ms`.
         #[serde(default = "default_transaction_timeout", with = "humantime_serde")]
         transaction_timeout: Duration,
+        /// After a restart, a restored transaction that is no longer open is settled by one of
+        /// its records (seen by read_committed readers: committed; skipped: aborted, data lost).
+        /// When retention or compaction has removed that record nobody can tell, and the sink
+        /// stops the job rather than guess. After checking the output of the checkpoints the
+        /// error names, set this to the highest of them to continue as if they committed;
+        /// later checkpoints are still checked. Unset by default.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        accept_unknown_outcome_up_to: Option<u64>,
     },
 }
 
@@ -151,6 +159,7 @@ impl KafkaSinkConfig {
             pool_size,
             max_pool_size,
             transaction_timeout,
+            ..
         } = &self.delivery
         {
             if max_pool_size < pool_size {
@@ -221,6 +230,7 @@ mod tests {
                 pool_size: 3,
                 max_pool_size: DEFAULT_MAX_POOL_SIZE,
                 transaction_timeout: timeout,
+                accept_unknown_outcome_up_to: None,
             },
         )
     }
@@ -269,6 +279,7 @@ mod tests {
                 pool_size: 1,
                 max_pool_size: DEFAULT_MAX_POOL_SIZE,
                 transaction_timeout: Duration::from_secs(60),
+                accept_unknown_outcome_up_to: None,
             },
         );
         assert!(c.validate().unwrap_err().to_string().contains("pool_size"));
@@ -289,6 +300,22 @@ mod tests {
             DeliveryGuarantee::ExactlyOnce {
                 pool_size: 3,
                 max_pool_size: DEFAULT_MAX_POOL_SIZE,
+                accept_unknown_outcome_up_to: None,
+                ..
+            }
+        ));
+        let c: KafkaSinkConfig = toml::from_str(
+            r#"
+            bootstrap_servers = "127.0.0.1:9092"
+            topic = "out"
+            delivery = { type = "exactly_once", transactional_id_prefix = "orders", accept_unknown_outcome_up_to = 42 }
+            "#,
+        )
+        .unwrap();
+        assert!(matches!(
+            c.delivery,
+            DeliveryGuarantee::ExactlyOnce {
+                accept_unknown_outcome_up_to: Some(42),
                 ..
             }
         ));

@@ -37,6 +37,9 @@ pub struct TransactionalKafkaSink {
     pool_size: usize,
     max_pool_size: usize,
     transaction_timeout: Duration,
+    /// Restored transactions of checkpoints up to this one whose outcome nobody can tell any
+    /// more (their record is gone) pass as committed: the operator checked.
+    accept_unknown_outcome_up_to: Option<CheckpointId>,
     partitioner: Box<dyn Partitioner>,
     partitions: Vec<i32>,
     brokers: Vec<String>,
@@ -144,6 +147,7 @@ impl TransactionalKafkaSink {
             pool_size,
             max_pool_size,
             transaction_timeout,
+            accept_unknown_outcome_up_to,
         } = config.delivery.clone()
         else {
             return Err(SinkError::Config(
@@ -158,6 +162,7 @@ impl TransactionalKafkaSink {
             pool_size,
             max_pool_size,
             transaction_timeout,
+            accept_unknown_outcome_up_to,
             partitioner,
             partitions: Vec::new(),
             brokers: Vec::new(),
@@ -521,7 +526,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         self.settle_commits(false).await;
         let Some(i) = self.own_slot(c) else {
             // Pre-committed by an earlier run: finish it through the protocol.
-            return commit_recovered(&self.wire, c).await;
+            return commit_recovered(&self.wire, c, self.accept_unknown_outcome_up_to).await;
         };
         let s = &mut self.slots[i];
         let (next, result) =
@@ -535,7 +540,9 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
 
     async fn start_commit(&mut self, c: &KafkaCommittable) -> Result<Committed, CommitError> {
         let Some(i) = self.own_slot(c) else {
-            return commit_recovered(&self.wire, c).await.map(|()| Committed::Done);
+            return commit_recovered(&self.wire, c, self.accept_unknown_outcome_up_to)
+                .await
+                .map(|()| Committed::Done);
         };
         // The commit's round trips (EndTxn, the markers written) go on beside the records that
         // follow; the slot is nobody else's until it ends.

@@ -7,7 +7,8 @@
 //! (same producer id, epoch and start time), and after the EndTxn that it still is. If it is not
 //! (or the coordinator no longer knows the id), ours already ended: one of its records tells how.
 //! Seen by a read_committed reader: committed (success). In the log but skipped by read_committed
-//! readers: aborted (data lost). Gone from the log (retention, compaction): unknown, a warning.
+//! readers: aborted (data lost). Gone from the log (retention, compaction): unknown — the job
+//! stops rather than guess, unless the operator accepted unknown outcomes up to that checkpoint.
 
 use std::time::{Duration, Instant};
 
@@ -21,8 +22,14 @@ use crate::error::SinkError;
 use crate::protocol::{code, Wire};
 use exactly_twophase::CommitError;
 
-/// Commits a restored committable through the protocol. Already committed is success.
-pub(crate) async fn commit_recovered(wire: &Wire, c: &KafkaCommittable) -> Result<(), CommitError> {
+/// Commits a restored committable through the protocol. Already committed is success. An
+/// outcome nobody can tell any more is a fatal error, unless `accept_unknown_up_to` covers the
+/// committable's checkpoint (the operator checked its output).
+pub(crate) async fn commit_recovered(
+    wire: &Wire,
+    c: &KafkaCommittable,
+    accept_unknown_up_to: Option<u64>,
+) -> Result<(), CommitError> {
     let retriable = |e: SinkError| CommitError::Retriable(e.into());
     // An id the coordinator does not know (expired after `transactional.id.expiration.ms`, e.g.
     // a week-old savepoint) has no open transaction: ours ended, the probe tells how.
@@ -90,14 +97,24 @@ pub(crate) async fn commit_recovered(wire: &Wire, c: &KafkaCommittable) -> Resul
             .into(),
         }),
         ProbeOutcome::Unknown(why) => {
-            warn!(
-                committable = %c,
-                checkpoint_id = c.checkpoint_id,
-                probe = %format!("{}/{}@{}", probe.topic, probe.partition, probe.offset),
-                reason = %why,
-                "Cannot tell whether the restored transaction committed: it is no longer open ({now}) and its record is gone from the log. Continuing; check the output of this checkpoint if in doubt."
-            );
-            Ok(())
+            let probe = format!("{}/{}@{}", probe.topic, probe.partition, probe.offset);
+            if accept_unknown_up_to.is_some_and(|n| c.checkpoint_id <= n) {
+                warn!(
+                    committable = %c,
+                    checkpoint_id = c.checkpoint_id,
+                    %probe,
+                    reason = %why,
+                    "Cannot tell whether the restored transaction committed: it is no longer open ({now}) and its record is gone from the log. Continuing as if it committed: delivery.accept_unknown_outcome_up_to covers its checkpoint."
+                );
+                return Ok(());
+            }
+            Err(CommitError::Fatal(
+                format!(
+                    "cannot tell whether {c} committed: it is no longer the open transaction of its id ({now}) and its record {probe} is gone from the log ({why}). Stopping rather than guessing: if it was aborted, the records of checkpoint {} are missing from the output. Check the output (e.g. with `exactly verify`); to continue as if it committed, set the sink's delivery.accept_unknown_outcome_up_to = {} and start the job again",
+                    c.checkpoint_id, c.checkpoint_id
+                )
+                .into(),
+            ))
         }
     }
 }

@@ -100,6 +100,7 @@ impl Sink<ProducerRecord> for KafkaWriter {
 ///         pool_size: 3,
 ///         max_pool_size: 32, // while checkpoints fail, each holds a producer until one completes
 ///         transaction_timeout: Duration::from_secs(120),
+///         accept_unknown_outcome_up_to: None,
 ///     },
 /// );
 /// let mut job = JobBuilder::new(JobConfig::new("copy")); // with checkpointing, in practice

@@ -40,6 +40,7 @@ pub(super) fn k2k_job(
             pool_size: 3,
             max_pool_size: exactly_kafka_sink::DEFAULT_MAX_POOL_SIZE,
             transaction_timeout: Duration::from_secs(120),
+            accept_unknown_outcome_up_to: None,
         },
         _ => DeliveryGuarantee::AtLeastOnce,
     };
