@@ -30,6 +30,8 @@ pub struct Registry {
     /// the live ones' counts come from their own metrics.
     retired_read: AtomicU64,
     retired_deserialized: AtomicU64,
+    /// Offsets retention deleted before replaced source subtasks read them.
+    retired_lost_to_retention: AtomicU64,
     sources: Mutex<BTreeMap<u32, Arc<KafkaSourceMetrics>>>,
     /// Transaction metrics per (sink name, subtask).
     sinks: Mutex<BTreeMap<(String, u32), Arc<TwoPhaseMetrics>>>,
@@ -100,6 +102,9 @@ pub struct Status {
     pub records_skipped: u64,
     /// Records sent to the dead-letter topic.
     pub records_dead_lettered: u64,
+    /// Source offsets retention deleted before the job read them (records lost before the job
+    /// saw them; markers of transactions take offsets too).
+    pub offsets_lost_to_retention: u64,
     /// Restarts of the job.
     pub restarts: u64,
     /// Checkpoints.
@@ -156,6 +161,7 @@ impl Registry {
             records_filtered: AtomicU64::new(0),
             retired_read: AtomicU64::new(0),
             retired_deserialized: AtomicU64::new(0),
+            retired_lost_to_retention: AtomicU64::new(0),
             sources: Mutex::default(),
             sinks: Mutex::default(),
             sink_records: Mutex::default(),
@@ -168,6 +174,8 @@ impl Registry {
     pub fn source(&self, index: u32, m: Arc<KafkaSourceMetrics>) {
         if let Some(old) = self.sources.lock().expect("not poisoned").insert(index, m) {
             self.retired_deserialized.fetch_add(old.records(), Ordering::Relaxed);
+            self.retired_lost_to_retention
+                .fetch_add(old.lost_to_retention(), Ordering::Relaxed);
             self.retired_read
                 .fetch_add(old.records() + old.skipped() + old.dead_lettered(), Ordering::Relaxed);
         }
@@ -275,6 +283,8 @@ impl Registry {
             records_filtered: filtered,
             records_skipped: skipped,
             records_dead_lettered: dead_lettered,
+            offsets_lost_to_retention: self.retired_lost_to_retention.load(Ordering::Relaxed)
+                + sources.iter().map(|s| s.lost_to_retention()).sum::<u64>(),
             restarts: job.as_ref().map_or(0, |j| j.restarts()),
             checkpoints: CheckpointStatus {
                 completed: stats.completed,
@@ -381,6 +391,11 @@ pub fn prometheus(s: &Status) -> String {
         "exactly_records_dead_lettered",
         "Records sent to the dead-letter topic.",
         one_u(s.records_dead_lettered),
+    );
+    e.counter(
+        "exactly_source_offsets_lost_to_retention",
+        "Source offsets deleted by retention before the job read them (their records are lost).",
+        one_u(s.offsets_lost_to_retention),
     );
     e.counter(
         "exactly_restarts",
@@ -529,6 +544,7 @@ mod tests {
         "exactly_sink_pending_transactions",
         "exactly_sink_records_total",
         "exactly_source_offset_commits_total",
+        "exactly_source_offsets_lost_to_retention_total",
         "exactly_source_partition_committed_offset",
         "exactly_source_partition_lag",
         "exactly_source_partition_position",

@@ -954,3 +954,136 @@ async fn a_source_reading_a_filled_topic_reports_backlog_until_it_has_read_it() 
     );
     Ok(())
 }
+
+/// Records that retention deleted while the job was down are lost, and the source says so: the
+/// restored source reads on from the partition's first offset, counts the offsets lost
+/// (`lost_to_retention`) and logs an error (before, librdkafka's `earliest` reset jumped there
+/// without a word). A position beyond the partition's end (truncated, or deleted and recreated)
+/// is read from the first offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_deleted_by_retention_while_the_job_was_down_are_counted_as_lost() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let topic = unique("src-retention");
+    create_topic(env, &topic, 1).await?;
+    let batch = |prefix: &str| -> Vec<(String, String)> { (0..10).map(|i| ("k".into(), format!("{prefix}{i}"))).collect() };
+    produce(env, &topic, &batch("a"))?;
+    let dir = tempfile::tempdir()?;
+    let source = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));
+    let out: Committed<KafkaRecord> = Arc::default();
+    let metrics: Arc<std::sync::Mutex<Vec<Arc<exactly_kafka_source::KafkaSourceMetrics>>>> = Arc::default();
+    let start = || {
+        let (source, out, metrics) = (source.clone(), out.clone(), metrics.clone());
+        let mut job = JobBuilder::new(job_config(dir.path(), Duration::from_millis(100)));
+        job.source("kafka", 1, move |_| {
+            let s = KafkaSource::new(source.clone(), RawBytes);
+            metrics.lock().unwrap().push(s.metrics());
+            s
+        })
+        .sink("collect", move |_| CommittingCollector::new(out.clone()));
+        job.build().expect("valid job").start()
+    };
+    let h = start();
+    // Committed output: a checkpoint holding offset 10 completed.
+    eventually("the first records", T, || count(&out) == 10).await?;
+    h.stop().await?;
+    h.join().await?;
+
+    // While the job is down: ten more (offsets 10..19), and retention deletes all but three.
+    produce(env, &topic, &batch("b"))?;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &env.kafka_bootstrap)
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&topic, 0, Offset::Offset(17))?;
+    for e in admin.delete_records(&tpl, &AdminOptions::new()).await?.elements() {
+        e.error()?;
+    }
+    metrics.lock().unwrap().clear();
+    let h = start();
+    eventually("the records retention left", T, || count(&out) == 13).await?;
+    h.stop().await?;
+    h.join().await?;
+    let mut expected: Vec<String> = (0..10).map(|i| format!("a{i}")).collect();
+    expected.extend(["b7", "b8", "b9"].map(String::from));
+    assert_eq!(values(&out), expected);
+    let lost: u64 = metrics.lock().unwrap().iter().map(|m| m.lost_to_retention()).sum();
+    assert_eq!(lost, 7, "offsets 10..16 reported lost");
+
+    // A position beyond the end: read from the first offset.
+    let beyond = StartPosition::Specific {
+        offsets: [(format!("{topic}:0"), 100)].into(),
+        reset: ResetPosition::None,
+    };
+    assert_eq!(run_until(env, &topic, beyond, 3).await?, ["b7", "b8", "b9"]);
+    Ok(())
+}
+
+/// Retention overtaking a running source: the partition's next fetch position falls below the
+/// log's first offset while the source lags (its prefetch held to a record or two), the fetch
+/// reports it out of range, and the attempt fails with an error that restarts it (the restart
+/// checks the restored offset against the log's range, as above). Before: librdkafka's silent
+/// reset to the first offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_overtaking_a_lagging_source_fails_the_attempt_instead_of_a_silent_jump() -> Result<()> {
+    use exactly_core::runtime::{InitContext, Source};
+
+    let env = TestEnv::get().await?;
+    let topic = unique("src-overtaken");
+    create_topic(env, &topic, 1).await?;
+    // Twenty records of 10 KB, each in its own batch (the fetcher's unit).
+    let p: rdkafka::producer::BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &env.kafka_bootstrap)
+        .set("linger.ms", "0")
+        .create()?;
+    let big = "x".repeat(10_000);
+    for i in 0..20 {
+        let v = format!("{i:02}{big}");
+        p.send(BaseRecord::<str, str>::to(&topic).partition(0).payload(&v))
+            .map_err(|(e, _)| e)?;
+        p.flush(T)?;
+    }
+    let mut config = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));
+    config.start = StartPosition::Earliest;
+    config.poll_batch = 1;
+    for (k, v) in [
+        ("queued.min.messages", "1"),
+        ("queued.max.messages.kbytes", "1"),
+        ("max.partition.fetch.bytes", "1"),
+    ] {
+        config.client.insert(k.into(), v.into());
+    }
+    let mut source = KafkaSource::new(config, RawBytes);
+    let metrics = source.metrics();
+    let info = subtask_info("overtaken");
+    source.initialize_state(&InitContext::new(&info, None)).await?;
+    let mut out = Vec::new();
+    // The first record read: the fetcher has started, and holds at most a few ahead.
+    let until = std::time::Instant::now() + T;
+    while out.is_empty() && std::time::Instant::now() < until {
+        source.poll_next(&mut out).await?;
+    }
+    assert!(!out.is_empty(), "no record within {T:?}");
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &env.kafka_bootstrap)
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&topic, 0, Offset::Offset(17))?;
+    for e in admin.delete_records(&tpl, &AdminOptions::new()).await?.elements() {
+        e.error()?;
+    }
+    let error = loop {
+        if std::time::Instant::now() > until {
+            anyhow::bail!("no error within {T:?}; read {} records", out.len());
+        }
+        match source.poll_next(&mut out).await {
+            Ok(_) => {}
+            Err(e) => break e.to_string(),
+        }
+    };
+    assert!(error.contains("outside the partition's log"), "{error}");
+    assert!(out.len() < 17, "read {} records: the deleted ones were not all prefetched", out.len());
+    let last = out.last().and_then(|r| r.value.as_deref()).map(|v| String::from_utf8_lossy(&v[..2]).into_owned());
+    assert!(last.as_ref().is_some_and(|l| l.parse::<i64>().is_ok_and(|n| n < 17)), "{last:?}");
+    assert_eq!(metrics.lost_to_retention(), 0, "counted by the restart that checks the range");
+    Ok(())
+}

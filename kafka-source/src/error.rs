@@ -55,6 +55,16 @@ pub enum SourceError {
         /// What to do about it.
         fix: &'static str,
     },
+    /// A partition's position left the log's range while the source read it (retention deleted
+    /// records it had not read yet, or the partition was truncated or recreated): the attempt
+    /// restarts, and the restored offset is checked against the log's range, loudly.
+    #[error("kafka source: the position {offset} of {what} is outside the partition's log (records deleted by retention before the job read them, or the partition truncated or recreated); restarting from the last checkpoint, which reads on from the log's first offset and reports the offsets lost")]
+    OutOfRange {
+        /// "topic/partition".
+        what: String,
+        /// The position.
+        offset: i64,
+    },
     /// Dead letters could not be written: the checkpoint fails rather than complete past them.
     #[error("kafka source: {failed} dead letter(s) could not be written to {topic:?} (first error: {first}); the checkpoint fails and the job restarts from the previous one")]
     DeadLetter {
@@ -104,6 +114,7 @@ impl From<SourceError> for CoreError {
             SourceError::Kafka { .. }
             | SourceError::Unreachable(_)
             | SourceError::Routing(_)
+            | SourceError::OutOfRange { .. }
             | SourceError::DeadLetter { .. } => ErrorClass::Restart,
             SourceError::Config(_)
             | SourceError::Poison { .. }

@@ -25,6 +25,7 @@ pub struct KafkaSourceMetrics {
     pub(crate) watermark: AtomicI64,
     pub(crate) skipped: AtomicU64,
     pub(crate) dead_lettered: AtomicU64,
+    pub(crate) lost_to_retention: AtomicU64,
     pub(crate) commits_succeeded: AtomicU64,
     pub(crate) commits_failed: AtomicU64,
     pub(crate) partitions: Mutex<BTreeMap<TopicPartition, PartitionMetrics>>,
@@ -37,6 +38,7 @@ impl Default for KafkaSourceMetrics {
             watermark: AtomicI64::new(i64::MIN),
             skipped: AtomicU64::new(0),
             dead_lettered: AtomicU64::new(0),
+            lost_to_retention: AtomicU64::new(0),
             commits_succeeded: AtomicU64::new(0),
             commits_failed: AtomicU64::new(0),
             partitions: Mutex::default(),
@@ -61,6 +63,11 @@ impl KafkaSourceMetrics {
     /// Records sent to the dead-letter topic.
     pub fn dead_lettered(&self) -> u64 {
         self.dead_lettered.load(Ordering::Relaxed)
+    }
+    /// Offsets deleted by retention before this subtask read them (their records are lost; at
+    /// most this many records, since transaction markers take offsets too).
+    pub fn lost_to_retention(&self) -> u64 {
+        self.lost_to_retention.load(Ordering::Relaxed)
     }
     /// Offset commits to the group that succeeded.
     pub fn commits_succeeded(&self) -> u64 {

@@ -13,7 +13,7 @@ use rdkafka::message::Message;
 
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::assignment::subtask_for;
 use crate::config::{IsolationLevel, KafkaSourceConfig, OffsetCommitMode, PoisonPolicy, ResetPosition, StartPosition};
@@ -292,6 +292,46 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         Ok(())
     }
 
+    /// The offset to read `tp` from, given `offset` (restored, or a group's or the job's start
+    /// offset), checked against the log's range, so that librdkafka never jumps on its own.
+    /// Below the log's first offset, retention deleted records the job had not read: they are
+    /// gone; the source reads on from the first offset, saying which offsets it lost (an error,
+    /// and `lost_to_retention`). Beyond the log's end, the partition was truncated (unclean
+    /// leader election) or deleted and recreated: it is read from its first offset (as Kafka
+    /// Streams and Flink would), with an error saying so.
+    fn in_range(&self, tp: &TopicPartition, offset: i64) -> Result<i64> {
+        let (low, high) = self.watermarks(tp)?;
+        if offset < low {
+            let lost = low - offset;
+            self.metrics.lost_to_retention.fetch_add(lost as u64, Ordering::Relaxed);
+            error!(
+                topic = %tp.topic,
+                partition = tp.partition,
+                from = offset,
+                to = low,
+                lost,
+                "Records deleted by retention before the job read them: offsets {offset} to {} of {}/{} are lost. Reading on from {low}. Keep the topic's retention longer than the job's lag and downtime.",
+                low - 1,
+                tp.topic,
+                tp.partition
+            );
+            Ok(low)
+        } else if offset > high {
+            error!(
+                topic = %tp.topic,
+                partition = tp.partition,
+                position = offset,
+                end = high,
+                "The position {offset} is beyond the end {high} of {}/{}: the partition was truncated (unclean leader election) or deleted and recreated. Reading it from its first offset {low}.",
+                tp.topic,
+                tp.partition
+            );
+            Ok(low)
+        } else {
+            Ok(offset)
+        }
+    }
+
     fn position_map(&self) -> BTreeMap<TopicPartition, i64> {
         self.positions.iter().map(|p| (p.tp.clone(), p.next)).collect()
     }
@@ -429,10 +469,17 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                 continue;
             }
             let offset = match restored.get(tp) {
-                Some(o) => *o,
+                Some(o) => tokio::task::block_in_place(|| self.in_range(tp, *o))?,
                 // Restored, but this partition is not in the checkpoint: it appeared later.
                 None if ctx.is_restored() => tokio::task::block_in_place(|| self.watermarks(tp))?.0,
-                None => tokio::task::block_in_place(|| self.start_offset(tp))?,
+                None => tokio::task::block_in_place(|| {
+                    let o = self.start_offset(tp)?;
+                    match self.config.start {
+                        // Offsets kept elsewhere may be out of the log's range by now.
+                        StartPosition::GroupOffsets { .. } | StartPosition::Specific { .. } => self.in_range(tp, o),
+                        _ => Ok(o),
+                    }
+                })?,
             };
             mine.insert(tp.clone(), offset);
         }
@@ -513,6 +560,16 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             let deserializer = &self.deserializer;
             for m in batch.iter() {
                 if let Some(error) = m.error() {
+                    if error == rdkafka::types::RDKafkaErrorCode::AutoOffsetReset && position_of(positions, &m).is_some() {
+                        // librdkafka stopped fetching the partition (a seek would answer
+                        // "erroneous state", and assigning it again races with the stop): the
+                        // restart checks the restored offset against the log's range.
+                        failed = Some(SourceError::OutOfRange {
+                            what: format!("{}/{}", String::from_utf8_lossy(m.topic_bytes()), m.partition()),
+                            offset: m.offset(),
+                        });
+                        break;
+                    }
                     let what = format!("{}/{}", String::from_utf8_lossy(m.topic_bytes()), m.partition());
                     if let Some(e) = crate::error::unretried(error, what) {
                         failed = Some(e);
@@ -526,11 +583,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                     );
                     continue;
                 }
-                // Owned partitions are few: a scan without allocating beats a map lookup.
-                let Some(at) = positions
-                    .iter()
-                    .position(|p| p.tp.partition == m.partition() && p.topic.as_bytes() == m.topic_bytes())
-                else {
+                let Some(at) = position_of(positions, &m) else {
                     debug!(
                         topic = %String::from_utf8_lossy(m.topic_bytes()),
                         partition = m.partition(),
@@ -680,6 +733,14 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
     }
 }
 
+/// Where `m`'s partition is in `positions`, if it is owned. Owned partitions are few: a scan
+/// without allocating beats a map lookup.
+fn position_of(positions: &[Position], m: &crate::fetch::RawMessage<'_>) -> Option<usize> {
+    positions
+        .iter()
+        .position(|p| p.tp.partition == m.partition() && p.topic.as_bytes() == m.topic_bytes())
+}
+
 /// The broker's answer for `tp` in `list`. An error for the partition, or no answer, fails (the
 /// job restarts; missing authorization stops it), so that a lookup that did not work is never
 /// taken for "no offset" — which starts at the end or the reset position: records skipped or
@@ -736,9 +797,10 @@ fn consumer_config(config: &KafkaSourceConfig) -> Result<ClientConfig> {
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("enable.partition.eof", "false")
-        // Offsets are always concrete; this only applies when one is out of range (deleted
-        // by retention), where reading from the earliest remaining record loses the least.
-        .set("auto.offset.reset", "earliest")
+        // Offsets are always concrete and checked against the log's range when assigned
+        // (`in_range`); one that leaves it later (retention overtaking a lagging job) comes back
+        // as an error that restarts the attempt, never as a silent jump.
+        .set("auto.offset.reset", "error")
         .set(
             "isolation.level",
             match config.isolation_level {
