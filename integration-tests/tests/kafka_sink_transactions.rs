@@ -500,7 +500,12 @@ async fn a_probe_record_removed_by_retention_is_unknown_not_lost() -> Result<()>
         match restarted.commit(&c).await {
             Err(CommitError::Fatal(e)) => {
                 let e = e.to_string();
-                for part in ["cannot tell", "checkpoint 1", "accept_unknown_outcome_up_to = 1", "retention"] {
+                for part in [
+                    "cannot tell",
+                    "checkpoint 1",
+                    "accept_unknown_outcome_up_to = 1",
+                    "retention",
+                ] {
                     assert!(e.contains(part), "{part:?} missing from: {e}");
                 }
             }

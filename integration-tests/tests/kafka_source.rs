@@ -965,7 +965,8 @@ async fn records_deleted_by_retention_while_the_job_was_down_are_counted_as_lost
     let env = TestEnv::get().await?;
     let topic = unique("src-retention");
     create_topic(env, &topic, 1).await?;
-    let batch = |prefix: &str| -> Vec<(String, String)> { (0..10).map(|i| ("k".into(), format!("{prefix}{i}"))).collect() };
+    let batch =
+        |prefix: &str| -> Vec<(String, String)> { (0..10).map(|i| ("k".into(), format!("{prefix}{i}"))).collect() };
     produce(env, &topic, &batch("a"))?;
     let dir = tempfile::tempdir()?;
     let source = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));
@@ -1081,9 +1082,23 @@ async fn retention_overtaking_a_lagging_source_fails_the_attempt_instead_of_a_si
         }
     };
     assert!(error.contains("outside the partition's log"), "{error}");
-    assert!(out.len() < 17, "read {} records: the deleted ones were not all prefetched", out.len());
-    let last = out.last().and_then(|r| r.value.as_deref()).map(|v| String::from_utf8_lossy(&v[..2]).into_owned());
-    assert!(last.as_ref().is_some_and(|l| l.parse::<i64>().is_ok_and(|n| n < 17)), "{last:?}");
-    assert_eq!(metrics.lost_to_retention(), 0, "counted by the restart that checks the range");
+    assert!(
+        out.len() < 17,
+        "read {} records: the deleted ones were not all prefetched",
+        out.len()
+    );
+    let last = out
+        .last()
+        .and_then(|r| r.value.as_deref())
+        .map(|v| String::from_utf8_lossy(&v[..2]).into_owned());
+    assert!(
+        last.as_ref().is_some_and(|l| l.parse::<i64>().is_ok_and(|n| n < 17)),
+        "{last:?}"
+    );
+    assert_eq!(
+        metrics.lost_to_retention(),
+        0,
+        "counted by the restart that checks the range"
+    );
     Ok(())
 }

@@ -560,7 +560,9 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             let deserializer = &self.deserializer;
             for m in batch.iter() {
                 if let Some(error) = m.error() {
-                    if error == rdkafka::types::RDKafkaErrorCode::AutoOffsetReset && position_of(positions, &m).is_some() {
+                    if error == rdkafka::types::RDKafkaErrorCode::AutoOffsetReset
+                        && position_of(positions, &m).is_some()
+                    {
                         // librdkafka stopped fetching the partition (a seek would answer
                         // "erroneous state", and assigning it again races with the stop): the
                         // restart checks the restored offset against the log's range.
