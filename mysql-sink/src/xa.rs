@@ -190,21 +190,17 @@ impl XaMysqlSink {
     }
 
     /// The branch qualifiers of this sink's prepared branches (XA RECOVER, filtered by gtrid).
+    /// A row that cannot be read is an error, never skipped: it could be one of ours, and a
+    /// branch missing from this list reads as rolled back (DATA LOST) to `commit_on`.
     async fn recover(&self, conn: &mut MySqlConnection) -> Result<Vec<String>, sqlx::Error> {
         let rows = db::fetch(conn, "XA RECOVER".into()).await?;
         let mut out = Vec::new();
         for row in rows {
             let data = row
                 .try_get::<Vec<u8>, _>("data")
-                .or_else(|_| row.try_get::<String, _>("data").map(String::into_bytes));
-            let (Ok(g), Ok(b), Ok(data)) = (
-                row.try_get::<i64, _>("gtrid_length"),
-                row.try_get::<i64, _>("bqual_length"),
-                data,
-            ) else {
-                warn!("An XA RECOVER row could not be read; skipping it.");
-                continue;
-            };
+                .or_else(|_| row.try_get::<String, _>("data").map(String::into_bytes))?;
+            let g = row.try_get::<i64, _>("gtrid_length")?;
+            let b = row.try_get::<i64, _>("bqual_length")?;
             let (g, b) = (g as usize, b as usize);
             if data.len() < g + b || &data[..g] != self.gtrid.as_bytes() {
                 continue;
