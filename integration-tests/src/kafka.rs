@@ -36,6 +36,21 @@ pub async fn create_topic(env: &TestEnv, topic: &str, partitions: i32) -> Result
     create_topic_with(env, topic, partitions, &[]).await
 }
 
+/// Deletes the records of `topic`/`partition` below `offset` (DeleteRecords), as retention would:
+/// the partition's first offset becomes `offset`.
+pub async fn delete_records_before(env: &TestEnv, topic: &str, partition: i32, offset: i64) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &env.kafka_bootstrap)
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(offset))?;
+    for e in admin.delete_records(&tpl, &AdminOptions::new()).await?.elements() {
+        e.error()
+            .with_context(|| format!("deleting the records of {topic}/{partition} below {offset}"))?;
+    }
+    Ok(())
+}
+
 /// [`create_topic`] with topic configuration (e.g. `max.message.bytes`).
 pub async fn create_topic_with(env: &TestEnv, topic: &str, partitions: i32, config: &[(&str, &str)]) -> Result<()> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use exactly_core::runtime::SubtaskInfo;
-use exactly_integration_tests::{create_topic, create_topic_with, read_committed, unique, TestEnv};
+use exactly_integration_tests::{
+    create_topic, create_topic_with, delete_records_before, read_committed, unique, TestEnv,
+};
 use exactly_kafka_sink::admin::describe_transaction;
 use exactly_kafka_sink::admin::Cluster;
 use exactly_kafka_sink::{
@@ -32,18 +34,7 @@ fn info(index: u32, parallelism: u32) -> SubtaskInfo {
 }
 
 fn sink(env: &TestEnv, topic: &str, prefix: &str, pool_size: usize, timeout: Duration) -> TransactionalKafkaSink {
-    sink_growing_to(env, topic, prefix, pool_size, 2 * pool_size, timeout)
-}
-
-fn sink_growing_to(
-    env: &TestEnv,
-    topic: &str,
-    prefix: &str,
-    pool_size: usize,
-    max_pool_size: usize,
-    timeout: Duration,
-) -> TransactionalKafkaSink {
-    eo_sink(env, topic, prefix, pool_size, max_pool_size, timeout, None)
+    eo_sink(env, topic, prefix, pool_size, 2 * pool_size, timeout, None)
 }
 
 /// An exactly-once sink of two producers that accepts unknown outcomes up to `up_to`.
@@ -463,10 +454,6 @@ async fn a_committable_whose_id_expired_is_settled_by_its_record() -> Result<()>
 /// checkpoint (before, it warned and went on: a guess).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probe_record_removed_by_retention_is_unknown_not_lost() -> Result<()> {
-    use rdkafka::admin::{AdminClient, AdminOptions};
-    use rdkafka::client::DefaultClientContext;
-    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-
     let env = TestEnv::get().await?;
     let topic = unique("sink-retention");
     create_topic(env, &topic, 1).await?;
@@ -482,15 +469,8 @@ async fn a_probe_record_removed_by_retention_is_unknown_not_lost() -> Result<()>
     s.commit(&c2).await?;
     drop(s);
     // Retention (here DeleteRecords) removes everything up to the newer record.
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &env.kafka_bootstrap)
-        .create()?;
-    let mut tpl = TopicPartitionList::new();
     let newer = c2.probe.as_ref().expect("a probe").offset;
-    tpl.add_partition_offset(&topic, 0, Offset::Offset(newer))?;
-    for e in admin.delete_records(&tpl, &AdminOptions::new()).await?.elements() {
-        e.error()?;
-    }
+    delete_records_before(env, &topic, 0, newer).await?;
 
     // The restarted sink initialises its ids (new epoch): c is no longer the open transaction of
     // its id, so only its record could tell, and it is gone.

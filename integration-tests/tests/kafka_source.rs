@@ -12,8 +12,8 @@ use exactly_core::coordinator::CheckpointConfig;
 use exactly_core::restart::RestartStrategy;
 use exactly_core::runtime::{JobBuilder, JobConfig, JobHandle};
 use exactly_integration_tests::{
-    create_topic, create_topic_with, eventually, produce, read_committed, subtask_info, transactional_producer, unique,
-    Committed, CommittingCollector, TestEnv,
+    create_topic, create_topic_with, delete_records_before, eventually, produce, read_committed, subtask_info,
+    transactional_producer, unique, Committed, CommittingCollector, TestEnv,
 };
 use exactly_kafka_source::{
     Json, KafkaRecord, KafkaSource, KafkaSourceConfig, PoisonPolicy, RawBytes, ResetPosition, StartPosition,
@@ -991,14 +991,7 @@ async fn records_deleted_by_retention_while_the_job_was_down_are_counted_as_lost
 
     // While the job is down: ten more (offsets 10..19), and retention deletes all but three.
     produce(env, &topic, &batch("b"))?;
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &env.kafka_bootstrap)
-        .create()?;
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(&topic, 0, Offset::Offset(17))?;
-    for e in admin.delete_records(&tpl, &AdminOptions::new()).await?.elements() {
-        e.error()?;
-    }
+    delete_records_before(env, &topic, 0, 17).await?;
     metrics.lock().unwrap().clear();
     let h = start();
     eventually("the records retention left", T, || count(&out) == 13).await?;
@@ -1064,14 +1057,7 @@ async fn retention_overtaking_a_lagging_source_fails_the_attempt_instead_of_a_si
         source.poll_next(&mut out).await?;
     }
     assert!(!out.is_empty(), "no record within {T:?}");
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &env.kafka_bootstrap)
-        .create()?;
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(&topic, 0, Offset::Offset(17))?;
-    for e in admin.delete_records(&tpl, &AdminOptions::new()).await?.elements() {
-        e.error()?;
-    }
+    delete_records_before(env, &topic, 0, 17).await?;
     let error = loop {
         if std::time::Instant::now() > until {
             anyhow::bail!("no error within {T:?}; read {} records", out.len());
