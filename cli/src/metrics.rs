@@ -30,7 +30,10 @@ pub struct Registry {
     /// the live ones' counts come from their own metrics.
     retired_read: AtomicU64,
     retired_deserialized: AtomicU64,
-    /// Offsets retention deleted before replaced source subtasks read them.
+    /// Records replaced source subtasks skipped and dead-lettered, and offsets retention deleted
+    /// before they read them: counters stay monotonic across restarts.
+    retired_skipped: AtomicU64,
+    retired_dead_lettered: AtomicU64,
     retired_lost_to_retention: AtomicU64,
     sources: Mutex<BTreeMap<u32, Arc<KafkaSourceMetrics>>>,
     /// Transaction metrics per (sink name, subtask).
@@ -161,6 +164,8 @@ impl Registry {
             records_filtered: AtomicU64::new(0),
             retired_read: AtomicU64::new(0),
             retired_deserialized: AtomicU64::new(0),
+            retired_skipped: AtomicU64::new(0),
+            retired_dead_lettered: AtomicU64::new(0),
             retired_lost_to_retention: AtomicU64::new(0),
             sources: Mutex::default(),
             sinks: Mutex::default(),
@@ -174,6 +179,9 @@ impl Registry {
     pub fn source(&self, index: u32, m: Arc<KafkaSourceMetrics>) {
         if let Some(old) = self.sources.lock().expect("not poisoned").insert(index, m) {
             self.retired_deserialized.fetch_add(old.records(), Ordering::Relaxed);
+            self.retired_skipped.fetch_add(old.skipped(), Ordering::Relaxed);
+            self.retired_dead_lettered
+                .fetch_add(old.dead_lettered(), Ordering::Relaxed);
             self.retired_lost_to_retention
                 .fetch_add(old.lost_to_retention(), Ordering::Relaxed);
             self.retired_read
@@ -262,7 +270,8 @@ impl Registry {
         let lags: Vec<i64> = partitions.iter().filter_map(|p| p.lag).collect();
         let stats = job.as_ref().map(|j| j.checkpoints()).unwrap_or_default();
         let ms = |d: std::time::Duration| d.as_millis() as u64;
-        // Read = deserialized (kept or filtered) + skipped + dead-lettered; out = kept.
+        // Read = deserialized (kept or filtered) + skipped + dead-lettered; out = kept. The live
+        // subtasks' counts here; replaced ones' are in the retired counters.
         let live: u64 = sources.iter().map(|s| s.records()).sum();
         let skipped: u64 = sources.iter().map(|s| s.skipped()).sum();
         let dead_lettered: u64 = sources.iter().map(|s| s.dead_lettered()).sum();
@@ -281,8 +290,8 @@ impl Registry {
             records_in: self.retired_read.load(Ordering::Relaxed) + live + skipped + dead_lettered,
             records_out: deserialized.saturating_sub(filtered),
             records_filtered: filtered,
-            records_skipped: skipped,
-            records_dead_lettered: dead_lettered,
+            records_skipped: self.retired_skipped.load(Ordering::Relaxed) + skipped,
+            records_dead_lettered: self.retired_dead_lettered.load(Ordering::Relaxed) + dead_lettered,
             offsets_lost_to_retention: self.retired_lost_to_retention.load(Ordering::Relaxed)
                 + sources.iter().map(|s| s.lost_to_retention()).sum::<u64>(),
             restarts: job.as_ref().map_or(0, |j| j.restarts()),
@@ -574,6 +583,30 @@ mod tests {
                 "the dashboard queries {name}, which /metrics lacks"
             );
         }
+    }
+
+    /// A restart replaces the source subtasks' metrics: what the replaced ones counted stays in
+    /// the totals (counters never go back), and is not counted twice in the records read.
+    #[test]
+    fn counts_of_replaced_source_subtasks_stay_in_the_totals() {
+        let r = Registry::new("j", 1, "all".into());
+        r.source(0, Arc::default());
+        // What `source` keeps when it replaces subtask 0's metrics (read includes the others).
+        r.retired_read.store(10, Ordering::Relaxed);
+        r.retired_skipped.store(2, Ordering::Relaxed);
+        r.retired_dead_lettered.store(1, Ordering::Relaxed);
+        r.retired_lost_to_retention.store(7, Ordering::Relaxed);
+        r.source(0, Arc::default());
+        let s = r.status();
+        assert_eq!(
+            (
+                s.records_in,
+                s.records_skipped,
+                s.records_dead_lettered,
+                s.offsets_lost_to_retention
+            ),
+            (10, 2, 1, 7)
+        );
     }
 
     #[test]
