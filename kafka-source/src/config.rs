@@ -197,9 +197,14 @@ impl KafkaSourceConfig {
             return bad("poll_batch must be at least 1".into());
         }
         if let StartPosition::Specific { offsets, .. } = &self.start {
-            for key in offsets.keys() {
+            for (key, offset) in offsets {
                 if parse_topic_partition(key).is_none() {
                     return bad(format!("start.offsets key {key:?} must look like \"topic:partition\""));
+                }
+                if *offset < 0 {
+                    return bad(format!(
+                        "start.offsets {key:?} = {offset}: an offset is 0 or more (for either end of a partition, leave it out and set start.reset)"
+                    ));
                 }
             }
         }
@@ -298,6 +303,11 @@ mod tests {
             reset: ResetPosition::None,
         };
         assert!(c.validate().unwrap_err().to_string().contains("topic:partition"));
+        c.start = StartPosition::Specific {
+            offsets: [("in:0".to_owned(), -2)].into(),
+            reset: ResetPosition::None,
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("0 or more"));
         assert_eq!(parse_topic_partition("a:b:3"), Some(("a:b", 3)));
     }
 }
