@@ -206,7 +206,8 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         }
     }
 
-    /// The concrete start offset of a partition without restored offset.
+    /// The concrete start offset of a partition without restored offset (a group's or a given
+    /// offset checked against the log's range: `in_range`).
     fn start_offset(&self, tp: &TopicPartition) -> Result<i64> {
         match &self.config.start {
             StartPosition::Earliest => Ok(self.watermarks(tp)?.0),
@@ -238,13 +239,14 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                     .committed_offsets(tpl, TIMEOUT)
                     .map_err(|e| SourceError::kafka("committed offsets of the group", e))?;
                 match answer(&committed, tp, "the group's committed offset")? {
-                    Offset::Offset(o) => Ok(o),
+                    // Kept elsewhere: it may be out of the log's range by now.
+                    Offset::Offset(o) => self.in_range(tp, o),
                     _ => self.reset(tp, *reset),
                 }
             }
             StartPosition::Specific { offsets, reset } => {
                 match offsets.get(&format!("{}:{}", tp.topic, tp.partition)) {
-                    Some(o) => Ok(*o),
+                    Some(o) => self.in_range(tp, *o),
                     None => self.reset(tp, *reset),
                 }
             }
@@ -472,14 +474,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                 Some(o) => tokio::task::block_in_place(|| self.in_range(tp, *o))?,
                 // Restored, but this partition is not in the checkpoint: it appeared later.
                 None if ctx.is_restored() => tokio::task::block_in_place(|| self.watermarks(tp))?.0,
-                None => tokio::task::block_in_place(|| {
-                    let o = self.start_offset(tp)?;
-                    match self.config.start {
-                        // Offsets kept elsewhere may be out of the log's range by now.
-                        StartPosition::GroupOffsets { .. } | StartPosition::Specific { .. } => self.in_range(tp, o),
-                        _ => Ok(o),
-                    }
-                })?,
+                None => tokio::task::block_in_place(|| self.start_offset(tp))?,
             };
             mine.insert(tp.clone(), offset);
         }
