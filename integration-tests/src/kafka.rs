@@ -51,6 +51,29 @@ pub async fn delete_records_before(env: &TestEnv, topic: &str, partition: i32, o
     Ok(())
 }
 
+/// Deletes `topic` and creates it again with `partitions` partitions: the same name, another
+/// topic ID, an empty log. The creation is retried while the broker still deletes the old one.
+pub async fn recreate_topic(env: &TestEnv, topic: &str, partitions: i32) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &env.kafka_bootstrap)
+        .create()?;
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    for result in admin.delete_topics(&[topic], &options).await? {
+        result.map_err(|(name, code)| anyhow!("deleting topic {name} failed: {code}"))?;
+    }
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+        match admin.create_topics(&[new], &options).await?.remove(0) {
+            Ok(_) => return Ok(()),
+            Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) if Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err((name, code)) => bail!("creating topic {name} again after deleting it failed: {code}"),
+        }
+    }
+}
+
 /// [`create_topic`] with topic configuration (e.g. `max.message.bytes`).
 pub async fn create_topic_with(env: &TestEnv, topic: &str, partitions: i32, config: &[(&str, &str)]) -> Result<()> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()

@@ -12,8 +12,8 @@ use exactly_core::coordinator::CheckpointConfig;
 use exactly_core::restart::RestartStrategy;
 use exactly_core::runtime::{JobBuilder, JobConfig, JobHandle};
 use exactly_integration_tests::{
-    create_topic, create_topic_with, delete_records_before, eventually, produce, read_committed, subtask_info,
-    transactional_producer, unique, Committed, CommittingCollector, TestEnv,
+    create_topic, create_topic_with, delete_records_before, eventually, produce, read_committed, recreate_topic,
+    subtask_info, transactional_producer, unique, Committed, CommittingCollector, TestEnv,
 };
 use exactly_kafka_source::{
     Json, KafkaRecord, KafkaSource, KafkaSourceConfig, PoisonPolicy, RawBytes, ResetPosition, StartPosition,
@@ -958,10 +958,11 @@ async fn a_source_reading_a_filled_topic_reports_backlog_until_it_has_read_it() 
 /// Records that retention deleted while the job was down are lost, and the source says so: the
 /// restored source reads on from the partition's first offset, counts the offsets lost
 /// (`lost_to_retention`) and logs an error (before, librdkafka's `earliest` reset jumped there
-/// without a word). A position beyond the partition's end (truncated, or deleted and recreated)
-/// is read from the first offset.
+/// without a word). A given start offset beyond the partition's end is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_deleted_by_retention_while_the_job_was_down_are_counted_as_lost() -> Result<()> {
+    use exactly_core::runtime::{InitContext, Source};
+
     let env = TestEnv::get().await?;
     let topic = unique("src-retention");
     create_topic(env, &topic, 1).await?;
@@ -1003,12 +1004,163 @@ async fn records_deleted_by_retention_while_the_job_was_down_are_counted_as_lost
     let lost: u64 = metrics.lock().unwrap().iter().map(|m| m.lost_to_retention()).sum();
     assert_eq!(lost, 7, "offsets 10..16 reported lost");
 
-    // A position beyond the end: read from the first offset.
-    let beyond = StartPosition::Specific {
+    // A given start offset beyond the end is refused, not read from somewhere else.
+    let mut config = source.clone();
+    config.start = StartPosition::Specific {
         offsets: [(format!("{topic}:0"), 100)].into(),
         reset: ResetPosition::None,
     };
-    assert_eq!(run_until(env, &topic, beyond, 3).await?, ["b7", "b8", "b9"]);
+    let info = subtask_info("beyond");
+    let error = KafkaSource::new(config, RawBytes)
+        .initialize_state(&InitContext::new(&info, None))
+        .await
+        .expect_err("a start offset beyond the end")
+        .to_string();
+    assert!(error.contains("beyond the partition's end 20"), "{error}");
+    Ok(())
+}
+
+/// Reads from a source driven by hand until it has handed on `n` records or `T` passed; the
+/// values read (fewer than `n` if none came for `T`).
+async fn read_values(source: &mut KafkaSource<KafkaRecord, RawBytes>, n: usize) -> Result<Vec<String>> {
+    use exactly_core::runtime::Source;
+    let mut out = Vec::new();
+    let until = std::time::Instant::now() + T;
+    while out.len() < n && std::time::Instant::now() < until {
+        source.poll_next(&mut out).await?;
+    }
+    Ok(out
+        .iter()
+        .map(|r: &KafkaRecord| String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned())
+        .collect())
+}
+
+/// What a restore of a source driven by hand gets back from its snapshot now.
+async fn snapshot_of(source: &mut KafkaSource<KafkaRecord, RawBytes>) -> Result<exactly_core::state::RestoredState> {
+    use exactly_core::runtime::{SnapshotContext, Source};
+    let mut ctx = SnapshotContext::new(1, exactly_core::SnapshotKind::Checkpoint, 0);
+    source.snapshot_state(&mut ctx).await?;
+    ctx.finish_deferred().await?;
+    Ok(ctx.into_restored())
+}
+
+fn labelled(prefix: &str, n: usize) -> Vec<(String, String)> {
+    (0..n).map(|i| ("k".into(), format!("{prefix}{i}"))).collect()
+}
+
+fn values_of(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+/// A topic deleted and recreated under the same name while the job was down is read from its
+/// first offset: the checkpoint records the topic's ID with its offsets, and the new topic has
+/// another. Before, a restored position inside the new log's range (10, in a new log of 15) was
+/// read on from: the new topic's first ten records were skipped without a word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_deleted_and_recreated_while_the_job_was_down_is_read_from_its_first_offset() -> Result<()> {
+    use exactly_core::runtime::{InitContext, Source};
+
+    let env = TestEnv::get().await?;
+    let topic = unique("src-recreated");
+    create_topic(env, &topic, 1).await?;
+    produce(env, &topic, &labelled("a", 10))?;
+    let config = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));
+    let info = subtask_info("recreated");
+    let mut source = KafkaSource::new(config.clone(), RawBytes);
+    source.initialize_state(&InitContext::new(&info, None)).await?;
+    assert_eq!(read_values(&mut source, 10).await?, values_of("a", 10));
+    let state = snapshot_of(&mut source).await?;
+    drop(source);
+
+    recreate_topic(env, &topic, 1).await?;
+    produce(env, &topic, &labelled("c", 15))?;
+    let mut source = KafkaSource::new(config, RawBytes);
+    source.initialize_state(&InitContext::new(&info, Some(&state))).await?;
+    assert_eq!(read_values(&mut source, 15).await?, values_of("c", 15));
+    Ok(())
+}
+
+/// A restored position beyond its partition's end. With the topic's ID in the checkpoint and the
+/// same topic in the cluster, the log was truncated (an unclean leader election, which a
+/// single broker cannot stage: the checkpoint's offset is raised instead): the source resumes at
+/// the log's end, reading what is written there next, and nothing before. Without an ID (a
+/// checkpoint of an earlier build) nothing tells truncation from recreation: the restore fails
+/// by default, naming `position_beyond_end`, and follows that setting when it is given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_position_beyond_the_end_resumes_by_the_topic_id_or_is_refused_without_one() -> Result<()> {
+    use exactly_core::runtime::{InitContext, Source};
+    use exactly_kafka_source::BeyondEnd;
+
+    let env = TestEnv::get().await?;
+    let topic = unique("src-beyond");
+    create_topic(env, &topic, 1).await?;
+    produce(env, &topic, &labelled("a", 10))?;
+    let config = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));
+    let info = subtask_info("beyond");
+    let mut source = KafkaSource::new(config.clone(), RawBytes);
+    source.initialize_state(&InitContext::new(&info, None)).await?;
+    assert_eq!(read_values(&mut source, 10).await?, values_of("a", 10));
+    let state = snapshot_of(&mut source).await?;
+    drop(source);
+    // The snapshot's one entry, as JSON, with its position moved to `offset`, and its topic ID
+    // kept or dropped.
+    let (name, entries) = state.union_state.iter().next().expect("the source's offsets");
+    assert_eq!(entries.len(), 1, "one partition");
+    let entry: serde_json::Value = serde_json::from_slice(&entries[0])?;
+    assert_eq!(entry["next_offset"], 10);
+    assert!(entry["topic_id"].is_string(), "the topic's ID is recorded: {entry}");
+    let moved = |offset: i64, keep_id: bool| {
+        let mut e = entry.clone();
+        e["next_offset"] = offset.into();
+        if !keep_id {
+            e.as_object_mut().expect("an object").remove("topic_id");
+        }
+        let mut restored = state.clone();
+        restored
+            .union_state
+            .insert(name.clone(), vec![serde_json::to_vec(&e).expect("serializes")]);
+        restored
+    };
+
+    // The same topic, its end (10) below the position (25): resume at the end.
+    let truncated = moved(25, true);
+    let mut source = KafkaSource::new(config.clone(), RawBytes);
+    source
+        .initialize_state(&InitContext::new(&info, Some(&truncated)))
+        .await?;
+    produce(env, &topic, &labelled("b", 3))?;
+    assert_eq!(read_values(&mut source, 3).await?, values_of("b", 3));
+    drop(source);
+
+    // No ID: refused, by default.
+    let unclear = moved(25, false);
+    let error = KafkaSource::new(config.clone(), RawBytes)
+        .initialize_state(&InitContext::new(&info, Some(&unclear)))
+        .await
+        .expect_err("a position beyond the end without a topic ID")
+        .to_string();
+    assert!(
+        error.contains("beyond the partition's end 13") && error.contains("position_beyond_end"),
+        "{error}"
+    );
+    // ... and as the operator says, once told.
+    let mut told = config.clone();
+    told.position_beyond_end = BeyondEnd::Recreated;
+    let mut source = KafkaSource::new(told.clone(), RawBytes);
+    source
+        .initialize_state(&InitContext::new(&info, Some(&unclear)))
+        .await?;
+    let mut all = values_of("a", 10);
+    all.extend(values_of("b", 3));
+    assert_eq!(read_values(&mut source, 13).await?, all);
+    drop(source);
+    told.position_beyond_end = BeyondEnd::Truncated;
+    let mut source = KafkaSource::new(told, RawBytes);
+    source
+        .initialize_state(&InitContext::new(&info, Some(&unclear)))
+        .await?;
+    produce(env, &topic, &labelled("c", 2))?;
+    assert_eq!(read_values(&mut source, 2).await?, values_of("c", 2));
     Ok(())
 }
 

@@ -350,6 +350,60 @@ pub async fn topic_access(cluster: &crate::Cluster, topic: &str) -> Result<Topic
     Ok(TopicAccess::Allowed(t.topic_authorized_operations))
 }
 
+/// The topic IDs of `topics` (KIP-516), from a bootstrap server's metadata (Metadata v10): a
+/// topic deleted and recreated under the same name has another ID, which a restored position can
+/// be checked against. A topic that does not exist, or a broker without topic IDs (before Kafka
+/// 2.8), has none in the map. Each address is tried in turn, with `timeout` per address.
+pub async fn topic_ids(
+    cluster: &crate::Cluster,
+    topics: &[String],
+    timeout: std::time::Duration,
+) -> Result<std::collections::BTreeMap<String, String>, WireError> {
+    use kafka_protocol::messages::metadata_request::{MetadataRequest, MetadataRequestTopic};
+    use kafka_protocol::messages::TopicName;
+    let mut ids = std::collections::BTreeMap::new();
+    if topics.is_empty() {
+        return Ok(ids);
+    }
+    let req = MetadataRequest::default()
+        .with_topics(Some(
+            topics
+                .iter()
+                .map(|t| MetadataRequestTopic::default().with_name(Some(TopicName(StrBytes::from_string(t.clone())))))
+                .collect(),
+        ))
+        .with_allow_auto_topic_creation(false);
+    let mut last = WireError::Config(format!("no bootstrap server in {:?}", cluster.bootstrap));
+    for addr in cluster.addresses() {
+        let attempt = async {
+            let mut conn = connect(addr, &cluster.security, "exactly").await?;
+            conn.request(&req, 10).await
+        };
+        let outcome = match tokio::time::timeout(timeout, attempt).await {
+            Ok(r) => r,
+            Err(_) => Err(WireError::Transport {
+                addr: addr.to_owned(),
+                what: format!("no metadata within {timeout:?}"),
+            }),
+        };
+        match outcome {
+            Ok(resp) => {
+                for t in resp.topics {
+                    if let (0, Some(name)) = (t.error_code, t.name) {
+                        if !t.topic_id.is_nil() {
+                            ids.insert(name.0.to_string(), t.topic_id.to_string());
+                        }
+                    }
+                }
+                return Ok(ids);
+            }
+            Err(e) if e.is_permanent() => return Err(e),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
 impl Connection {
     /// The broker this connection reaches.
     pub fn addr(&self) -> &str {

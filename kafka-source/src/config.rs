@@ -51,6 +51,24 @@ pub enum ResetPosition {
     None,
 }
 
+/// What a restored position beyond its partition's end is taken for when the checkpoint cannot
+/// say: its offsets were recorded without the topic's ID (by a build before topic IDs were
+/// recorded, or from a broker before Kafka 2.8). With IDs the source knows: another ID → the topic
+/// was deleted and recreated (read from its first offset); the same ID → the log was truncated
+/// (resume at its end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum BeyondEnd {
+    /// Stop the job, saying which partition and what to set (the default: either guess may
+    /// duplicate or skip records).
+    #[default]
+    Fail,
+    /// The log was truncated (unclean leader election): resume at its end.
+    Truncated,
+    /// The topic was deleted and recreated: read it from its first offset.
+    Recreated,
+}
+
 /// Which records are delivered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -127,6 +145,10 @@ pub struct KafkaSourceConfig {
     /// Where partitions without restored offsets start.
     #[serde(default)]
     pub start: StartPosition,
+    /// What a restored position beyond its partition's end is taken for when the checkpoint
+    /// holds no topic ID to tell (see [`BeyondEnd`]).
+    #[serde(default)]
+    pub position_beyond_end: BeyondEnd,
     /// Read committed (default) or uncommitted records.
     #[serde(default)]
     pub isolation_level: IsolationLevel,
@@ -163,6 +185,7 @@ impl KafkaSourceConfig {
             topic_pattern: None,
             group_id: group_id.into(),
             start: StartPosition::default(),
+            position_beyond_end: BeyondEnd::default(),
             isolation_level: IsolationLevel::default(),
             offset_commit: OffsetCommitMode::default(),
             discovery_interval: None,
@@ -282,12 +305,14 @@ mod tests {
             group_id = "g"
             discovery_interval = "10s"
             start = { type = "timestamp", ms = 1700000000000 }
+            position_beyond_end = "recreated"
             on_deserialization_error = { type = "dead_letter", topic = "dlq" }
             "#,
         )
         .unwrap();
         assert_eq!(c.discovery_interval, Some(Duration::from_secs(10)));
         assert_eq!(c.start, StartPosition::Timestamp { ms: 1_700_000_000_000 });
+        assert_eq!(c.position_beyond_end, BeyondEnd::Recreated);
         c.validate().unwrap();
         let err = toml::from_str::<KafkaSourceConfig>("bootstrap_servers = \"x\"\ngroup_id = \"g\"\ntopicz = []")
             .unwrap_err()

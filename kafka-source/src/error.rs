@@ -58,12 +58,24 @@ pub enum SourceError {
     /// A partition's position left the log's range while the source read it (retention deleted
     /// records it had not read yet, or the partition was truncated or recreated): the attempt
     /// restarts, and the restored offset is checked against the log's range, loudly.
-    #[error("kafka source: the position {offset} of {what} is outside the partition's log (records deleted by retention before the job read them, or the partition truncated or recreated); restarting from the last checkpoint, which reads on from the log's first offset and reports the offsets lost")]
+    #[error("kafka source: the position {offset} of {what} is outside the partition's log (records deleted by retention before the job read them, or the partition truncated or recreated); restarting from the last checkpoint, whose restore checks the position against the log's range and the topic's ID and reports what it finds")]
     OutOfRange {
         /// "topic/partition".
         what: String,
         /// The position.
         offset: i64,
+    },
+    /// A restored position is beyond its partition's end and the checkpoint holds no topic ID to
+    /// tell a truncated log (resume at its end) from a recreated topic (read it from its first
+    /// offset); `position_beyond_end` is `fail`.
+    #[error("kafka source: the restored position {offset} of {what} is beyond the partition's end {end}, and the checkpoint holds no topic ID to tell whether the log was truncated (unclean leader election: resume at the end) or the topic deleted and recreated (read it from its first offset). Check the topic, then set the source's position_beyond_end = \"truncated\" or \"recreated\" (checkpoints taken from now on record the topic's ID)")]
+    BeyondEnd {
+        /// "topic/partition".
+        what: String,
+        /// The restored position.
+        offset: i64,
+        /// The partition's end.
+        end: i64,
     },
     /// Dead letters could not be written: the checkpoint fails rather than complete past them.
     #[error("kafka source: {failed} dead letter(s) could not be written to {topic:?} (first error: {first}); the checkpoint fails and the job restarts from the previous one")]
@@ -120,6 +132,7 @@ impl From<SourceError> for CoreError {
             | SourceError::Poison { .. }
             | SourceError::UnknownTopic(_)
             | SourceError::Fetch { .. }
+            | SourceError::BeyondEnd { .. }
             | SourceError::State(_) => ErrorClass::Fatal,
         };
         CoreError::operator("kafka source", class, e)

@@ -24,7 +24,8 @@ mod watermarks;
 
 pub use assignment::subtask_for;
 pub use config::{
-    IsolationLevel, KafkaSourceConfig, OffsetCommitMode, PoisonPolicy, ResetPosition, StartPosition, OWNED_KEYS,
+    BeyondEnd, IsolationLevel, KafkaSourceConfig, OffsetCommitMode, PoisonPolicy, ResetPosition, StartPosition,
+    OWNED_KEYS,
 };
 pub use deser::{Deserializer, Json, KafkaRecord, RawBytes, Utf8};
 pub use error::{Result, SourceError};

@@ -26,16 +26,21 @@ pub(crate) struct OffsetEntry {
     pub(crate) version: u32,
     pub(crate) tp: TopicPartition,
     pub(crate) next_offset: i64,
+    /// The topic's ID when the offset was recorded (absent in checkpoints of earlier builds, and
+    /// with brokers before Kafka 2.8): tells a recreated topic from a truncated one on restore.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) topic_id: Option<String>,
 }
 
 pub(crate) const STATE_VERSION: u32 = 1;
 
 impl OffsetEntry {
-    pub(crate) fn encode(tp: &TopicPartition, next_offset: i64) -> Vec<u8> {
+    pub(crate) fn encode(tp: &TopicPartition, next_offset: i64, topic_id: Option<&str>) -> Vec<u8> {
         let e = OffsetEntry {
             version: STATE_VERSION,
             tp: tp.clone(),
             next_offset,
+            topic_id: topic_id.map(str::to_owned),
         };
         serde_json::to_vec(&e).expect("plain struct serializes")
     }
@@ -49,6 +54,50 @@ impl OffsetEntry {
             )));
         }
         Ok(e)
+    }
+}
+
+/// Where a partition resumes, given an offset to read it from (restored, a group's or a given
+/// one), the log's range `low..=high`, and the topic's ID when the offset was recorded (`then`)
+/// and now (`now`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Resume {
+    /// In the log's range: there.
+    At(i64),
+    /// Below the log's first offset: retention deleted the records from the offset up to `low`
+    /// before the job read them; on from `low`.
+    LostToRetention {
+        /// The log's first offset.
+        low: i64,
+    },
+    /// The topic has another ID: it was deleted and recreated, and the offset belongs to the old
+    /// log. The new one from its first offset.
+    Recreated {
+        /// The new log's first offset.
+        low: i64,
+    },
+    /// The same topic, its end below the offset: the log was truncated (unclean leader
+    /// election); the records from `end` on that the job read are no longer in it. At the end.
+    Truncated {
+        /// The log's end.
+        end: i64,
+    },
+    /// Beyond the end, with no ID to tell truncation from recreation.
+    Unclear {
+        /// The log's first offset.
+        low: i64,
+        /// The log's end.
+        end: i64,
+    },
+}
+
+pub(crate) fn resume(offset: i64, (low, high): (i64, i64), then: Option<&str>, now: Option<&str>) -> Resume {
+    match (then, now) {
+        (Some(a), Some(b)) if a != b => Resume::Recreated { low },
+        _ if offset < low => Resume::LostToRetention { low },
+        (Some(_), Some(_)) if offset > high => Resume::Truncated { end: high },
+        _ if offset > high => Resume::Unclear { low, end: high },
+        _ => Resume::At(offset),
     }
 }
 
@@ -125,16 +174,52 @@ mod tests {
     }
 
     #[test]
+    fn a_position_resumes_by_the_log_range_and_the_topic_id() {
+        let range = (10, 20);
+        let (a, b) = (Some("id-a"), Some("id-b"));
+        for ids in [(None, None), (a, None), (None, a), (a, a)] {
+            assert_eq!(resume(15, range, ids.0, ids.1), Resume::At(15), "{ids:?}");
+            assert_eq!(resume(10, range, ids.0, ids.1), Resume::At(10), "{ids:?}");
+            assert_eq!(
+                resume(20, range, ids.0, ids.1),
+                Resume::At(20),
+                "the end is in range: {ids:?}"
+            );
+            assert_eq!(
+                resume(3, range, ids.0, ids.1),
+                Resume::LostToRetention { low: 10 },
+                "{ids:?}"
+            );
+        }
+        // Another ID: recreated, wherever the offset falls (a silent skip of the new topic's
+        // records when it is inside the new log's range).
+        for offset in [3, 15, 20, 30] {
+            assert_eq!(resume(offset, range, a, b), Resume::Recreated { low: 10 }, "{offset}");
+        }
+        assert_eq!(resume(30, range, a, a), Resume::Truncated { end: 20 });
+        for ids in [(None, None), (a, None), (None, a)] {
+            assert_eq!(
+                resume(30, range, ids.0, ids.1),
+                Resume::Unclear { low: 10, end: 20 },
+                "{ids:?}"
+            );
+        }
+    }
+
+    #[test]
     fn state_entries_round_trip_and_refuse_newer_versions() {
         let tp = TopicPartition {
             topic: "a".into(),
             partition: 3,
         };
-        let e = OffsetEntry::decode(&OffsetEntry::encode(&tp, 42)).unwrap();
-        assert_eq!((e.tp, e.next_offset), (tp, 42));
-        // Fixture of version 1 as written by this release: must keep decoding.
+        let e = OffsetEntry::decode(&OffsetEntry::encode(&tp, 42, Some("id-1"))).unwrap();
+        assert_eq!((e.tp, e.next_offset, e.topic_id.as_deref()), (tp, 42, Some("id-1")));
+        // Fixture of version 1 as written by earlier builds (no topic ID): must keep decoding.
         let v1 = br#"{"version":1,"tp":{"topic":"a","partition":3},"next_offset":42}"#;
-        assert_eq!(OffsetEntry::decode(v1).unwrap().next_offset, 42);
+        let e = OffsetEntry::decode(v1).unwrap();
+        assert_eq!((e.next_offset, e.topic_id), (42, None));
+        // Without a topic ID, an entry is written as earlier builds wrote it.
+        assert_eq!(OffsetEntry::encode(&e.tp, 42, None), v1);
         assert!(OffsetEntry::decode(br#"{"version":9,"tp":{"topic":"a","partition":3},"next_offset":1}"#).is_err());
     }
 }

@@ -16,13 +16,15 @@ use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use tracing::{debug, error, info, warn};
 
 use crate::assignment::subtask_for;
-use crate::config::{IsolationLevel, KafkaSourceConfig, OffsetCommitMode, PoisonPolicy, ResetPosition, StartPosition};
+use crate::config::{
+    BeyondEnd, IsolationLevel, KafkaSourceConfig, OffsetCommitMode, PoisonPolicy, ResetPosition, StartPosition,
+};
 use crate::dead_letters::DeadLetters;
 use crate::deser::{Deserializer, KafkaRecord};
 use crate::error::{Result, SourceError};
 use crate::fetch::{Batch, FetchQueue};
 use crate::metrics::KafkaSourceMetrics;
-use crate::offsets::{OffsetEntry, PendingOffsets, TopicPartition};
+use crate::offsets::{resume, OffsetEntry, PendingOffsets, Resume, TopicPartition};
 use crate::watermarks::{combine, PartitionClock};
 
 const STATE: &str = "kafka-source-offsets";
@@ -99,6 +101,8 @@ pub struct KafkaSource<T, D> {
     positions: Vec<Position>,
     /// Every partition seen (any owner), for discovery.
     known: BTreeSet<TopicPartition>,
+    /// The IDs of the topics read (recorded with their offsets in checkpoints).
+    topic_ids: BTreeMap<String, String>,
     pending: PendingOffsets,
     next_discovery: Option<Instant>,
     next_periodic_commit: Option<Instant>,
@@ -123,6 +127,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             pattern: None,
             positions: Vec::new(),
             known: BTreeSet::new(),
+            topic_ids: BTreeMap::new(),
             pending: PendingOffsets::default(),
             next_discovery: None,
             next_periodic_commit: None,
@@ -207,7 +212,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
     }
 
     /// The concrete start offset of a partition without restored offset (a group's or a given
-    /// offset checked against the log's range: `in_range`).
+    /// offset checked against the log's range: `position`).
     fn start_offset(&self, tp: &TopicPartition) -> Result<i64> {
         match &self.config.start {
             StartPosition::Earliest => Ok(self.watermarks(tp)?.0),
@@ -240,13 +245,13 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                     .map_err(|e| SourceError::kafka("committed offsets of the group", e))?;
                 match answer(&committed, tp, "the group's committed offset")? {
                     // Kept elsewhere: it may be out of the log's range by now.
-                    Offset::Offset(o) => self.in_range(tp, o),
+                    Offset::Offset(o) => self.position(tp, o, Origin::Group),
                     _ => self.reset(tp, *reset),
                 }
             }
             StartPosition::Specific { offsets, reset } => {
                 match offsets.get(&format!("{}:{}", tp.topic, tp.partition)) {
-                    Some(o) => self.in_range(tp, *o),
+                    Some(o) => self.position(tp, *o, Origin::Given),
                     None => self.reset(tp, *reset),
                 }
             }
@@ -295,52 +300,127 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
     }
 
     /// The offset to read `tp` from, given `offset` (restored, or a group's or the job's start
-    /// offset), checked against the log's range, so that librdkafka never jumps on its own.
-    /// Below the log's first offset, retention deleted records the job had not read: they are
-    /// gone; the source reads on from the first offset, saying which offsets it lost (an error,
-    /// and `lost_to_retention`). Beyond the log's end, the partition was truncated (unclean
-    /// leader election) or deleted and recreated: it is read from its first offset (as Kafka
-    /// Streams and Flink would), with an error saying so.
-    fn in_range(&self, tp: &TopicPartition, offset: i64) -> Result<i64> {
+    /// offset), checked against the log's range and the topic's ID (`resume`), so that librdkafka
+    /// never jumps on its own and a restore never guesses:
+    /// - below the log's first offset, retention deleted records the job had not read: they are
+    ///   gone; on from the first offset, saying which offsets were lost (an error, and
+    ///   `lost_to_retention`);
+    /// - the topic has another ID than the checkpoint recorded: it was deleted and recreated; the
+    ///   new one is read from its first offset (even where the old offset falls inside the new
+    ///   log's range, which librdkafka would read on from, skipping records);
+    /// - beyond the end of the same topic: the log was truncated; on from its end (what Kafka's
+    ///   consumers do when they detect a truncation), with an error;
+    /// - beyond the end with no ID to tell (checkpoints of earlier builds): `position_beyond_end`
+    ///   decides, failing by default. A group's offset beyond the end means truncation (Kafka
+    ///   deletes a group's offsets with their topic); a given start offset beyond it is refused.
+    fn position(&self, tp: &TopicPartition, offset: i64, origin: Origin<'_>) -> Result<i64> {
         let (low, high) = self.watermarks(tp)?;
-        if offset < low {
-            let lost = low - offset;
-            self.metrics.lost_to_retention.fetch_add(lost as u64, Ordering::Relaxed);
-            error!(
-                topic = %tp.topic,
-                partition = tp.partition,
-                from = offset,
-                to = low,
-                lost,
-                "Records deleted by retention before the job read them: offsets {offset} to {} of {}/{} are lost. Reading on from {low}. Keep the topic's retention longer than the job's lag and downtime.",
-                low - 1,
-                tp.topic,
-                tp.partition
-            );
-            Ok(low)
-        } else if offset > high {
-            error!(
-                topic = %tp.topic,
-                partition = tp.partition,
-                position = offset,
-                end = high,
-                "The position {offset} is beyond the end {high} of {}/{}: the partition was truncated (unclean leader election) or deleted and recreated. Reading it from its first offset {low}.",
-                tp.topic,
-                tp.partition
-            );
-            Ok(low)
-        } else {
-            Ok(offset)
+        let now = self.topic_ids.get(&tp.topic).map(String::as_str);
+        let then = match origin {
+            Origin::Restored(id) => id,
+            Origin::Group | Origin::Given => None,
+        };
+        let what = || format!("{}/{}", tp.topic, tp.partition);
+        let r = match (resume(offset, (low, high), then, now), origin) {
+            (Resume::Unclear { end, .. }, Origin::Restored(_))
+                if self.config.position_beyond_end == BeyondEnd::Truncated =>
+            {
+                Resume::Truncated { end }
+            }
+            (Resume::Unclear { low, .. }, Origin::Restored(_))
+                if self.config.position_beyond_end == BeyondEnd::Recreated =>
+            {
+                Resume::Recreated { low }
+            }
+            (Resume::Unclear { end, .. }, Origin::Group) => Resume::Truncated { end },
+            (Resume::Unclear { end, .. }, Origin::Given) => {
+                return Err(SourceError::Config(format!(
+                    "start.offsets \"{}:{}\" = {offset} is beyond the partition's end {end}",
+                    tp.topic, tp.partition
+                )))
+            }
+            (r, _) => r,
+        };
+        match r {
+            Resume::At(o) => Ok(o),
+            Resume::LostToRetention { low } => {
+                let lost = low - offset;
+                self.metrics.lost_to_retention.fetch_add(lost as u64, Ordering::Relaxed);
+                error!(
+                    topic = %tp.topic,
+                    partition = tp.partition,
+                    from = offset,
+                    to = low,
+                    lost,
+                    "Records deleted by retention before the job read them: offsets {offset} to {} of {} are lost. Reading on from {low}. Keep the topic's retention longer than the job's lag and downtime.",
+                    low - 1,
+                    what()
+                );
+                Ok(low)
+            }
+            Resume::Recreated { low } => {
+                warn!(
+                    topic = %tp.topic,
+                    partition = tp.partition,
+                    position = offset,
+                    recorded_id = then.unwrap_or("none"),
+                    topic_id = now.unwrap_or("none"),
+                    "Topic {:?} was deleted and recreated since the position {offset} of {} was recorded: that position belongs to the old topic (its records the job had not read went with it). Reading the new topic from its first offset {low}.",
+                    tp.topic,
+                    what()
+                );
+                Ok(low)
+            }
+            Resume::Truncated { end } => {
+                error!(
+                    topic = %tp.topic,
+                    partition = tp.partition,
+                    position = offset,
+                    end,
+                    "The log of {} was truncated below the position {offset} (unclean leader election?): offsets {end} to {} that the job read are no longer in the log (their output stays). Reading on from its end {end}, where new records will be written.",
+                    what(),
+                    offset - 1
+                );
+                Ok(end)
+            }
+            Resume::Unclear { end, .. } => Err(SourceError::BeyondEnd {
+                what: what(),
+                offset,
+                end,
+            }),
         }
+    }
+
+    /// Learns the IDs of `topics` not yet known (recorded with their offsets).
+    async fn learn_topic_ids(&mut self, topics: BTreeSet<&str>) -> Result<()> {
+        let missing: Vec<String> = topics
+            .into_iter()
+            .filter(|t| !self.topic_ids.contains_key(*t))
+            .map(str::to_owned)
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let ids = exactly_kafka_client::wire::topic_ids(&self.cluster(), &missing, TIMEOUT)
+            .await
+            .map_err(wire_error)?;
+        self.topic_ids.extend(ids);
+        Ok(())
+    }
+
+    fn cluster(&self) -> exactly_kafka_client::Cluster {
+        exactly_kafka_client::Cluster::new(self.config.bootstrap_servers.clone(), self.config.security.clone())
     }
 
     fn position_map(&self) -> BTreeMap<TopicPartition, i64> {
         self.positions.iter().map(|p| (p.tp.clone(), p.next)).collect()
     }
 
-    fn discover(&mut self) -> Result<()> {
+    async fn discover(&mut self) -> Result<()> {
         let all = tokio::task::block_in_place(|| self.list_partitions())?;
         let fresh: Vec<_> = all.difference(&self.known).cloned().collect();
+        self.learn_topic_ids(fresh.iter().map(|tp| tp.topic.as_str()).collect())
+            .await?;
         self.known.extend(fresh.iter().cloned());
         let mut new = BTreeMap::new();
         for tp in fresh.into_iter().filter(|tp| self.owns(tp)) {
@@ -430,7 +510,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         let mut restored = BTreeMap::new();
         for entry in ctx.union_state(STATE) {
             let e = OffsetEntry::decode(&entry)?;
-            restored.insert(e.tp, e.next_offset);
+            restored.insert(e.tp.clone(), e);
         }
         if ctx.info.starting {
             // While the job starts, a bootstrap list of which no address answers fails in
@@ -441,21 +521,14 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             let bootstrap = self.config.bootstrap_servers.clone();
             tokio::task::block_in_place(|| exactly_core::net::reachable(&bootstrap))
                 .map_err(SourceError::Unreachable)?;
-            let cluster = exactly_kafka_client::Cluster::new(bootstrap, self.config.security.clone());
-            let classify = |e: exactly_kafka_client::wire::WireError| {
-                if e.is_permanent() {
-                    SourceError::Config(e.to_string())
-                } else {
-                    SourceError::Unreachable(e.to_string())
-                }
-            };
+            let cluster = self.cluster();
             exactly_kafka_client::wire::check(&cluster, Duration::from_secs(30))
                 .await
-                .map_err(classify)?;
+                .map_err(wire_error)?;
             for topic in &self.config.topics {
                 let access = exactly_kafka_client::wire::topic_access(&cluster, topic)
                     .await
-                    .map_err(classify)?;
+                    .map_err(wire_error)?;
                 if !access.allows(3) {
                     return Err(SourceError::Config(format!(
                         "the job's principal may not Read topic {topic:?} at {}: grant it Read and Describe on the topic and Read on the group {:?}",
@@ -465,13 +538,17 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             }
         }
         let all = tokio::task::block_in_place(|| self.list_partitions())?;
+        self.learn_topic_ids(all.iter().map(|tp| tp.topic.as_str()).collect())
+            .await?;
         let mut mine = BTreeMap::new();
         for tp in &all {
             if !self.owns(tp) {
                 continue;
             }
             let offset = match restored.get(tp) {
-                Some(o) => tokio::task::block_in_place(|| self.in_range(tp, *o))?,
+                Some(e) => tokio::task::block_in_place(|| {
+                    self.position(tp, e.next_offset, Origin::Restored(e.topic_id.as_deref()))
+                })?,
                 // Restored, but this partition is not in the checkpoint: it appeared later.
                 None if ctx.is_restored() => tokio::task::block_in_place(|| self.watermarks(tp))?.0,
                 None => tokio::task::block_in_place(|| self.start_offset(tp))?,
@@ -648,7 +725,7 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
         let now = Instant::now();
         if let (Some(at), Some(interval)) = (self.next_discovery, self.config.discovery_interval) {
             if now >= at {
-                self.discover()?;
+                self.discover().await?;
                 self.next_discovery = Some(now + interval);
             }
         }
@@ -688,7 +765,7 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
             STATE,
             self.positions
                 .iter()
-                .map(|p| OffsetEntry::encode(&p.tp, p.next))
+                .map(|p| OffsetEntry::encode(&p.tp, p.next, self.topic_ids.get(&p.tp.topic).map(String::as_str)))
                 .collect(),
         );
         let positions = self.position_map();
@@ -732,6 +809,27 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
 
 /// Where `m`'s partition is in `positions`, if it is owned. Owned partitions are few: a scan
 /// without allocating beats a map lookup.
+/// Where an offset to check against the log came from.
+#[derive(Clone, Copy)]
+enum Origin<'a> {
+    /// A checkpoint, with the topic's ID when it was recorded.
+    Restored(Option<&'a str>),
+    /// The group's committed offsets (`start = group_offsets`).
+    Group,
+    /// The job's `start.offsets`.
+    Given,
+}
+
+/// A wire-client error: credentials, certificates and settings stop the job; the rest restarts
+/// the attempt.
+fn wire_error(e: exactly_kafka_client::wire::WireError) -> SourceError {
+    if e.is_permanent() {
+        SourceError::Config(e.to_string())
+    } else {
+        SourceError::Unreachable(e.to_string())
+    }
+}
+
 fn position_of(positions: &[Position], m: &crate::fetch::RawMessage<'_>) -> Option<usize> {
     positions
         .iter()
@@ -795,7 +893,7 @@ fn consumer_config(config: &KafkaSourceConfig) -> Result<ClientConfig> {
         .set("enable.auto.offset.store", "false")
         .set("enable.partition.eof", "false")
         // Offsets are always concrete and checked against the log's range when assigned
-        // (`in_range`); one that leaves it later (retention overtaking a lagging job) comes back
+        // (`position`); one that leaves it later (retention overtaking a lagging job) comes back
         // as an error that restarts the attempt, never as a silent jump.
         .set("auto.offset.reset", "error")
         .set(
