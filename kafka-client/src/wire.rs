@@ -350,58 +350,79 @@ pub async fn topic_access(cluster: &crate::Cluster, topic: &str) -> Result<Topic
     Ok(TopicAccess::Allowed(t.topic_authorized_operations))
 }
 
-/// The topic IDs of `topics` (KIP-516), from a bootstrap server's metadata (Metadata v10): a
-/// topic deleted and recreated under the same name has another ID, which a restored position can
-/// be checked against. A topic that does not exist, or a broker without topic IDs (before Kafka
-/// 2.8), has none in the map. Each address is tried in turn, with `timeout` per address.
-pub async fn topic_ids(
-    cluster: &crate::Cluster,
-    topics: &[String],
-    timeout: std::time::Duration,
-) -> Result<std::collections::BTreeMap<String, String>, WireError> {
-    use kafka_protocol::messages::metadata_request::{MetadataRequest, MetadataRequestTopic};
-    use kafka_protocol::messages::TopicName;
-    let mut ids = std::collections::BTreeMap::new();
-    if topics.is_empty() {
-        return Ok(ids);
-    }
-    let req = MetadataRequest::default()
-        .with_topics(Some(
-            topics
-                .iter()
-                .map(|t| MetadataRequestTopic::default().with_name(Some(TopicName(StrBytes::from_string(t.clone())))))
-                .collect(),
-        ))
-        .with_allow_auto_topic_creation(false);
-    let mut last = WireError::Config(format!("no bootstrap server in {:?}", cluster.bootstrap));
-    for addr in cluster.addresses() {
-        let attempt = async {
-            let mut conn = connect(addr, &cluster.security, "exactly").await?;
-            conn.request(&req, 10).await
-        };
-        let outcome = match tokio::time::timeout(timeout, attempt).await {
-            Ok(r) => r,
-            Err(_) => Err(WireError::Transport {
-                addr: addr.to_owned(),
-                what: format!("no metadata within {timeout:?}"),
-            }),
-        };
-        match outcome {
-            Ok(resp) => {
-                for t in resp.topics {
-                    if let (0, Some(name)) = (t.error_code, t.name) {
-                        if !t.topic_id.is_nil() {
-                            ids.insert(name.0.to_string(), t.topic_id.to_string());
-                        }
-                    }
-                }
-                return Ok(ids);
-            }
-            Err(e) if e.is_permanent() => return Err(e),
-            Err(e) => last = e,
+/// Asks a bootstrap server for the IDs of topics (KIP-516, Metadata v10) over a connection it
+/// keeps between requests (connecting again, to each address in turn, when a request fails): a
+/// topic deleted and recreated under the same name has another ID, which a position recorded
+/// with the old one can be checked against. One round trip per request on a kept connection.
+#[derive(Debug, Default)]
+pub struct TopicIds {
+    conn: Option<Connection>,
+}
+
+impl TopicIds {
+    /// The IDs of `topics`, by name. A topic that does not exist, or a broker without topic IDs
+    /// (before Kafka 2.8), has none in the map. `timeout` bounds each attempt.
+    pub async fn get(
+        &mut self,
+        cluster: &crate::Cluster,
+        topics: &[String],
+        timeout: std::time::Duration,
+    ) -> Result<std::collections::BTreeMap<String, String>, WireError> {
+        use kafka_protocol::messages::metadata_request::{MetadataRequest, MetadataRequestTopic};
+        use kafka_protocol::messages::TopicName;
+        if topics.is_empty() {
+            return Ok(std::collections::BTreeMap::new());
         }
+        let req = MetadataRequest::default()
+            .with_topics(Some(
+                topics
+                    .iter()
+                    .map(|t| {
+                        MetadataRequestTopic::default().with_name(Some(TopicName(StrBytes::from_string(t.clone()))))
+                    })
+                    .collect(),
+            ))
+            .with_allow_auto_topic_creation(false);
+        if let Some(conn) = self.conn.as_mut() {
+            if let Ok(Ok(resp)) = tokio::time::timeout(timeout, conn.request(&req, 10)).await {
+                return Ok(ids_of(resp));
+            }
+            // Broken, or left mid-request by the timeout: never used again.
+            self.conn = None;
+        }
+        let mut last = WireError::Config(format!("no bootstrap server in {:?}", cluster.bootstrap));
+        for addr in cluster.addresses() {
+            let attempt = async {
+                let mut conn = connect(addr, &cluster.security, "exactly").await?;
+                let resp = conn.request(&req, 10).await?;
+                Ok::<_, WireError>((conn, resp))
+            };
+            let outcome = match tokio::time::timeout(timeout, attempt).await {
+                Ok(r) => r,
+                Err(_) => Err(WireError::Transport {
+                    addr: addr.to_owned(),
+                    what: format!("no metadata within {timeout:?}"),
+                }),
+            };
+            match outcome {
+                Ok((conn, resp)) => {
+                    self.conn = Some(conn);
+                    return Ok(ids_of(resp));
+                }
+                Err(e) if e.is_permanent() => return Err(e),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
     }
-    Err(last)
+}
+
+fn ids_of(resp: kafka_protocol::messages::MetadataResponse) -> std::collections::BTreeMap<String, String> {
+    resp.topics
+        .into_iter()
+        .filter(|t| t.error_code == 0 && !t.topic_id.is_nil())
+        .filter_map(|t| Some((t.name?.0.to_string(), t.topic_id.to_string())))
+        .collect()
 }
 
 impl Connection {

@@ -77,6 +77,18 @@ pub enum SourceError {
         /// The partition's end.
         end: i64,
     },
+    /// A topic was deleted and recreated under the same name while the source read it: the
+    /// attempt restarts from the last checkpoint (recorded with the old topic's ID), whose
+    /// restore reads the new topic from its first offset.
+    #[error("kafka source: topic {topic:?} was deleted and recreated while the job read it (topic ID {was}, now {now}); the Kafka client reads the new topic on from the old position, skipping its first records, so the attempt restarts from the last checkpoint, which reads the new topic from its first offset")]
+    Recreated {
+        /// The topic.
+        topic: String,
+        /// Its ID when the source started reading it.
+        was: String,
+        /// Its ID now.
+        now: String,
+    },
     /// Dead letters could not be written: the checkpoint fails rather than complete past them.
     #[error("kafka source: {failed} dead letter(s) could not be written to {topic:?} (first error: {first}); the checkpoint fails and the job restarts from the previous one")]
     DeadLetter {
@@ -127,6 +139,7 @@ impl From<SourceError> for CoreError {
             | SourceError::Unreachable(_)
             | SourceError::Routing(_)
             | SourceError::OutOfRange { .. }
+            | SourceError::Recreated { .. }
             | SourceError::DeadLetter { .. } => ErrorClass::Restart,
             SourceError::Config(_)
             | SourceError::Poison { .. }

@@ -30,6 +30,8 @@ use crate::watermarks::{combine, PartitionClock};
 const STATE: &str = "kafka-source-offsets";
 const TIMEOUT: Duration = Duration::from_secs(30);
 const IDLE_WAIT: Duration = Duration::from_millis(20);
+/// The longest a snapshot waits for the topics' IDs (`check_topic_ids`).
+const ID_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The next offset of one owned partition.
 struct Position {
@@ -101,8 +103,11 @@ pub struct KafkaSource<T, D> {
     positions: Vec<Position>,
     /// Every partition seen (any owner), for discovery.
     known: BTreeSet<TopicPartition>,
-    /// The IDs of the topics read (recorded with their offsets in checkpoints).
+    /// The IDs of the topics read (recorded with their offsets in checkpoints), and the kept
+    /// connection that asks for them.
     topic_ids: BTreeMap<String, String>,
+    ids: exactly_kafka_client::wire::TopicIds,
+    cluster: exactly_kafka_client::Cluster,
     pending: PendingOffsets,
     next_discovery: Option<Instant>,
     next_periodic_commit: Option<Instant>,
@@ -115,6 +120,7 @@ pub struct KafkaSource<T, D> {
 impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
     /// A source subtask with `config`, turning records into `T` with `deserializer`.
     pub fn new(config: KafkaSourceConfig, deserializer: D) -> Self {
+        let cluster = exactly_kafka_client::Cluster::new(config.bootstrap_servers.clone(), config.security.clone());
         KafkaSource {
             config,
             deserializer,
@@ -128,6 +134,8 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             positions: Vec::new(),
             known: BTreeSet::new(),
             topic_ids: BTreeMap::new(),
+            ids: Default::default(),
+            cluster,
             pending: PendingOffsets::default(),
             next_discovery: None,
             next_periodic_commit: None,
@@ -401,15 +409,51 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         if missing.is_empty() {
             return Ok(());
         }
-        let ids = exactly_kafka_client::wire::topic_ids(&self.cluster(), &missing, TIMEOUT)
+        let ids = self
+            .ids
+            .get(&self.cluster, &missing, TIMEOUT)
             .await
             .map_err(wire_error)?;
         self.topic_ids.extend(ids);
         Ok(())
     }
 
-    fn cluster(&self) -> exactly_kafka_client::Cluster {
-        exactly_kafka_client::Cluster::new(self.config.bootstrap_servers.clone(), self.config.security.clone())
+    /// Before a snapshot records positions: are the topics read still those whose IDs the
+    /// source knows? librdkafka reads a topic deleted and recreated under the same name on from
+    /// the old position (skipping the new topic's first records, without a word); recorded under
+    /// the old ID, that position would also be read again by a restore, which reads a recreated
+    /// topic from its first offset. So the snapshot fails instead, and the attempt restarts from
+    /// the last checkpoint, whose positions, checked when they were recorded, are the old topic's:
+    /// the restore reads the new topic from its first offset, and the records the attempt read
+    /// of it are never committed. One round trip on a kept connection per checkpoint.
+    async fn check_topic_ids(&mut self) -> Result<()> {
+        let mut topics: Vec<String> = self.positions.iter().map(|p| p.tp.topic.clone()).collect();
+        topics.sort_unstable();
+        topics.dedup();
+        if topics.is_empty() {
+            return Ok(());
+        }
+        let now = self
+            .ids
+            .get(&self.cluster, &topics, ID_CHECK_TIMEOUT)
+            .await
+            .map_err(wire_error)?;
+        for (topic, id) in now {
+            match self.topic_ids.get(&topic) {
+                Some(was) if *was != id => {
+                    return Err(SourceError::Recreated {
+                        topic,
+                        was: was.clone(),
+                        now: id,
+                    })
+                }
+                Some(_) => {}
+                None => {
+                    self.topic_ids.insert(topic, id);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn position_map(&self) -> BTreeMap<TopicPartition, i64> {
@@ -521,12 +565,12 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             let bootstrap = self.config.bootstrap_servers.clone();
             tokio::task::block_in_place(|| exactly_core::net::reachable(&bootstrap))
                 .map_err(SourceError::Unreachable)?;
-            let cluster = self.cluster();
-            exactly_kafka_client::wire::check(&cluster, Duration::from_secs(30))
+            let cluster = &self.cluster;
+            exactly_kafka_client::wire::check(cluster, Duration::from_secs(30))
                 .await
                 .map_err(wire_error)?;
             for topic in &self.config.topics {
-                let access = exactly_kafka_client::wire::topic_access(&cluster, topic)
+                let access = exactly_kafka_client::wire::topic_access(cluster, topic)
                     .await
                     .map_err(wire_error)?;
                 if !access.allows(3) {
@@ -761,6 +805,7 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
     }
 
     async fn snapshot_state(&mut self, ctx: &mut SnapshotContext) -> exactly_core::Result<()> {
+        self.check_topic_ids().await?;
         ctx.put_union_state(
             STATE,
             self.positions
