@@ -30,8 +30,10 @@ use crate::watermarks::{combine, PartitionClock};
 const STATE: &str = "kafka-source-offsets";
 const TIMEOUT: Duration = Duration::from_secs(30);
 const IDLE_WAIT: Duration = Duration::from_millis(20);
-/// The longest a snapshot waits for the topics' IDs (`check_topic_ids`).
+/// The longest one request for the topics' IDs may take before a snapshot (`check_topic_ids`),
+/// and how long the snapshot retries before the attempt fails.
 const ID_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+const ID_CHECK_PATIENCE: Duration = Duration::from_secs(120);
 
 /// The next offset of one owned partition.
 struct Position {
@@ -433,11 +435,19 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         if topics.is_empty() {
             return Ok(());
         }
-        let now = self
-            .ids
-            .get(&self.cluster, &topics, ID_CHECK_TIMEOUT)
-            .await
-            .map_err(wire_error)?;
+        // A broker that does not answer holds the snapshot, as it holds the sinks' pre-commit,
+        // for a while before the attempt fails (a restart is no better while it is away).
+        let patience = Instant::now() + ID_CHECK_PATIENCE;
+        let now = loop {
+            match self.ids.get(&self.cluster, &topics, ID_CHECK_TIMEOUT).await {
+                Ok(ids) => break ids,
+                Err(e) if e.is_permanent() || Instant::now() >= patience => return Err(wire_error(e)),
+                Err(error) => {
+                    warn!(%error, "Asking for the input topics' IDs before a snapshot failed; retrying.");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        };
         for (topic, id) in now {
             match self.topic_ids.get(&topic) {
                 Some(was) if *was != id => {
