@@ -204,10 +204,27 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         Ok(out)
     }
 
+    /// The partition's first and next offsets. A partition whose leader moves, or is not known
+    /// yet right after the topic's creation, answers with an error librdkafka does not retry
+    /// here (seen: `NotLeaderForPartition` for a topic created a moment before, on a busy
+    /// machine): asked again, for up to `TIMEOUT`, instead of failing the attempt.
     fn watermarks(&self, tp: &TopicPartition) -> Result<(i64, i64)> {
-        self.consumer()
-            .fetch_watermarks(&tp.topic, tp.partition, TIMEOUT)
-            .map_err(|e| SourceError::kafka(format!("watermarks of {}/{}", tp.topic, tp.partition), e))
+        let until = Instant::now() + TIMEOUT;
+        loop {
+            match self.consumer().fetch_watermarks(&tp.topic, tp.partition, TIMEOUT) {
+                Ok(w) => return Ok(w),
+                Err(e) if leader_moving(&e) && Instant::now() < until => {
+                    debug!(topic = %tp.topic, partition = tp.partition, error = %e, "Asking for the partition's offsets again.");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => {
+                    return Err(SourceError::kafka(
+                        format!("watermarks of {}/{}", tp.topic, tp.partition),
+                        e,
+                    ))
+                }
+            }
+        }
     }
 
     fn reset(&self, tp: &TopicPartition, reset: ResetPosition) -> Result<i64> {
@@ -864,6 +881,15 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
 
 /// Where `m`'s partition is in `positions`, if it is owned. Owned partitions are few: a scan
 /// without allocating beats a map lookup.
+/// An error that says the partition's leader is moving or not known yet.
+fn leader_moving(e: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(C::NotLeaderForPartition | C::LeaderNotAvailable | C::UnknownTopicOrPartition | C::FencedLeaderEpoch)
+    )
+}
+
 /// Where an offset to check against the log came from.
 #[derive(Clone, Copy)]
 enum Origin<'a> {
