@@ -1,0 +1,346 @@
+//! Where each partition starts — the start position of a first run, or a restored offset — checked
+//! against the log's range and the topic's ID before librdkafka gets it; and the topic-ID check
+//! before each snapshot.
+
+use super::*;
+
+/// The longest one request for the topics' IDs may take before a snapshot (`check_topic_ids`),
+/// and how long the snapshot retries before the attempt fails.
+const ID_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+const ID_CHECK_PATIENCE: Duration = Duration::from_secs(120);
+
+impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
+    /// Every partition of the subscribed topics, as the broker lists them now.
+    pub(super) fn list_partitions(&self) -> Result<BTreeSet<TopicPartition>> {
+        let consumer = self.consumer();
+        let metadata = if self.pattern.is_some() {
+            consumer.fetch_metadata(None, TIMEOUT)
+        } else if let [only] = self.config.topics.as_slice() {
+            consumer.fetch_metadata(Some(only), TIMEOUT)
+        } else {
+            consumer.fetch_metadata(None, TIMEOUT)
+        }
+        .map_err(|e| {
+            let bootstrap = &self.config.bootstrap_servers;
+            let why = exactly_core::net::diagnose(bootstrap);
+            SourceError::kafka(format!("fetching metadata from {bootstrap} ({why})"), e)
+        })?;
+        let mut out = BTreeSet::new();
+        for t in metadata.topics() {
+            let wanted = match &self.pattern {
+                Some(p) => p.is_match(t.name()) && !t.name().starts_with("__"),
+                None => self.config.topics.iter().any(|n| n == t.name()),
+            };
+            if !wanted || t.error().is_some() {
+                continue;
+            }
+            for p in t.partitions() {
+                out.insert(TopicPartition {
+                    topic: t.name().to_owned(),
+                    partition: p.id(),
+                });
+            }
+        }
+        if self.pattern.is_none() {
+            for topic in &self.config.topics {
+                if !out.iter().any(|tp| &tp.topic == topic) {
+                    return Err(SourceError::UnknownTopic(topic.clone()));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The partition's first and next offsets. A partition whose leader moves, or is not known
+    /// yet right after the topic's creation, answers with an error librdkafka does not retry
+    /// here (seen: `NotLeaderForPartition` for a topic created a moment before, on a busy
+    /// machine): asked again, for up to `TIMEOUT`, instead of failing the attempt.
+    pub(super) fn watermarks(&self, tp: &TopicPartition) -> Result<(i64, i64)> {
+        let until = Instant::now() + TIMEOUT;
+        loop {
+            match self.consumer().fetch_watermarks(&tp.topic, tp.partition, TIMEOUT) {
+                Ok(w) => return Ok(w),
+                Err(e) if leader_moving(&e) && Instant::now() < until => {
+                    debug!(topic = %tp.topic, partition = tp.partition, error = %e, "Asking for the partition's offsets again.");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => {
+                    return Err(SourceError::kafka(
+                        format!("watermarks of {}/{}", tp.topic, tp.partition),
+                        e,
+                    ))
+                }
+            }
+        }
+    }
+
+    pub(super) fn reset(&self, tp: &TopicPartition, reset: ResetPosition) -> Result<i64> {
+        match reset {
+            ResetPosition::Earliest => Ok(self.watermarks(tp)?.0),
+            ResetPosition::Latest => Ok(self.watermarks(tp)?.1),
+            ResetPosition::None => Err(SourceError::Config(format!(
+                "no start offset for {}/{} and the reset position is `none`",
+                tp.topic, tp.partition
+            ))),
+        }
+    }
+
+    /// The concrete start offset of a partition without restored offset (a group's or a given
+    /// offset checked against the log's range: `position`).
+    pub(super) fn start_offset(&self, tp: &TopicPartition) -> Result<i64> {
+        match &self.config.start {
+            StartPosition::Earliest => Ok(self.watermarks(tp)?.0),
+            StartPosition::Latest => Ok(self.watermarks(tp)?.1),
+            StartPosition::Timestamp { ms } => {
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(*ms))
+                    .map_err(|e| SourceError::kafka("offsets for times", e))?;
+                let found = self
+                    .consumer()
+                    .offsets_for_times(tpl, TIMEOUT)
+                    .map_err(|e| SourceError::kafka("offsets for times", e))?;
+                match answer(&found, tp, "the offset for the start timestamp")? {
+                    Offset::Offset(o) => Ok(o),
+                    // No record at or after the timestamp: start at the end.
+                    _ => {
+                        let end = self.watermarks(tp)?.1;
+                        info!(topic = %tp.topic, partition = tp.partition, timestamp_ms = *ms, offset = end,
+                            "No record at or after the start timestamp: starting at the end.");
+                        Ok(end)
+                    }
+                }
+            }
+            StartPosition::GroupOffsets { reset } => {
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition(&tp.topic, tp.partition);
+                let committed = self
+                    .consumer()
+                    .committed_offsets(tpl, TIMEOUT)
+                    .map_err(|e| SourceError::kafka("committed offsets of the group", e))?;
+                match answer(&committed, tp, "the group's committed offset")? {
+                    // Kept elsewhere: it may be out of the log's range by now.
+                    Offset::Offset(o) => self.position(tp, o, Origin::Group),
+                    _ => self.reset(tp, *reset),
+                }
+            }
+            StartPosition::Specific { offsets, reset } => {
+                match offsets.get(&format!("{}:{}", tp.topic, tp.partition)) {
+                    Some(o) => self.position(tp, *o, Origin::Given),
+                    None => self.reset(tp, *reset),
+                }
+            }
+        }
+    }
+
+    /// The offset to read `tp` from, given `offset` (restored, or a group's or the job's start
+    /// offset), checked against the log's range and the topic's ID (`resume`), so that librdkafka
+    /// never jumps on its own and a restore never guesses:
+    /// - below the log's first offset, retention deleted records the job had not read: they are
+    ///   gone; on from the first offset, saying which offsets were lost (an error, and
+    ///   `lost_to_retention`);
+    /// - the topic has another ID than the checkpoint recorded: it was deleted and recreated; the
+    ///   new one is read from its first offset (even where the old offset falls inside the new
+    ///   log's range, which librdkafka would read on from, skipping records);
+    /// - beyond the end of the same topic: the log was truncated; on from its end (what Kafka's
+    ///   consumers do when they detect a truncation), with an error;
+    /// - beyond the end with no ID to tell (checkpoints of earlier builds): `position_beyond_end`
+    ///   decides, failing by default. A group's offset beyond the end means truncation (Kafka
+    ///   deletes a group's offsets with their topic); a given start offset beyond it is refused.
+    pub(super) fn position(&self, tp: &TopicPartition, offset: i64, origin: Origin<'_>) -> Result<i64> {
+        let (low, high) = self.watermarks(tp)?;
+        let now = self.topic_ids.get(&tp.topic).map(String::as_str);
+        let then = match origin {
+            Origin::Restored(id) => id,
+            Origin::Group | Origin::Given => None,
+        };
+        let what = || format!("{}/{}", tp.topic, tp.partition);
+        let r = match (resume(offset, (low, high), then, now), origin) {
+            (Resume::Unclear { end, .. }, Origin::Restored(_))
+                if self.config.position_beyond_end == BeyondEnd::Truncated =>
+            {
+                Resume::Truncated { end }
+            }
+            (Resume::Unclear { low, .. }, Origin::Restored(_))
+                if self.config.position_beyond_end == BeyondEnd::Recreated =>
+            {
+                Resume::Recreated { low }
+            }
+            (Resume::Unclear { end, .. }, Origin::Group) => Resume::Truncated { end },
+            (Resume::Unclear { end, .. }, Origin::Given) => {
+                return Err(SourceError::Config(format!(
+                    "start.offsets \"{}:{}\" = {offset} is beyond the partition's end {end}",
+                    tp.topic, tp.partition
+                )))
+            }
+            (r, _) => r,
+        };
+        match r {
+            Resume::At(o) => Ok(o),
+            Resume::LostToRetention { low } => {
+                let lost = low - offset;
+                self.metrics.lost_to_retention.fetch_add(lost as u64, Ordering::Relaxed);
+                error!(
+                    topic = %tp.topic,
+                    partition = tp.partition,
+                    from = offset,
+                    to = low,
+                    lost,
+                    "Records deleted by retention before the job read them: offsets {offset} to {} of {} are lost. Reading on from {low}. Keep the topic's retention longer than the job's lag and downtime.",
+                    low - 1,
+                    what()
+                );
+                Ok(low)
+            }
+            Resume::Recreated { low } => {
+                warn!(
+                    topic = %tp.topic,
+                    partition = tp.partition,
+                    position = offset,
+                    recorded_id = then.unwrap_or("none"),
+                    topic_id = now.unwrap_or("none"),
+                    "Topic {:?} was deleted and recreated since the position {offset} of {} was recorded: that position belongs to the old topic (its records the job had not read went with it). Reading the new topic from its first offset {low}.",
+                    tp.topic,
+                    what()
+                );
+                Ok(low)
+            }
+            Resume::Truncated { end } => {
+                error!(
+                    topic = %tp.topic,
+                    partition = tp.partition,
+                    position = offset,
+                    end,
+                    "The log of {} was truncated below the position {offset} (unclean leader election?): offsets {end} to {} that the job read are no longer in the log (their output stays). Reading on from its end {end}, where new records will be written.",
+                    what(),
+                    offset - 1
+                );
+                Ok(end)
+            }
+            Resume::Unclear { end, .. } => Err(SourceError::BeyondEnd {
+                what: what(),
+                offset,
+                end,
+            }),
+        }
+    }
+
+    /// Learns the IDs of `topics` not yet known (recorded with their offsets).
+    pub(super) async fn learn_topic_ids(&mut self, topics: BTreeSet<&str>) -> Result<()> {
+        let missing: Vec<String> = topics
+            .into_iter()
+            .filter(|t| !self.topic_ids.contains_key(*t))
+            .map(str::to_owned)
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let ids = self
+            .ids
+            .get(&self.cluster, &missing, TIMEOUT)
+            .await
+            .map_err(wire_error)?;
+        self.topic_ids.extend(ids);
+        Ok(())
+    }
+
+    /// Before a snapshot records positions: are the topics read still those whose IDs the
+    /// source knows? librdkafka reads a topic deleted and recreated under the same name on from
+    /// the old position (skipping the new topic's first records, without a word); recorded under
+    /// the old ID, that position would also be read again by a restore, which reads a recreated
+    /// topic from its first offset. So the snapshot fails instead, and the attempt restarts from
+    /// the last checkpoint, whose positions, checked when they were recorded, are the old topic's:
+    /// the restore reads the new topic from its first offset, and the records the attempt read
+    /// of it are never committed. One round trip on a kept connection per checkpoint.
+    pub(super) async fn check_topic_ids(&mut self) -> Result<()> {
+        let mut topics: Vec<String> = self.positions.iter().map(|p| p.tp.topic.clone()).collect();
+        topics.sort_unstable();
+        topics.dedup();
+        if topics.is_empty() {
+            return Ok(());
+        }
+        // A broker that does not answer holds the snapshot, as it holds the sinks' pre-commit,
+        // for a while before the attempt fails (a restart is no better while it is away).
+        let patience = Instant::now() + ID_CHECK_PATIENCE;
+        let now = loop {
+            match self.ids.get(&self.cluster, &topics, ID_CHECK_TIMEOUT).await {
+                Ok(ids) => break ids,
+                Err(e) if e.is_permanent() || Instant::now() >= patience => return Err(wire_error(e)),
+                Err(error) => {
+                    warn!(%error, "Asking for the input topics' IDs before a snapshot failed; retrying.");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        };
+        for (topic, id) in now {
+            match self.topic_ids.get(&topic) {
+                Some(was) if *was != id => {
+                    return Err(SourceError::Recreated {
+                        topic,
+                        was: was.clone(),
+                        now: id,
+                    })
+                }
+                Some(_) => {}
+                None => {
+                    self.topic_ids.insert(topic, id);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An error that says the partition's leader is moving or not known yet.
+fn leader_moving(e: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(C::NotLeaderForPartition | C::LeaderNotAvailable | C::UnknownTopicOrPartition | C::FencedLeaderEpoch)
+    )
+}
+
+/// Where an offset to check against the log came from.
+#[derive(Clone, Copy)]
+pub(super) enum Origin<'a> {
+    /// A checkpoint, with the topic's ID when it was recorded.
+    Restored(Option<&'a str>),
+    /// The group's committed offsets (`start = group_offsets`).
+    Group,
+    /// The job's `start.offsets`.
+    Given,
+}
+
+/// A wire-client error: credentials, certificates and settings stop the job; the rest restarts
+/// the attempt.
+pub(super) fn wire_error(e: exactly_kafka_client::wire::WireError) -> SourceError {
+    if e.is_permanent() {
+        SourceError::Config(e.to_string())
+    } else {
+        SourceError::Unreachable(e.to_string())
+    }
+}
+
+/// The broker's answer for `tp` in `list`. An error for the partition, or no answer, fails (the
+/// job restarts; missing authorization stops it), so that a lookup that did not work is never
+/// taken for "no offset" — which starts at the end or the reset position: records skipped or
+/// replayed without a word.
+pub(super) fn answer(list: &TopicPartitionList, tp: &TopicPartition, what: &str) -> Result<Offset> {
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaErrorCode;
+    let place = format!("{what} of {}/{}", tp.topic, tp.partition);
+    let Some(e) = list.find_partition(&tp.topic, tp.partition) else {
+        return Err(SourceError::kafka(
+            format!("no answer from the broker for {place}"),
+            KafkaError::OffsetFetch(RDKafkaErrorCode::UnknownPartition),
+        ));
+    };
+    if let Err(err) = e.error() {
+        if let Some(code) = err.rdkafka_error_code() {
+            if let Some(fatal) = crate::error::unretried(code, place.clone()) {
+                return Err(fatal);
+            }
+        }
+        return Err(SourceError::kafka(place, err));
+    }
+    Ok(e.offset())
+}
