@@ -1052,6 +1052,45 @@ fn values_of(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}{i}")).collect()
 }
 
+/// A start position is resolved once per run. `latest` here: an attempt that restores nothing
+/// (the job failed before its first checkpoint completed) starts where the first attempt started,
+/// not at the end again — which would skip the records produced in between, read by the failed
+/// attempt but never committed. A new run (attempt 0) starts at the end again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_before_the_first_checkpoint_starts_where_the_first_attempt_started() -> Result<()> {
+    use exactly_core::runtime::{InitContext, Source};
+
+    let env = TestEnv::get().await?;
+    let topic = unique("src-latest-restart");
+    create_topic(env, &topic, 1).await?;
+    produce(env, &topic, &labelled("old", 5))?;
+    let mut config = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));
+    config.start = StartPosition::Latest;
+    let mut info = subtask_info("latest-restart");
+    let mut source = KafkaSource::new(config.clone(), RawBytes);
+    source.initialize_state(&InitContext::new(&info, None)).await?;
+    let new = labelled("n", 5);
+    produce(env, &topic, &new[..3])?;
+    assert_eq!(read_values(&mut source, 3).await?, values_of("n", 3));
+    // The attempt fails before any checkpoint: nothing it read was committed.
+    drop(source);
+
+    info.attempt = 1;
+    let mut source = KafkaSource::new(config.clone(), RawBytes);
+    source.initialize_state(&InitContext::new(&info, None)).await?;
+    produce(env, &topic, &new[3..4])?;
+    assert_eq!(read_values(&mut source, 4).await?, values_of("n", 4));
+    drop(source);
+
+    // A new run: the end as it is now.
+    info.attempt = 0;
+    let mut source = KafkaSource::new(config, RawBytes);
+    source.initialize_state(&InitContext::new(&info, None)).await?;
+    produce(env, &topic, &new[4..])?;
+    assert_eq!(read_values(&mut source, 1).await?, ["n4"]);
+    Ok(())
+}
+
 /// A topic deleted and recreated under the same name while the job was down is read from its
 /// first offset: the checkpoint records the topic's ID with its offsets, and the new topic has
 /// another. Before, a restored position inside the new log's range (10, in a new log of 15) was

@@ -341,7 +341,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                 })?,
                 // Restored, but this partition is not in the checkpoint: it appeared later.
                 None if ctx.is_restored() => tokio::task::block_in_place(|| self.watermarks(tp))?.0,
-                None => tokio::task::block_in_place(|| self.start_offset(tp))?,
+                None => tokio::task::block_in_place(|| self.first_offset(tp, ctx.info))?,
             };
             mine.insert(tp.clone(), offset);
         }
