@@ -45,6 +45,10 @@ pub struct Offset {
     pub partition: i32,
     /// Next offset to read.
     pub next_offset: i64,
+    /// The topic's ID when the offset was recorded (absent in checkpoints of earlier builds): a
+    /// topic recreated since has another.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topic_id: Option<String>,
 }
 
 /// A transaction a snapshot still has to commit on restore.
@@ -174,6 +178,7 @@ pub fn contents(meta: &CheckpointMetadata) -> (Vec<Offset>, Vec<PendingTransacti
                         topic: tp["topic"].as_str().unwrap_or("?").to_owned(),
                         partition: tp["partition"].as_i64().unwrap_or(-1) as i32,
                         next_offset: v["next_offset"].as_i64().unwrap_or(-1),
+                        topic_id: v["topic_id"].as_str().map(str::to_owned),
                     });
                 }
             }
@@ -298,7 +303,10 @@ pub fn print_inspected(i: &Inspected) {
         println!("  none");
     }
     for o in &i.offsets {
-        println!("  {}-{:<4} {}", o.topic, o.partition, o.next_offset);
+        match &o.topic_id {
+            Some(id) => println!("  {}-{:<4} {:<12} (topic ID {id})", o.topic, o.partition, o.next_offset),
+            None => println!("  {}-{:<4} {}", o.topic, o.partition, o.next_offset),
+        }
     }
     println!("transactions to commit on restore:");
     if i.pending_transactions.is_empty() {

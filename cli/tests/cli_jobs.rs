@@ -170,9 +170,15 @@ async fn run_status_savepoint_stop_inspect_and_resume() -> Result<()> {
         .sum();
     assert_eq!(next, 6000, "{inspected}");
     assert_eq!(inspected["kind"], "savepoint");
+    // Each offset with the topic's ID then (a recreated topic would have another).
+    let id = inspected["offsets"][0]["topic_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(id.len(), 36, "a topic ID: {inspected}");
     let text = stdout(cmd().args(["checkpoints", "inspect"]).arg(&stopped));
     assert!(
-        text.contains("source offsets") && text.contains(&format!("{input}-0")),
+        text.contains("source offsets") && text.contains(&format!("{input}-0")) && text.contains(&id),
         "{text}"
     );
 
