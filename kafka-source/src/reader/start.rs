@@ -86,27 +86,12 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         Ok(out)
     }
 
-    /// The partition's first and next offsets. A partition whose leader moves, or is not known
-    /// yet right after the topic's creation, answers with an error librdkafka does not retry
-    /// here (seen: `NotLeaderForPartition` for a topic created a moment before, on a busy
-    /// machine): asked again, for up to `TIMEOUT`, instead of failing the attempt.
+    /// The partition's first and next offsets (`asking_again` while its leader moves).
     pub(super) fn watermarks(&self, tp: &TopicPartition) -> Result<(i64, i64)> {
-        let until = Instant::now() + TIMEOUT;
-        loop {
-            match self.consumer().fetch_watermarks(&tp.topic, tp.partition, TIMEOUT) {
-                Ok(w) => return Ok(w),
-                Err(e) if leader_moving(&e) && Instant::now() < until => {
-                    debug!(topic = %tp.topic, partition = tp.partition, error = %e, "Asking for the partition's offsets again.");
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                Err(e) => {
-                    return Err(SourceError::kafka(
-                        format!("watermarks of {}/{}", tp.topic, tp.partition),
-                        e,
-                    ))
-                }
-            }
-        }
+        asking_again(tp, || {
+            self.consumer().fetch_watermarks(&tp.topic, tp.partition, TIMEOUT)
+        })
+        .map_err(|e| SourceError::kafka(format!("watermarks of {}/{}", tp.topic, tp.partition), e))
     }
 
     pub(super) fn reset(&self, tp: &TopicPartition, reset: ResetPosition) -> Result<i64> {
@@ -127,13 +112,18 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             StartPosition::Earliest => Ok(self.watermarks(tp)?.0),
             StartPosition::Latest => Ok(self.watermarks(tp)?.1),
             StartPosition::Timestamp { ms } => {
-                let mut tpl = TopicPartitionList::new();
-                tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(*ms))
-                    .map_err(|e| SourceError::kafka("offsets for times", e))?;
-                let found = self
-                    .consumer()
-                    .offsets_for_times(tpl, TIMEOUT)
-                    .map_err(|e| SourceError::kafka("offsets for times", e))?;
+                let found = asking_again(tp, || {
+                    let mut tpl = TopicPartitionList::new();
+                    tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(*ms))?;
+                    let found = self.consumer().offsets_for_times(tpl, TIMEOUT)?;
+                    // The partition's own error, asked again like the call's (`answer` reports
+                    // any other).
+                    match found.find_partition(&tp.topic, tp.partition).map(|e| e.error()) {
+                        Some(Err(e)) if leader_moving(&e) => Err(e),
+                        _ => Ok(found),
+                    }
+                })
+                .map_err(|e| SourceError::kafka("offsets for times", e))?;
                 match answer(&found, tp, "the offset for the start timestamp")? {
                     Offset::Offset(o) => Ok(o),
                     // No record at or after the timestamp: start at the end.
@@ -322,6 +312,27 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             }
         }
         Ok(())
+    }
+}
+
+/// Runs `ask` again while it fails because `tp`'s leader is moving or not known yet, for up to
+/// `TIMEOUT`: librdkafka does not retry these in its lookups (seen: `NotLeaderForPartition` for
+/// the watermarks of a topic created a moment before, on a busy machine), and failing the
+/// attempt for them would restart the job — or, at its start, count against its start-up
+/// attempts. Called where blocking is allowed (`block_in_place`).
+fn asking_again<R>(
+    tp: &TopicPartition,
+    mut ask: impl FnMut() -> std::result::Result<R, rdkafka::error::KafkaError>,
+) -> std::result::Result<R, rdkafka::error::KafkaError> {
+    let until = Instant::now() + TIMEOUT;
+    loop {
+        match ask() {
+            Err(e) if leader_moving(&e) && Instant::now() < until => {
+                debug!(topic = %tp.topic, partition = tp.partition, error = %e, "The partition's leader is moving: asking again.");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            r => return r,
+        }
     }
 }
 
