@@ -1044,6 +1044,32 @@ async fn snapshot_of(source: &mut KafkaSource<KafkaRecord, RawBytes>) -> Result<
     Ok(ctx.into_restored())
 }
 
+/// A topic `prefix-…` holding a0..a9, read by a source driven by hand (subtask `uid`), and what a
+/// restore would get back from that source's snapshot then (position 10, with the topic's ID).
+async fn ten_read_and_snapshotted(
+    env: &TestEnv,
+    prefix: &str,
+    uid: &str,
+) -> Result<(
+    String,
+    KafkaSourceConfig,
+    exactly_core::runtime::SubtaskInfo,
+    exactly_core::state::RestoredState,
+)> {
+    use exactly_core::runtime::{InitContext, Source};
+
+    let topic = unique(prefix);
+    create_topic(env, &topic, 1).await?;
+    produce(env, &topic, &labelled("a", 10))?;
+    let config = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));
+    let info = subtask_info(uid);
+    let mut source = KafkaSource::new(config.clone(), RawBytes);
+    source.initialize_state(&InitContext::new(&info, None)).await?;
+    assert_eq!(read_values(&mut source, 10).await?, values_of("a", 10));
+    let state = snapshot_of(&mut source).await?;
+    Ok((topic, config, info, state))
+}
+
 fn labelled(prefix: &str, n: usize) -> Vec<(String, String)> {
     (0..n).map(|i| ("k".into(), format!("{prefix}{i}"))).collect()
 }
@@ -1100,16 +1126,7 @@ async fn a_topic_deleted_and_recreated_while_the_job_was_down_is_read_from_its_f
     use exactly_core::runtime::{InitContext, Source};
 
     let env = TestEnv::get().await?;
-    let topic = unique("src-recreated");
-    create_topic(env, &topic, 1).await?;
-    produce(env, &topic, &labelled("a", 10))?;
-    let config = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));
-    let info = subtask_info("recreated");
-    let mut source = KafkaSource::new(config.clone(), RawBytes);
-    source.initialize_state(&InitContext::new(&info, None)).await?;
-    assert_eq!(read_values(&mut source, 10).await?, values_of("a", 10));
-    let state = snapshot_of(&mut source).await?;
-    drop(source);
+    let (topic, config, info, state) = ten_read_and_snapshotted(env, "src-recreated", "recreated").await?;
 
     recreate_topic(env, &topic, 1).await?;
     produce(env, &topic, &labelled("c", 15))?;
@@ -1171,16 +1188,7 @@ async fn a_restored_position_beyond_the_end_resumes_by_the_topic_id_or_is_refuse
     use exactly_kafka_source::BeyondEnd;
 
     let env = TestEnv::get().await?;
-    let topic = unique("src-beyond");
-    create_topic(env, &topic, 1).await?;
-    produce(env, &topic, &labelled("a", 10))?;
-    let config = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));
-    let info = subtask_info("beyond");
-    let mut source = KafkaSource::new(config.clone(), RawBytes);
-    source.initialize_state(&InitContext::new(&info, None)).await?;
-    assert_eq!(read_values(&mut source, 10).await?, values_of("a", 10));
-    let state = snapshot_of(&mut source).await?;
-    drop(source);
+    let (topic, config, info, state) = ten_read_and_snapshotted(env, "src-beyond", "beyond").await?;
     // The snapshot's one entry, as JSON, with its position moved to `offset`, and its topic ID
     // kept or dropped.
     let (name, entries) = state.union_state.iter().next().expect("the source's offsets");

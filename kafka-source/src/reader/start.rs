@@ -180,16 +180,11 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         };
         let what = || format!("{}/{}", tp.topic, tp.partition);
         let r = match (resume(offset, (low, high), then, now), origin) {
-            (Resume::Unclear { end, .. }, Origin::Restored(_))
-                if self.config.position_beyond_end == BeyondEnd::Truncated =>
-            {
-                Resume::Truncated { end }
-            }
-            (Resume::Unclear { low, .. }, Origin::Restored(_))
-                if self.config.position_beyond_end == BeyondEnd::Recreated =>
-            {
-                Resume::Recreated { low }
-            }
+            (Resume::Unclear { low, end }, Origin::Restored(_)) => match self.config.position_beyond_end {
+                BeyondEnd::Truncated => Resume::Truncated { end },
+                BeyondEnd::Recreated => Resume::Recreated { low },
+                BeyondEnd::Fail => Resume::Unclear { low, end },
+            },
             (Resume::Unclear { end, .. }, Origin::Group) => Resume::Truncated { end },
             (Resume::Unclear { end, .. }, Origin::Given) => {
                 return Err(SourceError::Config(format!(
