@@ -33,6 +33,7 @@ use start::{wire_error, Origin};
 const STATE: &str = "kafka-source-offsets";
 const TIMEOUT: Duration = Duration::from_secs(30);
 const IDLE_WAIT: Duration = Duration::from_millis(20);
+
 /// The next offset of one owned partition.
 struct Position {
     tp: TopicPartition,
