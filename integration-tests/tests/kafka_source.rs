@@ -961,8 +961,6 @@ async fn a_source_reading_a_filled_topic_reports_backlog_until_it_has_read_it() 
 /// without a word). A given start offset beyond the partition's end is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_deleted_by_retention_while_the_job_was_down_are_counted_as_lost() -> Result<()> {
-    use exactly_core::runtime::{InitContext, Source};
-
     let env = TestEnv::get().await?;
     let topic = unique("src-retention");
     create_topic(env, &topic, 1).await?;
@@ -1011,13 +1009,25 @@ async fn records_deleted_by_retention_while_the_job_was_down_are_counted_as_lost
         reset: ResetPosition::None,
     };
     let info = subtask_info("beyond");
-    let error = KafkaSource::new(config, RawBytes)
-        .initialize_state(&InitContext::new(&info, None))
+    let error = started(config, &info, None)
         .await
-        .expect_err("a start offset beyond the end")
+        .err()
+        .expect("a start offset beyond the end")
         .to_string();
     assert!(error.contains("beyond the partition's end 20"), "{error}");
     Ok(())
+}
+
+/// A source with `config`, driven by hand as subtask `info`, initialized with `restored`.
+async fn started(
+    config: KafkaSourceConfig,
+    info: &exactly_core::runtime::SubtaskInfo,
+    restored: Option<&exactly_core::state::RestoredState>,
+) -> exactly_core::Result<KafkaSource<KafkaRecord, RawBytes>> {
+    use exactly_core::runtime::{InitContext, Source};
+    let mut source = KafkaSource::new(config, RawBytes);
+    source.initialize_state(&InitContext::new(info, restored)).await?;
+    Ok(source)
 }
 
 /// Reads from a source driven by hand until it has handed on `n` records or `T` passed; the
@@ -1056,15 +1066,12 @@ async fn ten_read_and_snapshotted(
     exactly_core::runtime::SubtaskInfo,
     exactly_core::state::RestoredState,
 )> {
-    use exactly_core::runtime::{InitContext, Source};
-
     let topic = unique(prefix);
     create_topic(env, &topic, 1).await?;
     produce(env, &topic, &labelled("a", 10))?;
     let config = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));
     let info = subtask_info(uid);
-    let mut source = KafkaSource::new(config.clone(), RawBytes);
-    source.initialize_state(&InitContext::new(&info, None)).await?;
+    let mut source = started(config.clone(), &info, None).await?;
     assert_eq!(read_values(&mut source, 10).await?, values_of("a", 10));
     let state = snapshot_of(&mut source).await?;
     Ok((topic, config, info, state))
@@ -1084,8 +1091,6 @@ fn values_of(prefix: &str, n: usize) -> Vec<String> {
 /// attempt but never committed. A new run (attempt 0) starts at the end again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attempt_before_the_first_checkpoint_starts_where_the_first_attempt_started() -> Result<()> {
-    use exactly_core::runtime::{InitContext, Source};
-
     let env = TestEnv::get().await?;
     let topic = unique("src-latest-restart");
     create_topic(env, &topic, 1).await?;
@@ -1093,8 +1098,7 @@ async fn an_attempt_before_the_first_checkpoint_starts_where_the_first_attempt_s
     let mut config = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));
     config.start = StartPosition::Latest;
     let mut info = subtask_info("latest-restart");
-    let mut source = KafkaSource::new(config.clone(), RawBytes);
-    source.initialize_state(&InitContext::new(&info, None)).await?;
+    let mut source = started(config.clone(), &info, None).await?;
     let new = labelled("n", 5);
     produce(env, &topic, &new[..3])?;
     assert_eq!(read_values(&mut source, 3).await?, values_of("n", 3));
@@ -1102,16 +1106,14 @@ async fn an_attempt_before_the_first_checkpoint_starts_where_the_first_attempt_s
     drop(source);
 
     info.attempt = 1;
-    let mut source = KafkaSource::new(config.clone(), RawBytes);
-    source.initialize_state(&InitContext::new(&info, None)).await?;
+    let mut source = started(config.clone(), &info, None).await?;
     produce(env, &topic, &new[3..4])?;
     assert_eq!(read_values(&mut source, 4).await?, values_of("n", 4));
     drop(source);
 
     // A new run: the end as it is now.
     info.attempt = 0;
-    let mut source = KafkaSource::new(config, RawBytes);
-    source.initialize_state(&InitContext::new(&info, None)).await?;
+    let mut source = started(config, &info, None).await?;
     produce(env, &topic, &new[4..])?;
     assert_eq!(read_values(&mut source, 1).await?, ["n4"]);
     Ok(())
@@ -1123,15 +1125,12 @@ async fn an_attempt_before_the_first_checkpoint_starts_where_the_first_attempt_s
 /// read on from: the new topic's first ten records were skipped without a word.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_topic_deleted_and_recreated_while_the_job_was_down_is_read_from_its_first_offset() -> Result<()> {
-    use exactly_core::runtime::{InitContext, Source};
-
     let env = TestEnv::get().await?;
     let (topic, config, info, state) = ten_read_and_snapshotted(env, "src-recreated", "recreated").await?;
 
     recreate_topic(env, &topic, 1).await?;
     produce(env, &topic, &labelled("c", 15))?;
-    let mut source = KafkaSource::new(config, RawBytes);
-    source.initialize_state(&InitContext::new(&info, Some(&state))).await?;
+    let mut source = started(config, &info, Some(&state)).await?;
     assert_eq!(read_values(&mut source, 15).await?, values_of("c", 15));
     Ok(())
 }
@@ -1184,7 +1183,6 @@ async fn a_topic_recreated_while_the_job_reads_it_is_read_from_its_first_offset(
 /// by default, naming `position_beyond_end`, and follows that setting when it is given.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restored_position_beyond_the_end_resumes_by_the_topic_id_or_is_refused_without_one() -> Result<()> {
-    use exactly_core::runtime::{InitContext, Source};
     use exactly_kafka_source::BeyondEnd;
 
     let env = TestEnv::get().await?;
@@ -1211,20 +1209,17 @@ async fn a_restored_position_beyond_the_end_resumes_by_the_topic_id_or_is_refuse
 
     // The same topic, its end (10) below the position (25): resume at the end.
     let truncated = moved(25, true);
-    let mut source = KafkaSource::new(config.clone(), RawBytes);
-    source
-        .initialize_state(&InitContext::new(&info, Some(&truncated)))
-        .await?;
+    let mut source = started(config.clone(), &info, Some(&truncated)).await?;
     produce(env, &topic, &labelled("b", 3))?;
     assert_eq!(read_values(&mut source, 3).await?, values_of("b", 3));
     drop(source);
 
     // No ID: refused, by default.
     let unclear = moved(25, false);
-    let error = KafkaSource::new(config.clone(), RawBytes)
-        .initialize_state(&InitContext::new(&info, Some(&unclear)))
+    let error = started(config.clone(), &info, Some(&unclear))
         .await
-        .expect_err("a position beyond the end without a topic ID")
+        .err()
+        .expect("a position beyond the end without a topic ID")
         .to_string();
     assert!(
         error.contains("beyond the partition's end 13") && error.contains("position_beyond_end"),
@@ -1233,19 +1228,13 @@ async fn a_restored_position_beyond_the_end_resumes_by_the_topic_id_or_is_refuse
     // ... and as the operator says, once told.
     let mut told = config.clone();
     told.position_beyond_end = BeyondEnd::Recreated;
-    let mut source = KafkaSource::new(told.clone(), RawBytes);
-    source
-        .initialize_state(&InitContext::new(&info, Some(&unclear)))
-        .await?;
+    let mut source = started(told.clone(), &info, Some(&unclear)).await?;
     let mut all = values_of("a", 10);
     all.extend(values_of("b", 3));
     assert_eq!(read_values(&mut source, 13).await?, all);
     drop(source);
     told.position_beyond_end = BeyondEnd::Truncated;
-    let mut source = KafkaSource::new(told, RawBytes);
-    source
-        .initialize_state(&InitContext::new(&info, Some(&unclear)))
-        .await?;
+    let mut source = started(told, &info, Some(&unclear)).await?;
     produce(env, &topic, &labelled("c", 2))?;
     assert_eq!(read_values(&mut source, 2).await?, values_of("c", 2));
     Ok(())
