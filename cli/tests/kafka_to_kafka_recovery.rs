@@ -1,15 +1,20 @@
-//! Zombies and leftovers, with real processes: a paused old process resumed after its
-//! replacement started cannot commit anything; a job killed and never restarted leaves open
-//! transactions that the next start with the same prefix aborts, so stuck readers move on.
+//! Zombies, leftovers and early deaths, with real processes: a paused old process resumed after
+//! its replacement started cannot commit anything; a job killed and never restarted leaves open
+//! transactions that the next start with the same prefix aborts, so stuck readers move on; a job
+//! started at `latest` and killed before it committed anything starts again where it first
+//! started.
 
 mod k2k;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use exactly_integration_tests::{
-    create_topic, produce, read_committed, signal, transactional_producer, unique, ChildJob, TestEnv,
+    create_topic, produce, read_committed, read_uncommitted, signal, transactional_producer, unique,
+    wait_for_uncommitted, ChildJob, Feed, TestEnv,
 };
 use k2k::{exactly, Job};
 use rdkafka::producer::{BaseRecord, Producer};
@@ -153,5 +158,116 @@ async fn a_job_killed_for_good_leaves_transactions_the_next_start_aborts() -> Re
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     next.kill();
+    Ok(())
+}
+
+/// A job that starts at the end of its input (`latest`), reads records and is killed before it
+/// committed any, then started again as a new process, reads again from where it first started:
+/// the records the killed process read, those produced while it was down, and on, each once.
+/// The source's start was checkpointed before it read (`reads_after_first_checkpoint`); before,
+/// the new process found no checkpoint, resolved `latest` anew and skipped all of those (Flink
+/// and Kafka Streams do the same).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_started_at_latest_and_killed_before_committing_starts_again_where_it_first_started() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let (input, output) = (unique("latest-in"), unique("latest-out"));
+    create_topic(env, &input, 1).await?;
+    create_topic(env, &output, 1).await?;
+    produce(env, &input, &[("k".into(), "old".into())])?;
+    let dir = tempfile::tempdir()?;
+    let (group, prefix) = (unique("g"), unique("latest"));
+    let job = |interval| Job {
+        group: group.clone(),
+        prefix: prefix.clone(),
+        start: Some(r#"{ type = "latest" }"#),
+        interval,
+        checkpoint_timeout: "2s",
+        transaction_timeout: "10m",
+        ..Job::new(&input, &output)
+    };
+    // The first process would checkpoint what it read after five minutes: it is killed long
+    // before. The second one checkpoints every 200 ms.
+    let first = job("5m").write(env, dir.path(), "first");
+    let again = job("200ms").write(env, dir.path(), "again");
+
+    // Input keeps arriving, n00000, n00001, … in one partition, from before the first start
+    // until a second after the second one's.
+    let stop = Arc::new(AtomicBool::new(false));
+    let feeder = {
+        let (feed, topic, stop) = (Feed::new(env)?, input.clone(), stop.clone());
+        std::thread::spawn(move || -> Result<usize> {
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) {
+                feed.send(&topic, &[("k".into(), format!("n{n:05}"))])?;
+                n += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(n)
+        })
+    };
+    let mut a = ChildJob::spawn(exactly(), &first, "")?;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        // (Read to its end, the output would not do: the first process writes on.)
+        let written = wait_for_uncommitted(env, &output, 5, Duration::from_secs(1))?.len();
+        if written >= 5 {
+            break;
+        }
+        if !a.running() || Instant::now() > deadline {
+            bail!("the first process wrote {written} records:\n{}", a.tail(40));
+        }
+    }
+    a.kill();
+    let read_by_first: Vec<String> = read_uncommitted(env, &output, T)?
+        .iter()
+        .map(|r| r.value_str())
+        .collect();
+    assert!(
+        read_committed(env, &output, T)?.is_empty(),
+        "the first process committed nothing"
+    );
+    // Produced while no process runs.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let mut b = ChildJob::spawn(exactly(), &again, "")?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // (Read to its end while the input grows, the output would not do.)
+    stop.store(true, Ordering::SeqCst);
+    let fed = feeder.join().map_err(|_| anyhow::anyhow!("the feeder panicked"))??;
+    let from: usize = read_by_first[0]
+        .strip_prefix('n')
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("first record written: {:?}", read_by_first[0]))?;
+    let expected: Vec<String> = (from..fed).map(|n| format!("n{n:05}")).collect();
+    // Then a marker, again and again until one comes out: what was fed before it has been read.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        produce(env, &input, &[("k".into(), "end".into())])?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if read_committed(env, &output, T)?.iter().any(|r| r.value_str() == "end") {
+            break;
+        }
+        if !b.running() || Instant::now() > deadline {
+            bail!("no marker came out:\n{}", b.tail(40));
+        }
+    }
+    // A record committed twice would show meanwhile.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    b.kill();
+    let committed: Vec<String> = read_committed(env, &output, T)?
+        .iter()
+        .map(|r| r.value_str())
+        .filter(|v| v != "end")
+        .collect();
+    let missing: Vec<&String> = read_by_first.iter().filter(|v| !committed.contains(v)).collect();
+    assert!(
+        missing.is_empty(),
+        "records the killed process read, never committed: {missing:?} (committed from {:?})",
+        committed.first()
+    );
+    assert_eq!(
+        committed, expected,
+        "every record from the first start on, once, in order"
+    );
     Ok(())
 }

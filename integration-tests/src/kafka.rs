@@ -112,11 +112,13 @@ pub fn transactional_producer(env: &TestEnv, id: &str) -> Result<BaseProducer> {
     Ok(producer)
 }
 
-fn committed_consumer(env: &TestEnv, topic: &str, timeout: Duration) -> Result<(BaseConsumer, usize)> {
+/// A consumer of every partition of `topic` from the beginning, with `isolation`, reporting
+/// each partition's end.
+fn verifying_consumer(env: &TestEnv, topic: &str, timeout: Duration, isolation: &str) -> Result<(BaseConsumer, usize)> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &env.kafka_bootstrap)
         .set("group.id", crate::unique("verifier"))
-        .set("isolation.level", "read_committed")
+        .set("isolation.level", isolation)
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
         .set("auto.offset.reset", "earliest")
@@ -147,14 +149,24 @@ fn committed_consumer(env: &TestEnv, topic: &str, timeout: Duration) -> Result<(
 /// read_committed). Records of open transactions are therefore not returned. Fails if the end is not
 /// reached within `timeout`.
 pub fn read_committed(env: &TestEnv, topic: &str, timeout: Duration) -> Result<Vec<CommittedRecord>> {
+    read_to_end(env, topic, timeout, "read_committed")
+}
+
+/// Everything in `topic` now, up to each partition's high watermark, records of open and aborted
+/// transactions included (what a job wrote before it committed, or before it was killed).
+pub fn read_uncommitted(env: &TestEnv, topic: &str, timeout: Duration) -> Result<Vec<CommittedRecord>> {
+    read_to_end(env, topic, timeout, "read_uncommitted")
+}
+
+fn read_to_end(env: &TestEnv, topic: &str, timeout: Duration, isolation: &str) -> Result<Vec<CommittedRecord>> {
     let deadline = Instant::now() + timeout;
-    let (consumer, partitions) = committed_consumer(env, topic, timeout)?;
+    let (consumer, partitions) = verifying_consumer(env, topic, timeout, isolation)?;
     let mut at_end = HashSet::new();
     let mut records = Vec::new();
     while at_end.len() < partitions {
         if Instant::now() > deadline {
             bail!(
-                "read_committed of {topic}: only {} of {partitions} partitions reached their end within {timeout:?} ({} records so far)",
+                "{isolation} of {topic}: only {} of {partitions} partitions reached their end within {timeout:?} ({} records so far)",
                 at_end.len(),
                 records.len()
             );
@@ -177,8 +189,28 @@ pub fn read_committed(env: &TestEnv, topic: &str, timeout: Duration) -> Result<V
 /// Polls `topic` with a fresh `read_committed` consumer until at least `count` records have been
 /// seen or `timeout` passes; returns what was seen (callers assert on it).
 pub fn wait_for_committed(env: &TestEnv, topic: &str, count: usize, timeout: Duration) -> Result<Vec<CommittedRecord>> {
+    wait_for(env, topic, count, timeout, "read_committed")
+}
+
+/// As `wait_for_committed`, records of open and aborted transactions included.
+pub fn wait_for_uncommitted(
+    env: &TestEnv,
+    topic: &str,
+    count: usize,
+    timeout: Duration,
+) -> Result<Vec<CommittedRecord>> {
+    wait_for(env, topic, count, timeout, "read_uncommitted")
+}
+
+fn wait_for(
+    env: &TestEnv,
+    topic: &str,
+    count: usize,
+    timeout: Duration,
+    isolation: &str,
+) -> Result<Vec<CommittedRecord>> {
     let deadline = Instant::now() + timeout;
-    let (consumer, _) = committed_consumer(env, topic, timeout)?;
+    let (consumer, _) = verifying_consumer(env, topic, timeout, isolation)?;
     let mut records = Vec::new();
     while records.len() < count && Instant::now() < deadline {
         match consumer.poll(Duration::from_millis(200)) {

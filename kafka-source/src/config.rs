@@ -38,6 +38,22 @@ pub enum StartPosition {
     },
 }
 
+impl StartPosition {
+    /// Whether a partition may start at the end of its log *as it is when resolved* (`latest`,
+    /// a `latest` reset, a timestamp past the last record): a moment rather than a place, which
+    /// the source has a checkpoint record before it reads
+    /// (`Source::reads_after_first_checkpoint`).
+    pub fn may_resolve_to_the_end(&self) -> bool {
+        match self {
+            StartPosition::Earliest => false,
+            StartPosition::Latest | StartPosition::Timestamp { .. } => true,
+            StartPosition::GroupOffsets { reset } | StartPosition::Specific { reset, .. } => {
+                *reset == ResetPosition::Latest
+            }
+        }
+    }
+}
+
 /// Fallback when a start position has no offset for a partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]

@@ -78,6 +78,8 @@ pub(crate) struct Job<'a> {
     pub(crate) kafka: Option<String>,
     /// Where checkpoints go (default: `DIR/checkpoints`), e.g. an `s3://` URL.
     pub(crate) checkpoints: Option<String>,
+    /// The source's `start` (default: its own, `earliest`), e.g. `{ type = "latest" }`.
+    pub(crate) start: Option<&'a str>,
 }
 
 impl<'a> Job<'a> {
@@ -97,6 +99,7 @@ impl<'a> Job<'a> {
             transaction_timeout: "2m",
             kafka: None,
             checkpoints: None,
+            start: None,
         }
     }
 
@@ -130,6 +133,7 @@ tolerable_failures = 100
 bootstrap_servers = "{bootstrap}"
 topics = ["{input}"]
 group_id = "{group}"
+{start}
 
 [sink.kafka]
 bootstrap_servers = "{bootstrap}"
@@ -148,6 +152,7 @@ delivery = {{ type = "exactly_once", transactional_id_prefix = "{prefix}", pool_
             transaction_timeout = self.transaction_timeout,
             kafka = self.kafka.as_deref().map_or(String::new(), |k| format!("[kafka]\n{k}")),
             group = self.group,
+            start = self.start.map_or(String::new(), |s| format!("start = {s}")),
             output = self.output,
             prefix = self.prefix,
         );

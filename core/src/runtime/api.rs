@@ -301,6 +301,16 @@ pub trait Source<T>: Send + 'static {
     fn initialize_state(&mut self, _ctx: &InitContext<'_>) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
     }
+    /// Asked once after `initialize_state`: whether this subtask reads only once a checkpoint
+    /// has recorded where it starts. True for a start position that is a moment rather than a
+    /// place — the end of a log *now* — which a run restarted before its first checkpoint
+    /// completed would resolve again, later, skipping what the failed run read and never
+    /// committed (also when the restart is a new process, which no memory of the first one
+    /// reaches). With checkpointing on, the runtime then takes a checkpoint at once (not after
+    /// the interval), serves it, and polls only once a checkpoint has completed. Default: false.
+    fn reads_after_first_checkpoint(&self) -> bool {
+        false
+    }
     /// Appends records to `out` and returns promptly (within a few tens of milliseconds when there
     /// is no data, so barriers are not delayed). Where there is no data it waits briefly, here or
     /// in [`Source::available`]: a source that waits in neither is polled again at once and spins

@@ -250,6 +250,18 @@ impl Run<'_> {
                     }
                 }
             }
+            TaskEvent::Held { task } => {
+                // Its first checkpoint now, not after the interval; one in flight serves too (a
+                // failed one is followed by the next at the interval, as usual).
+                let idle = self.coordinator.as_ref().is_some_and(|c| c.pending().next().is_none());
+                if idle && !self.shutting_down && self.shutdown_after.is_none() {
+                    debug!(
+                        task,
+                        "A source reads once a checkpoint has recorded where it starts: checkpointing now."
+                    );
+                    self.trigger(SnapshotKind::Checkpoint, false);
+                }
+            }
             TaskEvent::Ended { task } => {
                 self.ended.insert(task);
                 // A source was sent every pending checkpoint's trigger while it was live and

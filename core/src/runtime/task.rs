@@ -49,6 +49,9 @@ pub(crate) enum TaskEvent {
     },
     /// The task processed its end of input (it stays to snapshot and hear notifications).
     Ended { task: usize },
+    /// (Sources) the source reads only after a checkpoint completed
+    /// (`Source::reads_after_first_checkpoint`): checkpoint now rather than after the interval.
+    Held { task: usize },
     /// (Sources) a poll found nothing new: caught up with the input, after the barrier of
     /// checkpoint `after` (`None`: before any in this run). Sent once per barrier and again
     /// when what it says about the time since changes.
@@ -298,6 +301,12 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
             .await
             .map_err(|e| user_error(&info.uid, e))?;
         drop(restored);
+        // Until a checkpoint has recorded where the source starts, it is not polled
+        // (`Source::reads_after_first_checkpoint`); the coordinator checkpoints at once.
+        let mut held = info.commit_window.is_some() && source.reads_after_first_checkpoint();
+        if held {
+            parts.send(TaskEvent::Held { task: parts.task_id });
+        }
         let mut ended = false;
         let mut stopped = false;
         let mut buf = Vec::with_capacity(1024);
@@ -321,13 +330,14 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
             // cancellation could not run there.
             tokio::task::coop::consume_budget().await;
             parts.send_ready(&mut acks).await?;
-            // Ended or stopped, it only serves the coordinator; waiting, it also waits for records.
-            let control = if ended || stopped || waiting {
+            // Ended, stopped or held, it only serves the coordinator; waiting, it also waits for
+            // records.
+            let control = if ended || stopped || held || waiting {
                 let woken = tokio::select! {
                     biased;
                     c = parts.control.recv() => Woken::Control(c),
                     () = acks.oldest_ended(), if !acks.is_empty() => Woken::Acknowledgement,
-                    () = source.available(), if !(ended || stopped) => Woken::Records,
+                    () = source.available(), if !(ended || stopped || held) => Woken::Records,
                 };
                 match woken {
                     Woken::Control(Some(c)) => Some(c),
@@ -363,6 +373,7 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
                     }
                     Control::SnapshotIfEnded(_) => {}
                     Control::Notify(n) => {
+                        held &= !matches!(n, Notification::Complete(_));
                         match n {
                             Notification::Complete(id) => source.notify_checkpoint_complete(id).await,
                             Notification::Aborted(id) => source.notify_checkpoint_aborted(id).await,

@@ -173,3 +173,107 @@ async fn a_source_that_never_waits_is_checkpointed_and_cancels() {
     assert_eq!(got, (0..200).collect::<Vec<_>>(), "{done} checkpoints completed");
     assert!(done >= 1, "{done} checkpoints");
 }
+
+/// Reads only once a checkpoint has recorded where it starts (`reads_after_first_checkpoint`),
+/// and emits nothing: counts its polls, the checkpoints completed when it was first polled, and
+/// the polls before its first snapshot.
+struct HeldAtStart {
+    seen: Arc<Mutex<HeldSeen>>,
+}
+
+#[derive(Default, Debug)]
+struct HeldSeen {
+    polls: u64,
+    completed: u64,
+    completed_at_first_poll: Option<u64>,
+    polls_at_first_snapshot: Option<u64>,
+}
+
+impl Source<u64> for HeldAtStart {
+    fn reads_after_first_checkpoint(&self) -> bool {
+        true
+    }
+
+    async fn poll_next(&mut self, _out: &mut Vec<u64>) -> crate::Result<SourceStatus> {
+        let mut seen = self.seen.lock().unwrap();
+        seen.polls += 1;
+        let completed = seen.completed;
+        seen.completed_at_first_poll.get_or_insert(completed);
+        Ok(SourceStatus::Idle)
+    }
+
+    async fn available(&mut self) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    async fn snapshot_state(&mut self, _ctx: &mut SnapshotContext) -> crate::Result<()> {
+        let mut seen = self.seen.lock().unwrap();
+        let polls = seen.polls;
+        seen.polls_at_first_snapshot.get_or_insert(polls);
+        Ok(())
+    }
+
+    async fn notify_checkpoint_complete(&mut self, _id: CheckpointId) -> crate::Result<()> {
+        self.seen.lock().unwrap().completed += 1;
+        Ok(())
+    }
+}
+
+/// Runs one `HeldAtStart` subtask chained to a `Staging` sink (checkpointed every hour, or not at
+/// all) until it has been polled (a 30 s guard against waiting forever: not a timing claim),
+/// then cancels the job; returns what the source saw.
+async fn held_at_start(checkpointing: bool) -> HeldSeen {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = JobConfig::new("held");
+    if checkpointing {
+        let mut checkpoint = CheckpointConfig::new(dir.path().join("checkpoints"));
+        checkpoint.interval = Duration::from_secs(3600);
+        config.checkpointing = Some(checkpoint);
+    }
+    let seen: Arc<Mutex<HeldSeen>> = Arc::default();
+    let mut job = JobBuilder::new(config);
+    let s = seen.clone();
+    job.source("held", 1, move |_| HeldAtStart { seen: s.clone() })
+        .sink("out", |_| Staging {
+            current: Vec::new(),
+            staged: Vec::new(),
+            committed: Arc::default(),
+        });
+    let handle = job.build().unwrap().start();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while seen.lock().unwrap().polls == 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    handle.cancel();
+    tokio::time::timeout(Duration::from_secs(30), handle.join())
+        .await
+        .expect("the job cancels")
+        .unwrap();
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    seen
+}
+
+/// A source that reads only once a checkpoint recorded its start is snapshotted before its first
+/// poll and polled only after that checkpoint completed — taken at once, not after the hour's
+/// interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_held_until_its_start_is_checkpointed_is_polled_after_the_first_checkpoint() {
+    let seen = held_at_start(true).await;
+    assert!(
+        seen.polls > 0,
+        "never polled (the first checkpoint was not taken at once?): {seen:?}"
+    );
+    assert_eq!(seen.polls_at_first_snapshot, Some(0), "{seen:?}");
+    assert!(
+        seen.completed_at_first_poll.is_some_and(|n| n >= 1),
+        "polled before a checkpoint completed: {seen:?}"
+    );
+}
+
+/// Without checkpointing nothing would ever complete: the source is not held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_asking_to_be_held_is_polled_at_once_without_checkpointing() {
+    let seen = held_at_start(false).await;
+    assert!(seen.polls > 0, "never polled: {seen:?}");
+    assert_eq!(seen.completed_at_first_poll, Some(0), "{seen:?}");
+}

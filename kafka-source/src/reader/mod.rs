@@ -115,6 +115,9 @@ pub struct KafkaSource<T, D> {
     /// `available` waited (for records, or its bound) since the last poll: the poll takes what
     /// there is without waiting again.
     waited: bool,
+    /// Nothing was restored and the start position may be the end of a log as it is now: read
+    /// only once a checkpoint has recorded it (`reads_after_first_checkpoint`).
+    start_is_a_moment: bool,
     _t: std::marker::PhantomData<fn() -> T>,
 }
 
@@ -141,6 +144,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             next_discovery: None,
             next_periodic_commit: None,
             waited: false,
+            start_is_a_moment: false,
             _t: std::marker::PhantomData,
         }
     }
@@ -342,7 +346,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                 })?,
                 // Restored, but this partition is not in the checkpoint: it appeared later.
                 None if ctx.is_restored() => tokio::task::block_in_place(|| self.watermarks(tp))?.0,
-                None => tokio::task::block_in_place(|| self.first_offset(tp, ctx.info))?,
+                None => tokio::task::block_in_place(|| self.start_offset(tp))?,
             };
             mine.insert(tp.clone(), offset);
         }
@@ -350,6 +354,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             warn!(topic = %tp.topic, partition = tp.partition, "A partition in the restored state no longer exists; dropping its offset.");
         }
         self.known = all;
+        self.start_is_a_moment = !ctx.is_restored() && self.config.start.may_resolve_to_the_end();
         if mine.is_empty() {
             info!(
                 subtask = ctx.info.index,
@@ -510,6 +515,14 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
 impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
     async fn initialize_state(&mut self, ctx: &InitContext<'_>) -> exactly_core::Result<()> {
         Ok(self.init(ctx).await?)
+    }
+
+    /// A start at the end as it is now (`latest`, a `latest` reset, a timestamp past the last
+    /// record) is checkpointed before the first record is read: a restart before the job's first
+    /// checkpoint — a new process included — then restores it instead of resolving `latest`
+    /// again, later, which would skip the records the failed run read and never committed.
+    fn reads_after_first_checkpoint(&self) -> bool {
+        self.start_is_a_moment
     }
 
     async fn poll_next(&mut self, out: &mut Vec<T>) -> exactly_core::Result<SourceStatus> {

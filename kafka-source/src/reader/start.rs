@@ -9,42 +9,7 @@ use super::*;
 const ID_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 const ID_CHECK_PATIENCE: Duration = Duration::from_secs(120);
 
-/// The start offsets the attempts of this process resolved for partitions without restored
-/// offsets, by group, operator and partition (with the topic's ID then). See `first_offset`.
-type Resolved = BTreeMap<(String, String, TopicPartition), (i64, Option<String>)>;
-static RESOLVED: std::sync::Mutex<Resolved> = std::sync::Mutex::new(BTreeMap::new());
-
 impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
-    /// Where a partition without restored offset starts. The first attempt of a run resolves the
-    /// start position (`start_offset`) and the process remembers it; a later attempt that
-    /// restores nothing — the job failed before its first checkpoint completed — starts where
-    /// the first one did, checked against the log like a restored offset. Resolving `latest`
-    /// (or a timestamp past the last record, or a `latest` reset) again would start at the end
-    /// as it is now, skipping the records produced since the first attempt started, which that
-    /// attempt read but never committed (Flink's FLINK-28303 loss). A new run (attempt 0)
-    /// resolves the start position anew.
-    pub(super) fn first_offset(&self, tp: &TopicPartition, info: &SubtaskInfo) -> Result<i64> {
-        let key = (self.config.group_id.clone(), info.uid.clone(), tp.clone());
-        if info.attempt > 0 {
-            let remembered = RESOLVED
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .get(&key)
-                .cloned();
-            if let Some((offset, id)) = remembered {
-                info!(topic = %tp.topic, partition = tp.partition, offset, attempt = info.attempt,
-                    "No checkpoint completed since the run started: starting where its first attempt started.");
-                return self.position(tp, offset, Origin::Restored(id.as_deref()));
-            }
-        }
-        let offset = self.start_offset(tp)?;
-        RESOLVED
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(key, (offset, self.topic_ids.get(&tp.topic).cloned()));
-        Ok(offset)
-    }
-
     /// Every partition of the subscribed topics, as the broker lists them now.
     pub(super) fn list_partitions(&self) -> Result<BTreeSet<TopicPartition>> {
         let consumer = self.consumer();
