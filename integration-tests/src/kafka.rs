@@ -1,4 +1,4 @@
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -114,7 +114,12 @@ pub fn transactional_producer(env: &TestEnv, id: &str) -> Result<BaseProducer> {
 
 /// A consumer of every partition of `topic` from the beginning, with `isolation`, reporting
 /// each partition's end.
-fn verifying_consumer(env: &TestEnv, topic: &str, timeout: Duration, isolation: &str) -> Result<(BaseConsumer, usize)> {
+fn verifying_consumer(
+    env: &TestEnv,
+    topic: &str,
+    timeout: Duration,
+    isolation: &str,
+) -> Result<(BaseConsumer, Vec<i32>)> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &env.kafka_bootstrap)
         .set("group.id", crate::unique("verifier"))
@@ -141,12 +146,14 @@ fn verifying_consumer(env: &TestEnv, topic: &str, timeout: Duration, isolation: 
         tpl.add_partition_offset(topic, *p, Offset::Beginning)?;
     }
     consumer.assign(&tpl)?;
-    Ok((consumer, partitions.len()))
+    Ok((consumer, partitions))
 }
 
 /// Everything a fresh `read_committed` consumer sees in `topic` now: it reads every partition from
 /// the beginning up to its last stable offset (where librdkafka reports end of partition for
-/// read_committed). Records of open transactions are therefore not returned. Fails if the end is not
+/// read_committed), or past the high watermark it had when the read began (a job committing
+/// without pause moves the end on at every fetch, and the end of partition never comes). Records
+/// of open transactions are therefore not returned. Fails if the end is not
 /// reached within `timeout`.
 pub fn read_committed(env: &TestEnv, topic: &str, timeout: Duration) -> Result<Vec<CommittedRecord>> {
     read_to_end(env, topic, timeout, "read_committed")
@@ -161,6 +168,14 @@ pub fn read_uncommitted(env: &TestEnv, topic: &str, timeout: Duration) -> Result
 fn read_to_end(env: &TestEnv, topic: &str, timeout: Duration, isolation: &str) -> Result<Vec<CommittedRecord>> {
     let deadline = Instant::now() + timeout;
     let (consumer, partitions) = verifying_consumer(env, topic, timeout, isolation)?;
+    let mut ends = HashMap::new();
+    for p in &partitions {
+        let (_, high) = consumer
+            .fetch_watermarks(topic, *p, timeout)
+            .with_context(|| format!("the high watermark of {topic}/{p}"))?;
+        ends.insert(*p, high);
+    }
+    let partitions = partitions.len();
     let mut at_end = HashSet::new();
     let mut records = Vec::new();
     while at_end.len() < partitions {
@@ -174,7 +189,12 @@ fn read_to_end(env: &TestEnv, topic: &str, timeout: Duration, isolation: &str) -
         match consumer.poll(Duration::from_millis(200)) {
             None => {}
             Some(Ok(msg)) => {
-                at_end.remove(&msg.partition());
+                let p = msg.partition();
+                if ends.get(&p).is_some_and(|end| msg.offset() + 1 >= *end) {
+                    at_end.insert(p);
+                } else {
+                    at_end.remove(&p);
+                }
                 records.push(to_record(&msg));
             }
             Some(Err(KafkaError::PartitionEOF(p))) => {

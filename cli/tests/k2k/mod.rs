@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use exactly_integration_tests::{produce, read_committed, unique, ChildJob, TestEnv};
+use exactly_integration_tests::{read_committed, unique, ChildJob, Feed, TestEnv};
 
 pub(crate) const KEYS: usize = 20;
 
@@ -26,6 +26,9 @@ pub(crate) fn feed(env: &TestEnv, topic: &str, next: Arc<std::sync::Mutex<Vec<us
     let stop = Arc::new(AtomicBool::new(false));
     let (env, topic, flag) = (env.clone(), topic.to_owned(), stop.clone());
     let handle = std::thread::spawn(move || {
+        // One idempotent producer for the whole feed (a new one per batch cost the broker an
+        // InitProducerId and the machine new connections 25 times a second).
+        let feed = Feed::new(&env)?;
         let mut sent = 0;
         while !flag.load(Ordering::SeqCst) {
             let batch: Vec<(String, String)> = {
@@ -37,7 +40,7 @@ pub(crate) fn feed(env: &TestEnv, topic: &str, next: Arc<std::sync::Mutex<Vec<us
                     })
                     .collect()
             };
-            produce(&env, &topic, &batch)?;
+            feed.send(&topic, &batch)?;
             sent += batch.len();
             std::thread::sleep(Duration::from_millis(40));
         }

@@ -305,6 +305,11 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
         // (`Source::reads_after_first_checkpoint`); the coordinator checkpoints at once.
         let mut held = info.commit_window.is_some() && source.reads_after_first_checkpoint();
         if held {
+            tracing::info!(
+                subtask = info.index,
+                uid = %info.uid,
+                "The source starts at a moment (the end of its input now): it reads once a checkpoint has recorded where, taken at once."
+            );
             parts.send(TaskEvent::Held { task: parts.task_id });
         }
         let mut ended = false;
