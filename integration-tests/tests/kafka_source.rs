@@ -1176,6 +1176,52 @@ async fn a_topic_recreated_while_the_job_reads_it_is_read_from_its_first_offset(
     Ok(())
 }
 
+/// Without checkpointing no snapshot checks the topics' IDs: the source checks them every few
+/// seconds itself. A topic recreated while such a job reads it fails the attempt (`Recreated`)
+/// instead of being read on from the old position (without the check: the new topic's first ten
+/// records skipped without a word); the next attempt starts where its start position says, here
+/// at the new topic's first offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_checkpointing_a_topic_recreated_under_the_source_fails_the_attempt() -> Result<()> {
+    use exactly_core::runtime::Source;
+    let env = TestEnv::get().await?;
+    let topic = unique("src-recreated-unchecked");
+    create_topic(env, &topic, 1).await?;
+    produce(env, &topic, &labelled("a", 10))?;
+    let mut config = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));
+    // As in the test above: the new topic has its records before the client reads it.
+    config.client.insert("fetch.error.backoff.ms".into(), "3000".into());
+    // `subtask_info`: no checkpointing (no commit window).
+    let mut info = subtask_info("recreated-unchecked");
+    let mut source = started(config.clone(), &info, None).await?;
+    assert_eq!(read_values(&mut source, 10).await?, values_of("a", 10));
+
+    recreate_topic(env, &topic, 1).await?;
+    produce(env, &topic, &labelled("c", 15))?;
+    let mut read = Vec::new();
+    let until = std::time::Instant::now() + T;
+    let failed = loop {
+        match source.poll_next(&mut read).await {
+            Err(e) => break Some(e.to_string()),
+            Ok(_) if std::time::Instant::now() > until => break None,
+            Ok(_) => {}
+        }
+    };
+    assert!(
+        failed
+            .as_deref()
+            .is_some_and(|e| e.contains("was deleted and recreated")),
+        "{failed:?} ({} records read after the recreation)",
+        read.len()
+    );
+    drop(source);
+
+    info.attempt = 1;
+    let mut source = started(config, &info, None).await?;
+    assert_eq!(read_values(&mut source, 15).await?, values_of("c", 15));
+    Ok(())
+}
+
 /// A restored position beyond its partition's end. With the topic's ID in the checkpoint and the
 /// same topic in the cluster, the log was truncated (an unclean leader election, which a
 /// single broker cannot stage: the checkpoint's offset is raised instead): the source resumes at

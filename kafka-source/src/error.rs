@@ -79,8 +79,9 @@ pub enum SourceError {
     },
     /// A topic was deleted and recreated under the same name while the source read it: the
     /// attempt restarts from the last checkpoint (recorded with the old topic's ID), whose
-    /// restore reads the new topic from its first offset.
-    #[error("kafka source: topic {topic:?} was deleted and recreated while the job read it (topic ID {was}, now {now}); the Kafka client reads the new topic on from the old position, skipping its first records, so the attempt restarts from the last checkpoint, which reads the new topic from its first offset")]
+    /// restore reads the new topic from its first offset; without checkpointing, from the start
+    /// position.
+    #[error("kafka source: topic {topic:?} was deleted and recreated while the job read it (topic ID {was}, now {now}); the Kafka client reads the new topic on from the old position, skipping its first records, so the attempt restarts from the last checkpoint, which reads the new topic from its first offset (without checkpointing: from the start position)")]
     Recreated {
         /// The topic.
         topic: String,

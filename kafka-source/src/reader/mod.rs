@@ -112,6 +112,8 @@ pub struct KafkaSource<T, D> {
     pending: PendingOffsets,
     next_discovery: Option<Instant>,
     next_periodic_commit: Option<Instant>,
+    /// Without checkpointing, when the topics' IDs are checked next (`ID_CHECK_EVERY`).
+    next_id_check: Option<Instant>,
     /// `available` waited (for records, or its bound) since the last poll: the poll takes what
     /// there is without waiting again.
     waited: bool,
@@ -143,6 +145,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             pending: PendingOffsets::default(),
             next_discovery: None,
             next_periodic_commit: None,
+            next_id_check: None,
             waited: false,
             start_is_a_moment: false,
             _t: std::marker::PhantomData,
@@ -367,6 +370,9 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         if let OffsetCommitMode::Periodic { interval } = self.config.offset_commit {
             self.next_periodic_commit = Some(now + interval);
         }
+        if ctx.info.commit_window.is_none() {
+            self.next_id_check = Some(now + start::ID_CHECK_EVERY);
+        }
         Ok(())
     }
 
@@ -533,10 +539,22 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
                 self.next_discovery = Some(now + interval);
             }
         }
+        if let Some(at) = self.next_id_check {
+            if now >= at {
+                // Without checkpoints no snapshot asks: a topic recreated under the job would be
+                // read on from the old position (`check_topic_ids`). The attempt fails instead,
+                // and the next starts where the start position says (the group's offsets went
+                // with the old topic).
+                self.check_topic_ids(false).await?;
+                self.next_id_check = Some(Instant::now() + start::ID_CHECK_EVERY);
+            }
+        }
         if let (Some(at), OffsetCommitMode::Periodic { interval }) =
             (self.next_periodic_commit, self.config.offset_commit)
         {
             if now >= at {
+                // Positions of a recreated topic must not go to the group as the old one's.
+                self.check_topic_ids(false).await?;
                 self.commit_to_group(&self.position_map());
                 self.next_periodic_commit = Some(now + interval);
             }
@@ -565,7 +583,7 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
     }
 
     async fn snapshot_state(&mut self, ctx: &mut SnapshotContext) -> exactly_core::Result<()> {
-        self.check_topic_ids().await?;
+        self.check_topic_ids(true).await?;
         ctx.put_union_state(
             STATE,
             self.positions

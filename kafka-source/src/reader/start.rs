@@ -8,6 +8,8 @@ use super::*;
 /// and how long the snapshot retries before the attempt fails.
 const ID_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 const ID_CHECK_PATIENCE: Duration = Duration::from_secs(120);
+/// Without checkpointing, how often the topics' IDs are checked while reading.
+pub(super) const ID_CHECK_EVERY: Duration = Duration::from_secs(5);
 
 impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
     /// Every partition of the subscribed topics, as the broker lists them now.
@@ -235,8 +237,13 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
     /// topic from its first offset. So the snapshot fails instead, and the attempt restarts from
     /// the last checkpoint, whose positions, checked when they were recorded, are the old topic's:
     /// the restore reads the new topic from its first offset, and the records the attempt read
-    /// of it are never committed. One round trip on a kept connection per checkpoint.
-    pub(super) async fn check_topic_ids(&mut self) -> Result<()> {
+    /// of it are never committed. One round trip on a kept connection per checkpoint. Without
+    /// checkpointing it runs every `ID_CHECK_EVERY` and before each periodic offset commit: the
+    /// failed attempt's successor starts where the start position says (a recreated topic's
+    /// group offsets went with the old one) — at least once, as such a job is. A snapshot (`hold`)
+    /// waits for a broker that does not answer; the periodic check asks once and leaves a
+    /// failure to its next turn (the source waits for the broker as it did before the check).
+    pub(super) async fn check_topic_ids(&mut self, hold: bool) -> Result<()> {
         let mut topics: Vec<String> = self.positions.iter().map(|p| p.tp.topic.clone()).collect();
         topics.sort_unstable();
         topics.dedup();
@@ -249,9 +256,13 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         let now = loop {
             match self.ids.get(&self.cluster, &topics, ID_CHECK_TIMEOUT).await {
                 Ok(ids) => break ids,
-                Err(e) if e.is_permanent() || Instant::now() >= patience => return Err(wire_error(e)),
+                Err(e) if e.is_permanent() || (hold && Instant::now() >= patience) => return Err(wire_error(e)),
+                Err(error) if !hold => {
+                    warn!(%error, "Asking for the input topics' IDs failed; asking again at the next check.");
+                    return Ok(());
+                }
                 Err(error) => {
-                    warn!(%error, "Asking for the input topics' IDs before a snapshot failed; retrying.");
+                    warn!(%error, "Asking for the input topics' IDs failed; retrying.");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
