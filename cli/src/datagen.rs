@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use exactly_kafka_client::Cluster;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -23,12 +24,16 @@ pub fn order(id: u64) -> serde_json::Value {
     })
 }
 
+/// A librdkafka configuration for `cluster` (its TLS and SASL settings included).
+fn config(cluster: &Cluster) -> Result<ClientConfig> {
+    cluster.client_config().map_err(|e| anyhow::anyhow!(e))
+}
+
 /// Creates `topic` with `partitions` if it does not exist.
-pub async fn ensure_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .context("creating a Kafka admin client")?;
+pub async fn ensure_topic(cluster: &Cluster, topic: &str, partitions: i32) -> Result<()> {
+    let bootstrap = &cluster.bootstrap;
+    let admin: AdminClient<DefaultClientContext> =
+        config(cluster)?.create().context("creating a Kafka admin client")?;
     let results = admin
         .create_topics(
             &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
@@ -48,16 +53,15 @@ pub async fn ensure_topic(bootstrap: &str, topic: &str, partitions: i32) -> Resu
 /// Writes orders `first..first+count` to `topic` (created with `partitions` if missing), at most
 /// `rate` per second when given.
 pub async fn orders(
-    bootstrap: &str,
+    cluster: &Cluster,
     topic: &str,
     partitions: i32,
     first: u64,
     count: u64,
     rate: Option<u64>,
 ) -> Result<()> {
-    ensure_topic(bootstrap, topic, partitions).await?;
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+    ensure_topic(cluster, topic, partitions).await?;
+    let producer: FutureProducer = config(cluster)?
         .set("enable.idempotence", "true")
         .set("linger.ms", "5")
         .create()

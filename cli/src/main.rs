@@ -123,6 +123,9 @@ enum Command {
         /// Kafka bootstrap servers.
         #[arg(long, env = "EXACTLY_KAFKA_BOOTSTRAP")]
         bootstrap: String,
+        /// TLS/SASL settings: a TOML file with a [kafka] table, or a job file (plaintext without).
+        #[arg(long)]
+        kafka_config: Option<PathBuf>,
     },
     /// Check that an output holds every input record exactly once: reads a range of the input
     /// topic and the whole output (its own read_committed consumer, or SQL) and reports records
@@ -521,11 +524,13 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             rate,
             create,
             bootstrap,
+            kafka_config,
         } => {
+            let cluster = txn::cluster(&bootstrap, kafka_config.as_deref())?;
             for t in &create {
-                exactly_cli::datagen::ensure_topic(&bootstrap, t, partitions).await?;
+                exactly_cli::datagen::ensure_topic(&cluster, t, partitions).await?;
             }
-            exactly_cli::datagen::orders(&bootstrap, &topic, partitions, first, count, rate).await?;
+            exactly_cli::datagen::orders(&cluster, &topic, partitions, first, count, rate).await?;
             println!("{count} orders ({first}..{}) written to {topic}", first + count);
         }
         Command::Bench {

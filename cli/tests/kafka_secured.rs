@@ -4,7 +4,8 @@
 //! became durable and before its commits, so the restart commits through the secured wire-protocol
 //! client; a job over SSL with a client certificate (mutual TLS); and a wrong password, an
 //! untrusted CA and a missing client certificate, each failing at start with what is wrong and
-//! where. The test itself feeds and checks through the plaintext listener of the same broker.
+//! where; and `exactly datagen` writing over SASL_SSL. The test itself feeds and checks through
+//! the plaintext listener of the same broker.
 
 mod k2k;
 
@@ -12,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use exactly_integration_tests::{create_topic, fails_at_start, unique, ChildJob, TestEnv};
+use exactly_integration_tests::{create_topic, fails_at_start, read_committed, unique, ChildJob, TestEnv};
 use k2k::{drain_and_verify, exactly, feed, wait_for_more_output, Job, KEYS};
 
 struct Secured {
@@ -259,5 +260,46 @@ async fn plain_and_scram_sha_256_work_too() -> Result<()> {
         job.kill();
         assert_eq!(n, 2, "{mechanism}");
     }
+    Ok(())
+}
+
+/// `exactly datagen` reaches a secured listener with `--kafka-config` (here a file with a
+/// `[kafka]` table, its password taken from the environment), as the job and the tools do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn datagen_writes_over_sasl_ssl_with_a_kafka_config() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let s = secured()?;
+    let topic = unique("sec-datagen");
+    create_topic(env, &topic, 2).await?;
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("kafka.toml");
+    std::fs::write(
+        &config,
+        format!("[kafka]\n{}", scram(&s, "EXACTLY_KAFKA_SCRAM_PASSWORD", "ca.pem")),
+    )?;
+    let run = std::process::Command::new(exactly())
+        .args([
+            "datagen",
+            "--topic",
+            &topic,
+            "--count",
+            "50",
+            "--bootstrap",
+            &s.sasl_ssl,
+            "--kafka-config",
+        ])
+        .arg(&config)
+        .output()?;
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    // Read back through the plaintext listener.
+    let mut ids: Vec<u64> = read_committed(env, &topic, Duration::from_secs(30))?
+        .iter()
+        .map(|r| {
+            let order: serde_json::Value = serde_json::from_str(&r.value_str()).expect("an order");
+            order["id"].as_u64().expect("an id")
+        })
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..50).collect::<Vec<u64>>());
     Ok(())
 }
