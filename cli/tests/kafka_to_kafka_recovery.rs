@@ -208,7 +208,6 @@ async fn a_job_started_at_latest_and_killed_before_committing_starts_again_where
     let mut a = ChildJob::spawn(exactly(), &first, "")?;
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        // (Read to its end, the output would not do: the first process writes on.)
         let written = wait_for_uncommitted(env, &output, 5, Duration::from_secs(1))?.len();
         if written >= 5 {
             break;
@@ -231,7 +230,7 @@ async fn a_job_started_at_latest_and_killed_before_committing_starts_again_where
 
     let mut b = ChildJob::spawn(exactly(), &again, "")?;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    // (Read to its end while the input grows, the output would not do.)
+    // The feed ends: what it fed is known, and the marker below comes after all of it.
     stop.store(true, Ordering::SeqCst);
     let fed = feeder.join().map_err(|_| anyhow::anyhow!("the feeder panicked"))??;
     let from: usize = read_by_first[0]
