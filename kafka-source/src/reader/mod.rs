@@ -539,25 +539,26 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
                 self.next_discovery = Some(now + interval);
             }
         }
-        if let Some(at) = self.next_id_check {
-            if now >= at {
-                // Without checkpoints no snapshot asks: a topic recreated under the job would be
-                // read on from the old position (`check_topic_ids`). The attempt fails instead,
-                // and the next starts where the start position says (the group's offsets went
-                // with the old topic).
-                self.check_topic_ids(false).await?;
+        let commit_every = match self.config.offset_commit {
+            OffsetCommitMode::Periodic { interval } => {
+                self.next_periodic_commit.filter(|at| now >= *at).map(|_| interval)
+            }
+            _ => None,
+        };
+        // Without checkpoints no snapshot asks: a topic recreated under the job would be read on
+        // from the old position (`check_topic_ids`). The attempt fails instead, and the next
+        // starts where the start position says (the group's offsets went with the old topic).
+        // Before a periodic commit too: positions of a recreated topic must not go to the group
+        // as the old one's. One check when both are due.
+        if commit_every.is_some() || self.next_id_check.is_some_and(|at| now >= at) {
+            self.check_topic_ids(false).await?;
+            if self.next_id_check.is_some() {
                 self.next_id_check = Some(Instant::now() + start::ID_CHECK_EVERY);
             }
         }
-        if let (Some(at), OffsetCommitMode::Periodic { interval }) =
-            (self.next_periodic_commit, self.config.offset_commit)
-        {
-            if now >= at {
-                // Positions of a recreated topic must not go to the group as the old one's.
-                self.check_topic_ids(false).await?;
-                self.commit_to_group(&self.position_map());
-                self.next_periodic_commit = Some(now + interval);
-            }
+        if let Some(interval) = commit_every {
+            self.commit_to_group(&self.position_map());
+            self.next_periodic_commit = Some(now + interval);
         }
         if self.positions.is_empty() {
             self.serve_consumer_queue()?;
