@@ -202,6 +202,10 @@ enum Command {
         /// Kafka bootstrap servers.
         #[arg(long, env = "EXACTLY_KAFKA_BOOTSTRAP")]
         bootstrap: Option<String>,
+        /// TLS and SASL for --bootstrap: a file with a [kafka] table (as a job file's) or a job
+        /// file; every client of the run uses it, the baselines' too (not `peers`).
+        #[arg(long)]
+        kafka_config: Option<PathBuf>,
         /// MySQL URL.
         #[arg(long, env = "EXACTLY_MYSQL_URL")]
         mysql: Option<String>,
@@ -539,6 +543,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             sizes,
             rounds,
             bootstrap,
+            kafka_config,
             mysql,
             postgres,
             checkpoints,
@@ -558,6 +563,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
                     sizes,
                     rounds,
                     bootstrap,
+                    kafka_config,
                     mysql,
                     postgres,
                     checkpoints,

@@ -4,7 +4,7 @@
 //! became durable and before its commits, so the restart commits through the secured wire-protocol
 //! client; a job over SSL with a client certificate (mutual TLS); and a wrong password, an
 //! untrusted CA and a missing client certificate, each failing at start with what is wrong and
-//! where; and `exactly datagen` writing over SASL_SSL. The test itself feeds and checks through
+//! where; `exactly datagen` writing and `exactly bench k2k` running over SASL_SSL. The test itself feeds and checks through
 //! the plaintext listener of the same broker.
 
 mod k2k;
@@ -301,5 +301,66 @@ async fn datagen_writes_over_sasl_ssl_with_a_kafka_config() -> Result<()> {
         .collect();
     ids.sort_unstable();
     assert_eq!(ids, (0..50).collect::<Vec<u64>>());
+    Ok(())
+}
+
+/// `exactly bench k2k` against the SASL_SSL listener with `--kafka-config`: every client of the
+/// run — topic admin, backlog producer, the plain loop, the job's source and transactional sink,
+/// the readers and the stable-offset sampler — authenticates, or the run cannot finish (that
+/// listener speaks nothing else).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_k2k_runs_over_sasl_ssl_with_a_kafka_config() -> Result<()> {
+    TestEnv::get().await?;
+    let s = secured()?;
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("kafka.toml");
+    std::fs::write(
+        &config,
+        format!("[kafka]\n{}", scram(&s, "EXACTLY_KAFKA_SCRAM_PASSWORD", "ca.pem")),
+    )?;
+    let json = dir.path().join("bench.json");
+    let run = std::process::Command::new(exactly())
+        .args([
+            "bench",
+            "k2k",
+            "--records",
+            "3000",
+            "--sizes",
+            "100",
+            "--intervals",
+            "1s",
+            "--rounds",
+            "1",
+            "--modes",
+            "exactly-once",
+            "--bootstrap",
+            &s.sasl_ssl,
+            "--kafka-config",
+        ])
+        .arg(&config)
+        .arg("--json")
+        .arg(&json)
+        .env_remove("EXACTLY_KAFKA_BOOTSTRAP")
+        .output()?;
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json)?)?;
+    let rows = report["rows"].as_array().context("rows")?;
+    for mode in ["plain loop", "exactly-once"] {
+        let row = rows
+            .iter()
+            .find(|r| r["case"].as_str().is_some_and(|c| c.ends_with(mode)))
+            .with_context(|| format!("no {mode} row in {report}"))?;
+        for figure in ["written_records_per_s", "committed_records_per_s"] {
+            let v = row["figures"][figure].as_f64().unwrap_or(0.0);
+            assert!(v > 0.0, "{mode}: {figure} = {v} in {report}");
+        }
+    }
+    // The peers' Java harnesses connect in plaintext: refused, not run against the wrong listener.
+    let peers = std::process::Command::new(exactly())
+        .args(["bench", "peers", "--bootstrap", &s.sasl_ssl, "--kafka-config"])
+        .arg(&config)
+        .output()?;
+    let stderr = String::from_utf8_lossy(&peers.stderr);
+    assert!(!peers.status.success() && stderr.contains("--kafka-config"), "{stderr}");
     Ok(())
 }

@@ -14,11 +14,14 @@ fn cpu_secs(pid: &str) -> Option<f64> {
     (ticks > 0).then(|| (utime + stime) as f64 / ticks as f64)
 }
 
-/// The broker whose CPU is reported: `BENCH_BROKER_PID`, else the one local process running
-/// `kafka.Kafka` (none or several: not reported).
-fn broker_pid() -> Option<String> {
+/// The broker whose CPU is reported: `BENCH_BROKER_PID`, else, when the cluster is on this
+/// machine (`local`), the one local process running `kafka.Kafka` (none or several: not reported).
+fn broker_pid(local: bool) -> Option<String> {
     if let Ok(pid) = std::env::var("BENCH_BROKER_PID") {
         return Some(pid);
+    }
+    if !local {
+        return None;
     }
     let mut found = std::fs::read_dir("/proc").ok()?.filter_map(|e| {
         let name = e.ok()?.file_name().into_string().ok()?;
@@ -51,8 +54,9 @@ pub(super) fn show(v: Option<f64>) -> String {
 }
 
 impl CpuClock {
-    pub(super) fn start() -> Self {
-        let broker = broker_pid();
+    /// Starts counting; `local`: the cluster's brokers are on this machine.
+    pub(super) fn start(local: bool) -> Self {
+        let broker = broker_pid(local);
         let start = (cpu_secs("self"), broker.as_deref().and_then(cpu_secs));
         Self { broker, start }
     }
@@ -73,7 +77,7 @@ mod tests {
 
     #[test]
     fn counts_the_cpu_this_process_spends() {
-        let clock = CpuClock::start();
+        let clock = CpuClock::start(false);
         let before = cpu_secs("self").expect("/proc/self/stat is readable on Linux");
         // Spin until the kernel has counted 50 ms of CPU (a busy machine only makes it take longer;
         // a clock that never moves fails below rather than hangs).

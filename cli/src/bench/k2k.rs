@@ -12,8 +12,9 @@ use super::kafka::*;
 use super::{BenchOptions, Report};
 use exactly_core::coordinator::WhenCaughtUp;
 use exactly_core::runtime::{JobBuilder, JobHandle};
+use exactly_kafka_client::Cluster;
 use exactly_kafka_sink::{DeliveryGuarantee, KafkaSink, KafkaSinkConfig};
-use exactly_kafka_source::{KafkaSource, KafkaSourceConfig, RawBytes};
+use exactly_kafka_source::{KafkaSource, RawBytes};
 use rdkafka::consumer::Consumer;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::Message;
@@ -28,7 +29,7 @@ pub(super) struct Pipeline {
 
 /// The pass-through job of an at-least-once or exactly-once `pipeline`.
 pub(super) fn k2k_job(
-    bootstrap: &str,
+    cluster: &Cluster,
     input: &str,
     output: &str,
     dir: &std::path::Path,
@@ -44,9 +45,10 @@ pub(super) fn k2k_job(
         },
         _ => DeliveryGuarantee::AtLeastOnce,
     };
-    let mut source = KafkaSourceConfig::new(bootstrap, vec![input.to_owned()], unique("g"));
+    let mut source = source_config(cluster, input, &unique("g"));
     source.client.extend(client_overrides("BENCH_SOURCE_CLIENT"));
-    let mut sink = KafkaSinkConfig::new(bootstrap, output, delivery);
+    let mut sink = KafkaSinkConfig::new(cluster.bootstrap.clone(), output, delivery);
+    sink.security = cluster.security.clone();
     sink.client.extend(client_overrides("BENCH_SINK_CLIENT"));
     let mut config = job_config_every(dir, pipeline.interval);
     if let (Some(c), K2k::ExactlyOnce(when)) = (config.checkpointing.as_mut(), pipeline.mode) {
@@ -68,17 +70,17 @@ pub(super) fn k2k_job(
 /// inside it (`send_offsets_to_transaction`) — what Kafka's transactions cost on this machine,
 /// without exactly's engine (`--modes plain-transactional`).
 pub(super) fn plain_loop(
-    bootstrap: &str,
+    cluster: &Cluster,
     input: &str,
     output: &str,
     n: u64,
     transactions: Option<Duration>,
 ) -> Result<()> {
-    let c = consumer(bootstrap, input, true)?;
+    let c = consumer(cluster, input, true)?;
     let p = match transactions {
-        None => producer(bootstrap)?,
+        None => producer(cluster)?,
         Some(_) => {
-            let p: BaseProducer = producer_config(bootstrap)
+            let p: BaseProducer = producer_config(cluster)?
                 .set("transactional.id", unique("bench-loop"))
                 .create()?;
             p.init_transactions(TXN_TIMEOUT)?;
@@ -207,7 +209,7 @@ pub(super) struct K2kFigures {
 
 /// Records/s with a backlog of `n`, then latency at `rate`/s for `secs`.
 pub(super) async fn k2k_run(
-    bootstrap: &str,
+    cluster: &Cluster,
     pipeline: Pipeline,
     n: u64,
     size: usize,
@@ -215,27 +217,27 @@ pub(super) async fn k2k_run(
     secs: u64,
 ) -> Result<K2kFigures> {
     let (input, output) = (unique("bench-in"), unique("bench-out"));
-    topic(bootstrap, &input).await?;
-    topic(bootstrap, &output).await?;
-    backlog(bootstrap, &input, n, size, false)?;
+    topic(cluster, &input).await?;
+    topic(cluster, &output).await?;
+    backlog(cluster, &input, n, size, false)?;
     let dir = tempfile::tempdir()?;
     let paced = n + rate * secs;
     // The paced phase's producer, made now: a new idempotent producer spends its first few hundred
     // ms on metadata and a producer id, which would be counted as the first records' latency.
-    let p = producer(bootstrap)?;
+    let p = producer(cluster)?;
     p.client()
         .fetch_metadata(Some(&input), Duration::from_secs(10))
         .map_err(|e| anyhow::anyhow!("metadata of {input}: {e}"))?;
     let start = Instant::now();
-    let cpu = CpuClock::start();
+    let cpu = CpuClock::start(is_local(cluster));
     // The output's last stable offsets, sampled until the read_committed reader has the backlog.
-    let stable = StableOffsets::start(bootstrap, &output);
-    let (b, o) = (bootstrap.to_owned(), output.clone());
+    let stable = StableOffsets::start(cluster, &output);
+    let (b, o) = (cluster.clone(), output.clone());
     // read_committed, every record: when the backlog's last arrived, and the latencies.
     let seen = Arc::new(AtomicU64::new(0));
     let seen2 = seen.clone();
     let verifier = std::thread::spawn(move || verify(&b, &o, paced, n, true, &seen2, Duration::from_secs(600)));
-    let (b, i, o) = (bootstrap.to_owned(), input.clone(), output.clone());
+    let (b, i, o) = (cluster.clone(), input.clone(), output.clone());
     let (job, plain) = match pipeline.mode {
         K2k::Plain | K2k::PlainTransactional => {
             let transactions = (pipeline.mode == K2k::PlainTransactional).then_some(pipeline.interval);
@@ -249,12 +251,12 @@ pub(super) async fn k2k_run(
             });
             (None, Some(run))
         }
-        _ => (Some(k2k_job(bootstrap, &input, &output, dir.path(), pipeline)), None),
+        _ => (Some(k2k_job(cluster, &input, &output, dir.path(), pipeline)), None),
     };
     // The pipeline's rate: until a read_uncommitted reader has the backlog (for exactly-once,
     // written in transactions not yet committed: the final commit waits for the next checkpoint,
     // up to one interval, which the committed figure below includes).
-    let (b, o) = (bootstrap.to_owned(), output.clone());
+    let (b, o) = (cluster.clone(), output.clone());
     let written =
         tokio::task::spawn_blocking(move || verify(&b, &o, n, n, false, &AtomicU64::new(0), Duration::from_secs(600)))
             .await??;
@@ -300,7 +302,7 @@ pub(super) async fn k2k_run(
             .await?
             .map_err(|_| anyhow::anyhow!("the plain loop panicked"))??;
     }
-    delete_topics(bootstrap, &[&input, &output]).await;
+    delete_topics(cluster, &[&input, &output]).await;
     // The broker removes the files a moment later (gigabytes at 8 M records): let that happen
     // before the next mode is measured rather than during it.
     tokio::time::sleep(SETTLE).await;
@@ -316,7 +318,7 @@ pub(super) async fn k2k_run(
     })
 }
 
-pub(crate) async fn bench_k2k(bootstrap: &str, n: u64, o: &BenchOptions, report: &mut Report) -> Result<()> {
+pub(crate) async fn bench_k2k(cluster: &Cluster, n: u64, o: &BenchOptions, report: &mut Report) -> Result<()> {
     let (sizes, intervals, parallelism) = (&o.sizes, &o.intervals, o.parallelism);
     let rounds = o.rounds.max(1);
     let subtasks = match parallelism {
@@ -359,7 +361,7 @@ pub(crate) async fn bench_k2k(bootstrap: &str, n: u64, o: &BenchOptions, report:
                     interval,
                     parallelism,
                 };
-                let f = k2k_run(bootstrap, pipeline, n, size, 2000, 5).await?;
+                let f = k2k_run(cluster, pipeline, n, size, 2000, 5).await?;
                 let rates = [f.written, f.committed, f.timed, f.visible];
                 if mode == K2k::Plain {
                     plain = rates;

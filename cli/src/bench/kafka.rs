@@ -2,7 +2,8 @@
 //! same run (machines are noisy: ratios hold, absolute numbers do not).
 //!
 //! `exactly bench source|k2k|mysql [--records N] [--sizes 100,1024]` (services from `EXACTLY_KAFKA_BOOTSTRAP` and
-//! `EXACTLY_MYSQL_URL`, as printed by `scripts/services env`, or `--bootstrap`/`--mysql`).
+//! `EXACTLY_MYSQL_URL`, as printed by `scripts/services env`, or `--bootstrap`/`--mysql`; a secured
+//! cluster's TLS and SASL from `--kafka-config FILE`, for every client of the run, the baselines' too).
 //!
 //! - source: this Kafka source (in a job, checkpoints every 1 s) vs a plain rdkafka consumer loop.
 //! - k2k: Kafka-to-Kafka pass-through with exactly-once, at-least-once, and a plain rdkafka
@@ -25,6 +26,8 @@ use anyhow::{bail, Result};
 use exactly_core::coordinator::CheckpointConfig;
 use exactly_core::restart::RestartStrategy;
 use exactly_core::runtime::JobConfig;
+use exactly_kafka_client::Cluster;
+use exactly_kafka_source::KafkaSourceConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -46,8 +49,16 @@ pub(super) fn unique(p: &str) -> String {
     format!("{p}-{}", &uuid::Uuid::new_v4().simple().to_string()[..10])
 }
 
-pub(super) async fn topic(bootstrap: &str, name: &str) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
+/// The start of every client configuration of the benchmarks: the cluster's bootstrap servers and
+/// its TLS and SASL settings (`--kafka-config`).
+pub(super) fn client_config(cluster: &Cluster) -> Result<ClientConfig> {
+    cluster
+        .client_config()
+        .map_err(|e| anyhow::anyhow!("Kafka settings for {}: {e}", cluster.bootstrap))
+}
+
+pub(super) async fn topic(cluster: &Cluster, name: &str) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = client_config(cluster)?.create()?;
     for r in admin
         .create_topics(
             &[NewTopic::new(name, PARTITIONS, TopicReplication::Fixed(1))],
@@ -58,6 +69,23 @@ pub(super) async fn topic(bootstrap: &str, name: &str) -> Result<()> {
         r.map_err(|(t, e)| anyhow::anyhow!("creating {t}: {e}"))?;
     }
     Ok(())
+}
+
+/// Whether every bootstrap address of `cluster` is this machine's (a loopback address or
+/// `localhost`): only then is a local broker process the cluster's.
+pub(super) fn is_local(cluster: &Cluster) -> bool {
+    cluster.addresses().all(|a| {
+        let host = a.rsplit_once(':').map_or(a, |(h, _)| h);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    })
+}
+
+/// A Kafka source's settings for `cluster` (its TLS and SASL too): reads `input` in `group`.
+pub(super) fn source_config(cluster: &Cluster, input: &str, group: &str) -> KafkaSourceConfig {
+    let mut c = KafkaSourceConfig::new(cluster.bootstrap.clone(), vec![input.to_owned()], group);
+    c.security = cluster.security.clone();
+    c
 }
 
 /// librdkafka settings from the environment variable `var` (`key=value,key=value`), for trying
@@ -72,9 +100,9 @@ pub(super) fn client_overrides(var: &str) -> Vec<(String, String)> {
 }
 
 /// Deletes the benchmark's topics (a large backlog per run would fill the broker's disk).
-pub(super) async fn delete_topics(bootstrap: &str, names: &[&str]) {
-    let admin: Result<AdminClient<DefaultClientContext>, _> =
-        ClientConfig::new().set("bootstrap.servers", bootstrap).create();
+pub(super) async fn delete_topics(cluster: &Cluster, names: &[&str]) {
+    let admin: Result<AdminClient<DefaultClientContext>> =
+        client_config(cluster).and_then(|c| c.create().map_err(anyhow::Error::from));
     match admin {
         Ok(a) => {
             if let Err(e) = a.delete_topics(names, &AdminOptions::new()).await {
@@ -85,18 +113,17 @@ pub(super) async fn delete_topics(bootstrap: &str, names: &[&str]) {
     }
 }
 
-pub(super) fn producer(bootstrap: &str) -> Result<BaseProducer> {
-    Ok(producer_config(bootstrap).create()?)
+pub(super) fn producer(cluster: &Cluster) -> Result<BaseProducer> {
+    Ok(producer_config(cluster)?.create()?)
 }
 
 /// The settings of [`producer`]: idempotent, 10 ms linger, a queue of a million records.
-pub(super) fn producer_config(bootstrap: &str) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", bootstrap)
-        .set("linger.ms", "10")
+pub(super) fn producer_config(cluster: &Cluster) -> Result<ClientConfig> {
+    let mut c = client_config(cluster)?;
+    c.set("linger.ms", "10")
         .set("enable.idempotence", "true")
         .set("queue.buffering.max.messages", "1000000");
-    c
+    Ok(c)
 }
 
 pub(super) fn send(p: &BaseProducer, topic: &str, key: &[u8], value: &[u8]) {
@@ -112,8 +139,8 @@ pub(super) fn send(p: &BaseProducer, topic: &str, key: &[u8], value: &[u8]) {
     }
 }
 
-pub(super) fn backlog(bootstrap: &str, topic: &str, n: u64, size: usize, csv: bool) -> Result<()> {
-    let p = producer(bootstrap)?;
+pub(super) fn backlog(cluster: &Cluster, topic: &str, n: u64, size: usize, csv: bool) -> Result<()> {
+    let p = producer(cluster)?;
     for i in 0..n {
         let key = format!("k{}", i % 1000);
         let value = if csv {
@@ -127,8 +154,8 @@ pub(super) fn backlog(bootstrap: &str, topic: &str, n: u64, size: usize, csv: bo
     Ok(())
 }
 
-pub(super) fn consumer(bootstrap: &str, topic: &str, committed: bool) -> Result<BaseConsumer> {
-    let mut cfg = ClientConfig::new();
+pub(super) fn consumer(cluster: &Cluster, topic: &str, committed: bool) -> Result<BaseConsumer> {
+    let mut cfg = client_config(cluster)?;
     for (k, v) in client_overrides("BENCH_PLAIN_CLIENT") {
         cfg.set(k, v);
     }
@@ -138,7 +165,6 @@ pub(super) fn consumer(bootstrap: &str, topic: &str, committed: bool) -> Result<
     // 610 / 732 / 678 / 670 k with 20 000, alternating; `BENCH_PLAIN_CLIENT` sets it).
     let c: BaseConsumer = cfg
         .set("fetch.queue.backoff.ms", "10")
-        .set("bootstrap.servers", bootstrap)
         .set("group.id", unique("bench"))
         .set("enable.auto.commit", "false")
         .set(
@@ -176,7 +202,7 @@ pub(super) struct Seen {
 /// as it can: the clock is read for the first record, the `mark`-th and those after it (whose
 /// latency is wanted), not for the backlog before it.
 pub(super) fn verify(
-    bootstrap: &str,
+    cluster: &Cluster,
     topic: &str,
     n: u64,
     mark: u64,
@@ -184,7 +210,7 @@ pub(super) fn verify(
     progress: &AtomicU64,
     deadline: Duration,
 ) -> Result<Seen> {
-    let c = consumer(bootstrap, topic, committed)?;
+    let c = consumer(cluster, topic, committed)?;
     let end = Instant::now() + deadline;
     let mut lat = Vec::with_capacity(n.saturating_sub(mark) as usize);
     let (mut first, mut marked) = (None, None);
@@ -243,9 +269,9 @@ pub(super) struct StableOffsets {
 type Sample = (Instant, Vec<i64>);
 
 impl StableOffsets {
-    pub(super) fn start(bootstrap: &str, topic: &str) -> Self {
+    pub(super) fn start(cluster: &Cluster, topic: &str) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let (b, t, s) = (bootstrap.to_owned(), topic.to_owned(), stop.clone());
+        let (b, t, s) = (cluster.clone(), topic.to_owned(), stop.clone());
         StableOffsets {
             stop,
             samples: std::thread::spawn(move || sample(&b, &t, &s)),
@@ -269,14 +295,13 @@ impl StableOffsets {
 
 /// A [`Sample`] every 10 ms until `stop` is set, and once after. A sample whose question failed (a
 /// busy broker) is left out; the one after `stop` is asked up to three times.
-fn sample(bootstrap: &str, topic: &str, stop: &AtomicBool) -> Result<Vec<Sample>> {
+fn sample(cluster: &Cluster, topic: &str, stop: &AtomicBool) -> Result<Vec<Sample>> {
     // Assigned nothing (it only asks); ListOffsets at its isolation level answers the last stable offset.
-    let mut cfg = ClientConfig::new();
+    let mut cfg = client_config(cluster)?;
     for (k, v) in client_overrides("BENCH_PLAIN_CLIENT") {
         cfg.set(k, v);
     }
     let c: BaseConsumer = cfg
-        .set("bootstrap.servers", bootstrap)
         .set("group.id", unique("bench-stable"))
         .set("isolation.level", "read_committed")
         .create()?;
@@ -332,7 +357,7 @@ const STALL: Duration = Duration::from_secs(120);
 /// all `n`; then cancels and joins the job (cancelled as well when anything fails). The table is
 /// counted only at the end: counting all along would scan it under the writer.
 pub(super) async fn table_job_rate(
-    bootstrap: &str,
+    cluster: &Cluster,
     (topic, group): (&str, &str),
     n: u64,
     (job, start): (exactly_core::runtime::JobHandle, Instant),
@@ -340,7 +365,7 @@ pub(super) async fn table_job_rate(
     mut count: impl AsyncFnMut() -> Result<u64>,
 ) -> Result<f64> {
     let done = async {
-        wait_consumed(bootstrap, (topic, group), n).await?;
+        wait_consumed(cluster, (topic, group), n).await?;
         let deadline = Instant::now() + STALL;
         while count().await? < n {
             if Instant::now() > deadline {
@@ -364,9 +389,8 @@ pub(super) async fn table_job_rate(
 ///
 /// Not the sinks' progress tables: they keep only the latest checkpoint's rows (older ones are
 /// pruned), so their sums stop short of `n`.
-async fn wait_consumed(bootstrap: &str, (topic, group): (&str, &str), n: u64) -> Result<()> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+async fn wait_consumed(cluster: &Cluster, (topic, group): (&str, &str), n: u64) -> Result<()> {
+    let c: BaseConsumer = client_config(cluster)?
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .create()?;
@@ -394,5 +418,21 @@ async fn wait_consumed(bootstrap: &str, (topic, group): (&str, &str), n: u64) ->
             bail!("no progress for {STALL:?}: {now} of {n} input offsets committed");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_is_local_only_when_every_bootstrap_address_is_this_machine() {
+        let local = |b: &str| is_local(&Cluster::plaintext(b));
+        assert!(local("127.0.0.1:19092"));
+        assert!(local("localhost:9092, 127.0.0.2:9093"));
+        assert!(local("SASL_SSL://[::1]:19096"));
+        assert!(!local("127.0.0.1:19092,broker-2.example.com:9092"));
+        assert!(!local("10.0.0.5:9092"));
+        assert!(!local("kafka:9092"));
     }
 }

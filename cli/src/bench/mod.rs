@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+use exactly_kafka_client::Cluster;
 use serde::Serialize;
 
 /// One measured case.
@@ -90,6 +91,8 @@ pub struct BenchOptions {
     pub rounds: usize,
     /// Kafka bootstrap servers.
     pub bootstrap: Option<String>,
+    /// TLS and SASL settings for them (a `[kafka]` table or a job file): every client of the run.
+    pub kafka_config: Option<std::path::PathBuf>,
     /// MySQL URL.
     pub mysql: Option<String>,
     /// PostgreSQL URL.
@@ -119,6 +122,13 @@ fn need<'a>(v: &'a Option<String>, what: &str, flag: &str, env: &str) -> Result<
     }
 }
 
+/// The cluster a benchmark needing Kafka runs against: `--bootstrap`, with `--kafka-config`'s
+/// TLS and SASL settings when given.
+fn cluster(o: &BenchOptions, what: &str) -> Result<Cluster> {
+    let b = need(&o.bootstrap, what, "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
+    crate::txn::cluster(b, o.kafka_config.as_deref())
+}
+
 /// Runs `which`, printing as it goes.
 pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
     let mut report = Report::default();
@@ -127,30 +137,33 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
         core::overhead(o.records.unwrap_or(5_000_000), o.rounds, &mut report).await?;
     }
     if all || which == Which::Source {
-        let b = need(&o.bootstrap, "source", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
-        source::bench_source(b, o.records.unwrap_or(1_000_000), &mut report).await?;
+        source::bench_source(&cluster(o, "source")?, o.records.unwrap_or(1_000_000), &mut report).await?;
     }
     if all || which == Which::K2k {
-        let b = need(&o.bootstrap, "k2k", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
+        let b = cluster(o, "k2k")?;
         // Two rates: written (a read_uncommitted reader has the backlog) and committed (a
         // read_committed reader has it; exactly-once includes the last commit, up to one
         // checkpoint interval after the last record: use enough records).
-        k2k::bench_k2k(b, o.records.unwrap_or(1_000_000), o, &mut report).await?;
+        k2k::bench_k2k(&b, o.records.unwrap_or(1_000_000), o, &mut report).await?;
     }
     if all || which == Which::Mysql {
-        let b = need(&o.bootstrap, "mysql", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
+        let b = cluster(o, "mysql")?;
         let m = need(&o.mysql, "mysql", "--mysql", "EXACTLY_MYSQL_URL")?;
-        mysql::bench_mysql(b, m, o.records.unwrap_or(100_000), &mut report).await?;
+        mysql::bench_mysql(&b, m, o.records.unwrap_or(100_000), &mut report).await?;
     }
     if all || which == Which::Postgres {
-        let b = need(&o.bootstrap, "postgres", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
+        let b = cluster(o, "postgres")?;
         let p = need(&o.postgres, "postgres", "--postgres", "EXACTLY_POSTGRES_URL")?;
-        postgres::bench_postgres(b, p, o.records.unwrap_or(100_000), &mut report).await?;
+        postgres::bench_postgres(&b, p, o.records.unwrap_or(100_000), &mut report).await?;
     }
     if which == Which::Peers {
-        let b = need(&o.bootstrap, "peers", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
+        if o.kafka_config.is_some() {
+            // The Kafka Streams and Flink harnesses take bootstrap servers only.
+            bail!("bench peers runs against a plaintext listener: its Kafka Streams and Flink harnesses do not take --kafka-config");
+        }
+        let b = cluster(o, "peers")?;
         let opts = peers::PeersOptions {
-            bootstrap: b,
+            cluster: &b,
             records: o.records.unwrap_or(2_000_000),
             size: o.sizes.first().copied().unwrap_or(100),
             rounds: o.rounds,
@@ -162,11 +175,11 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
         peers::bench_peers(&opts, &mut report).await?;
     }
     if which == Which::PlainLoop {
-        let b = need(&o.bootstrap, "plain-loop", "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
+        let b = cluster(o, "plain-loop")?;
         let Some((input, output)) = &o.topics else {
             bail!("plain-loop needs --input and --output");
         };
-        k2k::plain_loop(b, input, output, o.records.unwrap_or(1_000_000), None)?;
+        k2k::plain_loop(&b, input, output, o.records.unwrap_or(1_000_000), None)?;
         // Like every system `bench peers` measures, the loop is stopped from outside (its peak
         // memory is read before that); should nobody stop it, it ends after 10 minutes.
         tokio::time::sleep(std::time::Duration::from_secs(600)).await;

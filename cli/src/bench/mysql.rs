@@ -7,14 +7,15 @@ use anyhow::Result;
 use super::kafka::*;
 use super::Report;
 use exactly_core::runtime::JobBuilder;
-use exactly_kafka_source::{KafkaSource, KafkaSourceConfig, RawBytes};
+use exactly_kafka_client::Cluster;
+use exactly_kafka_source::{KafkaSource, RawBytes};
 use exactly_mysql_sink::{Column, ColumnType, Format, Mapping, Mode, MysqlSink, MysqlSinkConfig, OnError};
 use rdkafka::Message;
 
-pub(crate) async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64, report: &mut Report) -> Result<()> {
+pub(crate) async fn bench_mysql(cluster: &Cluster, mysql: &str, n: u64, report: &mut Report) -> Result<()> {
     let input = unique("bench-sql");
-    topic(bootstrap, &input).await?;
-    backlog(bootstrap, &input, n, 0, true)?;
+    topic(cluster, &input).await?;
+    backlog(cluster, &input, n, 0, true)?;
     println!("Kafka-to-MySQL: {n} rows (id, k, seq), batches of 500, checkpoints every 1 s");
     let col = |name: &str, ty, key: bool| {
         let c = Column::new(name, ty).length(32);
@@ -40,7 +41,7 @@ pub(crate) async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64, report: &m
         o.connect().await?
     };
     sqlx::Executor::execute(&mut conn, mapping.ddl(&table).as_str()).await?;
-    let c = consumer(bootstrap, &input, true)?;
+    let c = consumer(cluster, &input, true)?;
     let start = Instant::now();
     let mut seen = 0u64;
     let mut batch: Vec<(i64, String, i64)> = Vec::new();
@@ -81,7 +82,7 @@ pub(crate) async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64, report: &m
             on_error: OnError::Fail,
         };
         let group = unique("g");
-        let source = KafkaSourceConfig::new(bootstrap, vec![input.clone()], &group);
+        let source = source_config(cluster, &input, &group);
         let dir = tempfile::tempdir()?;
         let mut job = JobBuilder::new(job_config(dir.path()));
         job.source("in", 1, move |_| KafkaSource::new(source.clone(), RawBytes))
@@ -92,7 +93,7 @@ pub(crate) async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64, report: &m
         let count = format!("SELECT COUNT(*) FROM `{table}`");
         let rows =
             async || -> Result<u64> { Ok(sqlx::query_scalar::<_, i64>(&count).fetch_one(&mut conn).await? as u64) };
-        let rate = table_job_rate(bootstrap, (&input, &group), n, started, &table, rows).await?;
+        let rate = table_job_rate(cluster, (&input, &group), n, started, &table, rows).await?;
         let name = if mode == Mode::Xa {
             "xa (two-phase)"
         } else {
@@ -102,6 +103,6 @@ pub(crate) async fn bench_mysql(bootstrap: &str, mysql: &str, n: u64, report: &m
         report.row("mysql", name, &[("rows_per_s", rate), ("ratio", rate / plain)]);
         sqlx::Executor::execute(&mut conn, format!("DROP TABLE IF EXISTS `{table}`").as_str()).await?;
     }
-    delete_topics(bootstrap, &[&input]).await;
+    delete_topics(cluster, &[&input]).await;
     Ok(())
 }

@@ -20,6 +20,7 @@ use anyhow::{bail, Context, Result};
 
 use super::kafka::*;
 use super::Report;
+use exactly_kafka_client::Cluster;
 
 /// A system measured by `bench peers`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -55,7 +56,7 @@ impl Peer {
 
 /// Settings of `bench peers`.
 pub(crate) struct PeersOptions<'a> {
-    pub(crate) bootstrap: &'a str,
+    pub(crate) cluster: &'a Cluster,
     pub(crate) records: u64,
     pub(crate) size: usize,
     pub(crate) rounds: usize,
@@ -87,12 +88,12 @@ pub(crate) async fn bench_peers(o: &PeersOptions<'_>, report: &mut Report) -> Re
         }
     }
     let input = unique("peers-in");
-    topic(o.bootstrap, &input).await?;
+    topic(o.cluster, &input).await?;
     println!(
         "filling {input} with {} records of {} B ({PARTITIONS} partitions)",
         o.records, o.size
     );
-    backlog(o.bootstrap, &input, o.records, o.size, false)?;
+    backlog(o.cluster, &input, o.records, o.size, false)?;
     println!(
         "Kafka-to-Kafka pass-through, {} records of {} B, parallelism {}, {} round(s), systems one after the other in each round, each its own process",
         o.records, o.size, o.parallelism, o.rounds
@@ -168,7 +169,7 @@ pub(crate) async fn bench_peers(o: &PeersOptions<'_>, report: &mut Report) -> Re
             );
         }
     }
-    delete_topics(o.bootstrap, &[&input]).await;
+    delete_topics(o.cluster, &[&input]).await;
     Ok(())
 }
 
@@ -180,7 +181,7 @@ async fn run_one(
     java: &dyn Fn(&str) -> Result<(PathBuf, String)>,
 ) -> Result<Measured> {
     let output = unique("peers-out");
-    topic(o.bootstrap, &output).await?;
+    topic(o.cluster, &output).await?;
     let id = unique("peer");
     let dir = tempfile::tempdir()?;
     let n = o.records;
@@ -189,7 +190,7 @@ async fn run_one(
     let mut cmd = match system {
         Peer::Plain => {
             let mut c = Command::new(std::env::current_exe()?);
-            c.args(["bench", "plain-loop", "--bootstrap", o.bootstrap, "--records"])
+            c.args(["bench", "plain-loop", "--bootstrap", &o.cluster.bootstrap, "--records"])
                 .arg(n.to_string())
                 .args(["--input", input, "--output", &output]);
             c
@@ -204,7 +205,16 @@ async fn run_one(
             };
             std::fs::write(
                 &job,
-                job_file(o.bootstrap, input, &output, &id, &ms, &p, dir.path(), caught_up),
+                job_file(
+                    &o.cluster.bootstrap,
+                    input,
+                    &output,
+                    &id,
+                    &ms,
+                    &p,
+                    dir.path(),
+                    caught_up,
+                ),
             )?;
             let mut c = Command::new(std::env::current_exe()?);
             c.args(["run", "--no-progress"]).arg(&job);
@@ -220,19 +230,19 @@ async fn run_one(
             c.arg("-cp")
                 .arg(format!("{}:{cp}", classes.display()))
                 .arg("dev.exactly.peers.PassThrough")
-                .args([o.bootstrap, input, &output, &ms, &p, &id]);
+                .args([&o.cluster.bootstrap, input, &output, &ms, &p, &id]);
             c
         }
     };
     let log = std::fs::File::create(dir.path().join("out.log"))?;
     cmd.stdout(Stdio::from(log.try_clone()?)).stderr(Stdio::from(log));
-    let (b1, o1) = (o.bootstrap.to_owned(), output.clone());
-    let (b2, o2) = (o.bootstrap.to_owned(), output.clone());
+    let (b1, o1) = (o.cluster.clone(), output.clone());
+    let (b2, o2) = (o.cluster.clone(), output.clone());
     // Generous deadlines: a peer on a busy machine may take minutes for a large backlog.
     let deadline = Duration::from_secs(900);
     let uncommitted = std::thread::spawn(move || verify(&b1, &o1, 1, 1, false, &AtomicU64::new(0), deadline));
     let committed = std::thread::spawn(move || verify(&b2, &o2, n, n, true, &AtomicU64::new(0), deadline));
-    let stable = StableOffsets::start(o.bootstrap, &output);
+    let stable = StableOffsets::start(o.cluster, &output);
     let start = Instant::now();
     let mut child = Guard(cmd.spawn().with_context(|| format!("starting {}", system.name()))?);
     let wait = tokio::task::spawn_blocking(move || (uncommitted.join(), committed.join()));
@@ -258,7 +268,7 @@ async fn run_one(
     let visible_at = stable.visible_at(all.last_offsets).await?.ok_or_else(|| {
         anyhow::anyhow!("the last stable offsets of {output} never passed the last records the reader saw")
     })?;
-    delete_topics(o.bootstrap, &[&output]).await;
+    delete_topics(o.cluster, &[&output]).await;
     tokio::time::sleep(SETTLE).await;
     Ok(Measured {
         rate: n as f64 / all.marked.duration_since(first.first).as_secs_f64(),

@@ -8,13 +8,14 @@ use anyhow::{Context, Result};
 use super::kafka::*;
 use super::Report;
 use exactly_core::runtime::JobBuilder;
-use exactly_kafka_source::{KafkaSource, KafkaSourceConfig, RawBytes};
+use exactly_kafka_client::Cluster;
+use exactly_kafka_source::{KafkaSource, RawBytes};
 use exactly_postgres_sink::{Column, Mode, OnError, PostgresSink, PostgresSinkConfig};
 use rdkafka::Message;
 
 /// JSON `{"id", "k", "seq"}` records, as the sink reads them.
-fn json_backlog(bootstrap: &str, topic: &str, n: u64) -> Result<()> {
-    let p = producer(bootstrap)?;
+fn json_backlog(cluster: &Cluster, topic: &str, n: u64) -> Result<()> {
+    let p = producer(cluster)?;
     for i in 0..n {
         let key = format!("k{}", i % 1000);
         let value = format!(r#"{{"id":{i},"k":"{key}","seq":{i}}}"#);
@@ -29,10 +30,10 @@ async fn exec(conn: &mut sqlx::PgConnection, sql: String) -> Result<()> {
     Ok(())
 }
 
-pub(crate) async fn bench_postgres(bootstrap: &str, url: &str, n: u64, report: &mut Report) -> Result<()> {
+pub(crate) async fn bench_postgres(cluster: &Cluster, url: &str, n: u64, report: &mut Report) -> Result<()> {
     let input = unique("bench-pg");
-    topic(bootstrap, &input).await?;
-    json_backlog(bootstrap, &input, n)?;
+    topic(cluster, &input).await?;
+    json_backlog(cluster, &input, n)?;
     println!("Kafka-to-PostgreSQL: {n} rows (id, k, seq) from JSON records, batches of 500, checkpoints every 1 s");
     let mut conn = exactly_postgres_sink::connect_url(url, None).await?;
     // Baseline: read the same records, plain batched INSERTs, autocommit per batch.
@@ -43,7 +44,7 @@ pub(crate) async fn bench_postgres(bootstrap: &str, url: &str, n: u64, report: &
         format!("CREATE TABLE \"{table}\" (id bigint PRIMARY KEY, k text, seq bigint)"),
     )
     .await?;
-    let c = consumer(bootstrap, &input, true)?;
+    let c = consumer(cluster, &input, true)?;
     let start = Instant::now();
     let mut seen = 0u64;
     let mut batch: Vec<(i64, String, i64)> = Vec::new();
@@ -102,7 +103,7 @@ pub(crate) async fn bench_postgres(bootstrap: &str, url: &str, n: u64, report: &
             on_error: OnError::Fail,
         };
         let group = unique("g");
-        let source = KafkaSourceConfig::new(bootstrap, vec![input.clone()], &group);
+        let source = source_config(cluster, &input, &group);
         let dir = tempfile::tempdir()?;
         let mut job = JobBuilder::new(job_config(dir.path()));
         job.source("in", 1, move |_| KafkaSource::new(source.clone(), RawBytes))
@@ -113,7 +114,7 @@ pub(crate) async fn bench_postgres(bootstrap: &str, url: &str, n: u64, report: &
         let count = format!("SELECT COUNT(*) FROM \"{table}\"");
         let rows =
             async || -> Result<u64> { Ok(sqlx::query_scalar::<_, i64>(&count).fetch_one(&mut conn).await? as u64) };
-        let rate = table_job_rate(bootstrap, (&input, &group), n, started, &table, rows).await?;
+        let rate = table_job_rate(cluster, (&input, &group), n, started, &table, rows).await?;
         let name = if mode == Mode::TwoPhase {
             "two_phase (prepared)"
         } else {
@@ -123,6 +124,6 @@ pub(crate) async fn bench_postgres(bootstrap: &str, url: &str, n: u64, report: &
         report.row("postgres", name, &[("rows_per_s", rate), ("ratio", rate / plain)]);
         exec(&mut conn, format!("DROP TABLE IF EXISTS \"{table}\"")).await?;
     }
-    delete_topics(bootstrap, &[&input]).await;
+    delete_topics(cluster, &[&input]).await;
     Ok(())
 }

@@ -9,7 +9,8 @@ use anyhow::Result;
 use super::kafka::*;
 use super::Report;
 use exactly_core::runtime::{JobBuilder, Sink};
-use exactly_kafka_source::{KafkaSource, KafkaSourceConfig, RawBytes};
+use exactly_kafka_client::Cluster;
+use exactly_kafka_source::{KafkaSource, RawBytes};
 use rdkafka::Message;
 
 /// Counts records; `done` is polled by the benchmark.
@@ -22,10 +23,10 @@ impl<T: Send + 'static> Sink<T> for Count {
     }
 }
 
-pub(crate) async fn bench_source(bootstrap: &str, n: u64, report: &mut Report) -> Result<()> {
+pub(crate) async fn bench_source(cluster: &Cluster, n: u64, report: &mut Report) -> Result<()> {
     let input = unique("bench-src");
-    topic(bootstrap, &input).await?;
-    backlog(bootstrap, &input, n, 100, false)?;
+    topic(cluster, &input).await?;
+    backlog(cluster, &input, n, 100, false)?;
     println!(
         "Kafka source vs plain rdkafka consumer loop: {n} records of 100 B, {PARTITIONS} partitions, one reader each"
     );
@@ -35,7 +36,7 @@ pub(crate) async fn bench_source(bootstrap: &str, n: u64, report: &mut Report) -
         // Rates are timed from the first record on, so start-up (metadata, offset look-ups, job
         // set-up) does not count for either side.
         let created = Instant::now();
-        let c = consumer(bootstrap, &input, true)?;
+        let c = consumer(cluster, &input, true)?;
         let mut start = None;
         let mut seen = 0;
         while seen < n {
@@ -51,7 +52,7 @@ pub(crate) async fn bench_source(bootstrap: &str, n: u64, report: &mut Report) -
         // this source, one subtask, checkpoints every second
         let dir = tempfile::tempdir()?;
         let count = Arc::new(AtomicU64::new(0));
-        let mut source = KafkaSourceConfig::new(bootstrap, vec![input.clone()], unique("g"));
+        let mut source = source_config(cluster, &input, &unique("g"));
         source.client.extend(client_overrides("BENCH_SOURCE_CLIENT"));
         let mut job = JobBuilder::new(job_config(dir.path()));
         let c2 = count.clone();
@@ -90,6 +91,6 @@ pub(crate) async fn bench_source(bootstrap: &str, n: u64, report: &mut Report) -
             ],
         );
     }
-    delete_topics(bootstrap, &[&input]).await;
+    delete_topics(cluster, &[&input]).await;
     Ok(())
 }
