@@ -1,0 +1,279 @@
+//! Job files: parsing, checks and their messages.
+
+use super::*;
+use serde_json::json;
+
+fn parse(src: &str) -> Result<Job, JobFileError> {
+    Job::parse(Path::new("job.toml"), src)
+}
+
+const GOOD: &str = r#"
+[job]
+name = "orders"
+parallelism = 2
+
+[checkpoints]
+dir = "/tmp/x"
+interval = "1s"
+timeout = "30s"
+
+[source]
+bootstrap_servers = "127.0.0.1:19092"
+topics = ["orders"]
+group_id = "g"
+
+[[transform]]
+type = "filter"
+field = "status"
+equals = "paid"
+
+[[transform]]
+type = "key"
+field = "customer.id"
+
+[sink.kafka]
+bootstrap_servers = "127.0.0.1:19092"
+topic = "out"
+delivery = { type = "exactly_once", transactional_id_prefix = "orders" }
+"#;
+
+#[test]
+fn a_good_file_parses() {
+    let job = parse(GOOD).unwrap();
+    assert_eq!(job.file.job.parallelism, 2);
+    assert_eq!(job.file.transforms.len(), 2);
+    assert!(matches!(job.sinks[0].kind, SinkKind::Kafka(_)));
+    assert_eq!(
+        job.sinks[0].name, "kafka-sink",
+        "a job's only sink keeps the uid it always had"
+    );
+}
+
+#[test]
+fn when_caught_up_takes_a_flag_or_a_name_and_defaults_to_after_backlog() {
+    use exactly_core::coordinator::WhenCaughtUp;
+    let when = |line: &str| {
+        parse(&GOOD.replace("timeout = \"30s\"", &format!("timeout = \"30s\"\n{line}")))
+            .map(|j| j.file.checkpoints.expect("checkpoints").when_caught_up)
+    };
+    assert_eq!(when("").unwrap(), WhenCaughtUp::AfterBacklog);
+    for (line, expected) in [
+        ("when_caught_up = false", WhenCaughtUp::Never),
+        ("when_caught_up = true", WhenCaughtUp::Always),
+        ("when_caught_up = \"never\"", WhenCaughtUp::Never),
+        ("when_caught_up = \"after-backlog\"", WhenCaughtUp::AfterBacklog),
+        ("when_caught_up = \"always\"", WhenCaughtUp::Always),
+    ] {
+        assert_eq!(when(line).unwrap(), expected, "{line}");
+    }
+    let e = when("when_caught_up = \"backlog\"").unwrap_err();
+    assert_eq!(e.line, Some(10), "{e}");
+    assert!(e.message.contains(r#"false, "after-backlog" or true"#), "{e}");
+}
+
+#[test]
+fn an_unknown_field_names_its_line() {
+    let src = GOOD.replace("group_id = \"g\"", "group_id = \"g\"\ngroupid = \"h\"");
+    let e = parse(&src).unwrap_err();
+    assert_eq!(e.line, Some(15), "{e}");
+    assert!(e.message.contains("unknown field `groupid`"), "{e}");
+}
+
+#[test]
+fn a_wrong_type_names_its_line() {
+    let e = parse(&GOOD.replace("parallelism = 2", "parallelism = \"two\"")).unwrap_err();
+    assert_eq!(e.line, Some(4), "{e}");
+    assert!(e.message.contains("expected u32"), "{e}");
+}
+
+#[test]
+fn semantic_errors_name_field_and_line() {
+    let e = parse(&GOOD.replace("parallelism = 2", "parallelism = 0")).unwrap_err();
+    assert_eq!((e.line, e.field.as_deref()), (Some(4), Some("job.parallelism")), "{e}");
+    let e = parse(&GOOD.replace("equals = \"paid\"", "equals = \"paid\"\nexists = true")).unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("transform[0]"), "{e}");
+    assert_eq!(e.line, Some(16), "{e}");
+    assert!(e.message.contains("exactly one of"), "{e}");
+    let e = parse(&GOOD.replace(
+        "[checkpoints]\ndir = \"/tmp/x\"\ninterval = \"1s\"\ntimeout = \"30s\"\n",
+        "",
+    ))
+    .unwrap_err();
+    assert!(e.message.contains("need checkpoints"), "{e}");
+    let e = parse(&GOOD.replace("timeout = \"30s\"", "timeout = \"2h\"")).unwrap_err();
+    assert_eq!(
+        e.field.as_deref(),
+        Some("sink.kafka.delivery.transaction_timeout"),
+        "{e}"
+    );
+    let e = parse(&GOOD.replace("[sink.kafka]", "[sink.mysql]\nurl = \"x\"\n[sink.kafka]")).unwrap_err();
+    assert_eq!(e.line, Some(25), "{e}");
+    assert!(e.message.contains("missing field `table`"), "{e}");
+    let head = GOOD.split("[sink.kafka]").next().unwrap();
+    let e = parse(&format!("{head}[sink]\n")).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("no sink: add a [sink.kafka], [sink.mysql] or [sink.postgres]"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_postgres_sink_parses_and_is_checked() {
+    let head = GOOD.split("[sink.kafka]").next().unwrap();
+    let pg = format!(
+        r#"{head}[sink.postgres]
+url = "postgres://app:${{PG_TEST_UNSET_OK:-x}}@127.0.0.1:5432/shop"
+table = "orders"
+mode = "two_phase"
+job_id = "orders"
+columns = [{{ name = "id", type = "bigint" }}]
+"#
+    )
+    .replace("${PG_TEST_UNSET_OK:-x}", "pw");
+    let job = parse(&pg).unwrap();
+    assert_eq!(job.sinks[0].name, "postgres-sink");
+    assert_eq!(job.sinks[0].describe(), "postgres table orders");
+    let e = parse(&pg.replace("mode = \"two_phase\"", "mode = \"upsert\"")).unwrap_err();
+    assert!(e.message.contains("needs key columns"), "{e}");
+    assert_eq!(e.field.as_deref(), Some("sink.postgres"), "{e}");
+    let e = parse(&pg.replace(
+        "[checkpoints]\ndir = \"/tmp/x\"\ninterval = \"1s\"\ntimeout = \"30s\"\n",
+        "",
+    ))
+    .unwrap_err();
+    assert!(e.message.contains("commits on checkpoints"), "{e}");
+    let kafka = GOOD.split("[sink.kafka]").nth(1).unwrap();
+    let e = parse(&format!("{pg}[sink.kafka]{kafka}")).unwrap_err();
+    assert!(e.message.contains("one kind per sink"), "{e}");
+}
+
+#[test]
+fn several_sinks_parse_with_their_names_and_transforms_and_are_checked() {
+    let head = GOOD.split("[sink.kafka]").next().unwrap();
+    let two = format!(
+        r#"{head}[[sink]]
+name = "paid"
+
+[[sink.transform]]
+type = "filter"
+field = "status"
+equals = "paid"
+
+[sink.kafka]
+bootstrap_servers = "127.0.0.1:19092"
+topic = "out"
+delivery = {{ type = "exactly_once", transactional_id_prefix = "a" }}
+
+[[sink]]
+name = "table"
+
+[sink.mysql]
+url = "mysql://u:p@127.0.0.1:13306/d"
+table = "t"
+mode = "xa"
+job_id = "j"
+mapping = {{ format = {{ type = "json" }}, columns = [{{ name = "id", type = "bigint", key = true }}] }}
+"#
+    );
+    let job = parse(&two).unwrap();
+    let names: Vec<_> = job.sinks.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["paid", "table"]);
+    assert_eq!(job.sinks[0].transforms.len(), 1);
+    assert!(matches!(job.sinks[1].kind, SinkKind::Mysql(_)));
+    assert!(job.needs_json());
+
+    // Two sinks with one name; two Kafka sinks with one transactional id prefix.
+    let e = parse(&two.replace("name = \"table\"", "name = \"paid\"")).unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("sink[1].name"), "{e}");
+    assert_eq!(e.line, Some(line(&two, "name = \"table\"")), "{e}");
+    let kafka_tail = two.split("[[sink]]").nth(1).unwrap();
+    let twice = format!(
+        "{head}[[sink]]{kafka_tail}[[sink]]{}",
+        kafka_tail.replace("\"paid\"", "\"paid2\"")
+    );
+    let e = parse(&twice).unwrap_err();
+    assert!(e.message.contains("needs its own"), "{e}");
+    assert_eq!(
+        e.field.as_deref(),
+        Some("sink[1].kafka.delivery.transactional_id_prefix"),
+        "{e}"
+    );
+    // A bad name; a sink's own transform; an entry without a kind; errors inside an entry
+    // keep their line.
+    let e = parse(&two.replace("name = \"table\"", "name = \"a table\"")).unwrap_err();
+    assert!(e.message.contains("letters, digits"), "{e}");
+    let e = parse(&two.replace("equals = \"paid\"\n\n[sink.kafka]", "\n[sink.kafka]")).unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("sink[0].transform[0]"), "{e}");
+    let e = parse(&two.replace("[sink.mysql]", "[sink.mysqll]")).unwrap_err();
+    assert!(e.message.contains("unknown field `mysqll`"), "{e}");
+    assert_eq!(e.line, Some(line(&two, "[sink.mysql]")), "{e}");
+    let e = parse(&two.replace("table = \"t\"\n", "")).unwrap_err();
+    assert!(e.message.contains("missing field `table`"), "{e}");
+    assert!(e.line.is_some(), "{e}");
+}
+
+/// The 1-based line of the first line of `src` that contains `needle`.
+fn line(src: &str, needle: &str) -> usize {
+    src.lines().position(|l| l.contains(needle)).unwrap() + 1
+}
+
+#[test]
+fn secrets_are_masked_but_references_and_files_shown() {
+    let src = "[job]\nadmin_token = \"abc\"\nadmin_token_file = \"/run/t\"\n[kafka]\nsasl.password = \"hunter2\"\n\
+               ssl.key.password = \"${KEY_PASS}\"\n[sink.mysql]\nurl = \"mysql://app:s3cret@db:3306/x\"\n\
+               other = \"mysql://app:${P}@db/x\"\nname = \"orders\"\nsasl = { username = \"u\", password = \"pw9\" }\n";
+    let m = masked(src);
+    assert!(
+        !m.contains("abc") && !m.contains("hunter2") && !m.contains("s3cret") && !m.contains("pw9"),
+        "{m}"
+    );
+    assert!(m.contains("admin_token = \"***\"\n"), "{m}");
+    assert!(m.contains("mysql://app:***@db:3306/x"), "{m}");
+    assert!(
+        m.contains("${KEY_PASS}") && m.contains("app:${P}@db") && m.contains("/run/t"),
+        "{m}"
+    );
+    assert!(m.contains("name = \"orders\""), "{m}");
+    assert_eq!(m.lines().count(), src.lines().count());
+}
+
+#[test]
+fn transforms_filter_project_rename_and_key() {
+    let mut v = json!({"id": 7, "status": "paid", "customer": {"id": "c1"}, "note": "x"});
+    let mut key = None;
+    let t = [
+        Transform::Filter {
+            field: "status".into(),
+            equals: Some(json!("paid")),
+            not_equals: None,
+            one_of: None,
+            exists: None,
+        },
+        Transform::Key {
+            field: "customer.id".into(),
+        },
+        Transform::Project {
+            fields: vec!["id".into(), "customer".into()],
+        },
+        Transform::Rename {
+            from: "customer".into(),
+            to: "buyer".into(),
+        },
+    ];
+    assert!(t.iter().all(|t| t.apply(&mut v, &mut key)));
+    assert_eq!(v, json!({"id": 7, "buyer": {"id": "c1"}}));
+    assert_eq!(key.as_deref(), Some(&b"c1"[..]));
+    let mut other = json!({"status": "open"});
+    assert!(!t[0].apply(&mut other, &mut key));
+    let one_of = Transform::Filter {
+        field: "n".into(),
+        equals: None,
+        not_equals: None,
+        one_of: Some(vec![json!(1), json!(2)]),
+        exists: None,
+    };
+    assert!(one_of.apply(&mut json!({"n": 2}), &mut key));
+    assert!(!one_of.apply(&mut json!({"n": 3}), &mut key));
+    assert!(!one_of.apply(&mut json!({}), &mut key));
+}
