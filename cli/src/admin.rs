@@ -14,6 +14,11 @@
 //! refused. A process running a range of a split job writes into `DIR/subtasks-A-B-of-P`, so the
 //! savepoints of every range under one `DIR` form one job-level savepoint that `exactly run --from
 //! DIR` restores in any layout.
+//!
+//! With `job.admin_tls_cert` and `job.admin_tls_key` the endpoint speaks HTTPS only (TLS 1.2 and
+//! 1.3, rustls): a token sent to it is not readable on the network. The `exactly` commands reach it
+//! with `--admin https://HOST:PORT`, trusting the CA in `$EXACTLY_ADMIN_CA` (a PEM file) or else the
+//! system's store.
 
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
@@ -61,6 +66,115 @@ pub struct SavepointDir {
 pub struct AdminAccess {
     /// The bearer token requests must carry (see the module's documentation).
     pub token: Option<Secret>,
+    /// Serve HTTPS with this configuration ([`server_tls`]).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// The admin endpoint's TLS configuration from a PEM certificate chain and its private key;
+/// the error names the file and what is wrong with it.
+pub fn server_tls(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(|i| i.collect::<std::result::Result<Vec<_>, _>>())
+        .map_err(|e| anyhow::anyhow!("admin_tls_cert {}: {e}", cert.display()))?;
+    if chain.is_empty() {
+        bail!("admin_tls_cert {}: no certificate in it (expected PEM)", cert.display());
+    }
+    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+        anyhow::anyhow!(
+            "admin_tls_key {}: {e} (expected an unencrypted PKCS#8, PKCS#1 or SEC1 key in PEM)",
+            key.display()
+        )
+    })?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(chain, key_der)
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "admin_tls_cert {} with admin_tls_key {}: {e}",
+                cert.display(),
+                key.display()
+            )
+        })?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// How long a client may take over its TLS handshake.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The HTTPS side of the endpoint for `axum::serve`: connections are accepted and their TLS
+/// handshakes run on tasks of their own (a client that stalls its handshake holds up no other);
+/// `accept` hands out the finished ones.
+struct TlsListener {
+    ready: tokio::sync::mpsc::Receiver<(
+        tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+        std::net::SocketAddr,
+    )>,
+    local: std::net::SocketAddr,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl TlsListener {
+    fn new(listener: tokio::net::TcpListener, config: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
+        let local = listener.local_addr()?;
+        let (tx, ready) = tokio::sync::mpsc::channel(16);
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        let accepting = tokio::spawn(async move {
+            loop {
+                let (tcp, peer) = match listener.accept().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // Out of descriptors and the like: wait, as axum does for plain TCP.
+                        tracing::debug!(error = %e, "Accepting an admin connection failed.");
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => {
+                            let _ = tx.send((tls, peer)).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake with an admin client failed."),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake with an admin client timed out."),
+                    }
+                });
+            }
+        });
+        Ok(TlsListener {
+            ready,
+            local,
+            accepting,
+        })
+    }
+}
+
+impl Drop for TlsListener {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.ready.recv().await {
+            Some(c) => c,
+            // The accepting task ended (it runs until dropped): nothing more to accept.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
 }
 
 /// A savepoint directory asked for by a request: relative to `root`, or absolute inside it; no
@@ -314,12 +428,25 @@ pub async fn serve(
         .await
         .with_context(|| format!("binding the admin endpoint to {addr} (is another job using that port?)"))?;
     let local = listener.local_addr()?;
-    info!(address = %format!("http://{local}"), "Admin endpoint listening.");
-    Ok(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::warn!(error = %e, "The admin endpoint stopped.");
+    match access.tls {
+        Some(tls) => {
+            let listener = TlsListener::new(listener, tls)?;
+            info!(address = %format!("https://{local}"), "Admin endpoint listening (TLS).");
+            Ok(tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, app).await {
+                    tracing::warn!(error = %e, "The admin endpoint stopped.");
+                }
+            }))
         }
-    }))
+        None => {
+            info!(address = %format!("http://{local}"), "Admin endpoint listening.");
+            Ok(tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, app).await {
+                    tracing::warn!(error = %e, "The admin endpoint stopped.");
+                }
+            }))
+        }
+    }
 }
 
 /// POSTs `path` to a running job's admin endpoint (`exactly savepoint`, `exactly stop`) and
@@ -353,8 +480,43 @@ fn json_answer(admin: &str, path: &str, post: bool) -> Result<serde_json::Value>
     Ok(value)
 }
 
+/// How the `exactly` commands check an admin endpoint's certificate (`https://` addresses): against
+/// the CA certificates in `$EXACTLY_ADMIN_CA` (a PEM file), or else the system's trust store.
+fn client_tls() -> Result<ureq::tls::TlsConfig> {
+    let roots: Vec<ureq::tls::Certificate<'static>> = match std::env::var_os("EXACTLY_ADMIN_CA") {
+        Some(ca) if !ca.is_empty() => {
+            let pem = std::fs::read(&ca).with_context(|| format!("EXACTLY_ADMIN_CA {}", Path::new(&ca).display()))?;
+            let certs = ureq::tls::parse_pem(&pem)
+                .filter_map(|item| match item {
+                    Ok(ureq::tls::PemItem::Certificate(c)) => Some(Ok(c)),
+                    Ok(_) => None,
+                    Err(e) => Some(Err(e)),
+                })
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .with_context(|| format!("EXACTLY_ADMIN_CA {}", Path::new(&ca).display()))?;
+            if certs.is_empty() {
+                bail!(
+                    "EXACTLY_ADMIN_CA {}: no certificate in it (expected PEM)",
+                    Path::new(&ca).display()
+                );
+            }
+            certs
+        }
+        _ => rustls_native_certs::load_native_certs()
+            .certs
+            .iter()
+            .map(|c| ureq::tls::Certificate::from_der(c.as_ref()).to_owned())
+            .collect(),
+    };
+    Ok(ureq::tls::TlsConfig::builder()
+        .provider(ureq::tls::TlsProvider::Rustls)
+        .root_certs(ureq::tls::RootCerts::new_with_certs(&roots))
+        .unversioned_rustls_crypto_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .build())
+}
+
 fn request(admin: &str, path: &str, post: bool) -> Result<(axum::http::StatusCode, String, String)> {
-    let base = if admin.starts_with("http://") {
+    let base = if admin.starts_with("http://") || admin.starts_with("https://") {
         admin.trim_end_matches('/').to_owned()
     } else {
         format!("http://{admin}")
@@ -363,6 +525,7 @@ fn request(admin: &str, path: &str, post: bool) -> Result<(axum::http::StatusCod
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(std::time::Duration::from_secs(600)))
+        .tls_config(client_tls()?)
         .build()
         .into();
     // The token, when the job wants one, comes from the environment (never a flag: flags show

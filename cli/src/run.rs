@@ -276,6 +276,7 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
     let admin_addr = opts.admin.clone().or_else(|| f.job.admin.clone());
     let access = admin::AdminAccess {
         token: job.admin_token()?,
+        tls: job.admin_tls()?,
     };
     if let Some(addr) = &admin_addr {
         admin::check_access(addr, &access)?;

@@ -2,7 +2,8 @@
 //! from the environment in the job file), a POST without it or with a wrong one is refused, a
 //! savepoint path outside the job's savepoint root is refused, a request from a page of another
 //! origin is refused, and neither `/status` nor the log shows the token; a non-loopback admin
-//! address without a token is refused at start.
+//! address without a token is refused at start; with a certificate and key the endpoint speaks
+//! HTTPS only, and the commands reach it trusting the CA in `$EXACTLY_ADMIN_CA`.
 
 mod common;
 
@@ -122,5 +123,135 @@ async fn the_admin_endpoint_serves_only_its_owner() -> Result<()> {
         !out.status.success() && said.contains("refusing to serve the admin endpoint on 0.0.0.0"),
         "{said}"
     );
+    Ok(())
+}
+
+/// With `admin_tls_cert` and `admin_tls_key` (the local broker's certificate for 127.0.0.1, made by
+/// `scripts/services` with its own CA) the endpoint speaks HTTPS only: the commands reach it with
+/// `--admin https://…` and `$EXACTLY_ADMIN_CA`, a certificate from another CA is refused by them,
+/// plain HTTP gets no answer, and the token is still required. A certificate without its key, or a
+/// key file that holds no key, is refused by `exactly check`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_endpoint_with_tls_speaks_https_only() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let tls = std::path::PathBuf::from(std::env::var("EXACTLY_KAFKA_TLS_DIR").map_err(|_| {
+        anyhow::anyhow!(
+            "EXACTLY_KAFKA_TLS_DIR is not set: this test uses the certificates `scripts/services up` makes (then `eval \"$(scripts/services env)\"`)"
+        )
+    })?);
+    let (input, output) = (unique("adm-tls-in"), unique("adm-tls-out"));
+    create_topic(env, &input, 1).await?;
+    create_topic(env, &output, 1).await?;
+    let dir = tempfile::tempdir()?;
+    let port = free_port();
+    let file = K2k {
+        env,
+        name: "adm-tls",
+        input: &input,
+        output: &output,
+        prefix: &unique("adm-tls"),
+        dir: dir.path(),
+        parallelism: 1,
+        admin: Some(port),
+        transforms: "",
+    }
+    .write();
+    let plain = std::fs::read_to_string(&file)?;
+    let admin_line = format!("admin = \"127.0.0.1:{port}\"");
+    let with = |extra: &str| plain.replace(&admin_line, &format!("{admin_line}\n{extra}"));
+
+    // Half a TLS setting, or a key file without a key: refused before anything runs.
+    let cert = tls.join("broker.pem").display().to_string();
+    let key = tls.join("broker-pkcs8.key").display().to_string();
+    std::fs::write(&file, with(&format!("admin_tls_cert = \"{cert}\"")))?;
+    let out = cmd().arg("check").arg(&file).output()?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("job.admin_tls_cert") && said.contains("admin_tls_key"),
+        "{said}"
+    );
+    std::fs::write(
+        &file,
+        with(&format!("admin_tls_cert = \"{cert}\"\nadmin_tls_key = \"{cert}\"")),
+    )?;
+    let out = cmd().arg("check").arg(&file).output()?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("admin_tls_key"), "{said}");
+
+    std::fs::write(
+        &file,
+        with(&format!(
+            "admin_token = \"${{EXACTLY_TEST_ADMIN_TOKEN}}\"\nadmin_tls_cert = \"{cert}\"\nadmin_tls_key = \"{key}\""
+        )),
+    )?;
+    std::env::set_var("EXACTLY_TEST_ADMIN_TOKEN", TOKEN);
+    let mut job = spawn_run(&file, &[], "")?;
+    let https = format!("https://127.0.0.1:{port}");
+    let ca = tls.join("ca.pem");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = cmd()
+            .env("EXACTLY_ADMIN_CA", &ca)
+            .args(["status", "--admin", &https])
+            .output()?;
+        if out.status.success() {
+            let status: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+            if status["checkpoints"]["completed"].as_u64() >= Some(1) {
+                break;
+            }
+        }
+        assert!(job.running(), "the job exited:\n{}", job.tail(40));
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no status over HTTPS in 60 s: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            job.tail(40)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Plain HTTP to it: no answer.
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .into();
+    let answered = agent.get(&format!("http://127.0.0.1:{port}/healthz")).call();
+    assert!(
+        answered.is_err(),
+        "plain HTTP was answered: {:?}",
+        answered.map(|r| r.status())
+    );
+    // A certificate the client's CA did not sign: refused by the command.
+    let out = cmd()
+        .env("EXACTLY_ADMIN_CA", tls.join("untrusted-ca.pem"))
+        .args(["status", "--admin", &https])
+        .output()?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.to_lowercase().contains("certificate"),
+        "{said}"
+    );
+    // Over TLS the token is still required.
+    let out = cmd()
+        .env("EXACTLY_ADMIN_CA", &ca)
+        .args(["savepoint", "--admin", &https])
+        .output()?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("bearer token is required"),
+        "{said}"
+    );
+    let out = cmd()
+        .env("EXACTLY_ADMIN_CA", &ca)
+        .env("EXACTLY_ADMIN_TOKEN", TOKEN)
+        .args(["stop", "--admin", &https])
+        .output()?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_exit(&mut job, Duration::from_secs(60))?;
+    assert!(
+        job.tail(100_000).contains(&format!("https://127.0.0.1:{port}")),
+        "the log names the HTTPS address"
+    );
+    assert!(!job.tail(100_000).contains(TOKEN), "the log shows no token");
     Ok(())
 }

@@ -79,6 +79,13 @@ pub struct JobSection {
     /// A file holding the admin token (e.g. a mounted Kubernetes Secret).
     #[serde(default)]
     pub admin_token_file: Option<PathBuf>,
+    /// The admin endpoint's certificate chain (PEM, the server's certificate first): with
+    /// `admin_tls_key` the endpoint speaks HTTPS only.
+    #[serde(default)]
+    pub admin_tls_cert: Option<PathBuf>,
+    /// The private key of `admin_tls_cert` (PEM: PKCS#8, PKCS#1 or SEC1, not encrypted).
+    #[serde(default)]
+    pub admin_tls_key: Option<PathBuf>,
     /// How long a graceful stop waits for tasks.
     #[serde(default, with = "humantime_serde")]
     pub shutdown_timeout: Option<Duration>,
@@ -239,6 +246,15 @@ impl Job {
         }
     }
 
+    /// The admin endpoint's TLS settings, read from `admin_tls_cert` and `admin_tls_key`.
+    pub fn admin_tls(&self) -> anyhow::Result<Option<std::sync::Arc<rustls::ServerConfig>>> {
+        let j = &self.file.job;
+        match (&j.admin_tls_cert, &j.admin_tls_key) {
+            (Some(cert), Some(key)) => crate::admin::server_tls(cert, key).map(Some),
+            _ => Ok(None),
+        }
+    }
+
     /// Reads and checks `path`.
     pub fn load(path: &Path) -> Result<Job, JobFileError> {
         let src = std::fs::read_to_string(path).map_err(|e| JobFileError {
@@ -388,6 +404,26 @@ impl Job {
             if let Err(m) = exactly_core::secret::Secret::from_file(f) {
                 return Err(err("job.admin_token_file", m));
             }
+        }
+        match (&j.admin_tls_cert, &j.admin_tls_key) {
+            (Some(cert), Some(key)) => {
+                if let Err(e) = crate::admin::server_tls(cert, key) {
+                    return Err(err("job.admin_tls_cert", format!("{e:#}")));
+                }
+            }
+            (Some(_), None) => {
+                return Err(err(
+                    "job.admin_tls_cert",
+                    "needs admin_tls_key (the certificate's private key) too".into(),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(err(
+                    "job.admin_tls_key",
+                    "needs admin_tls_cert (the certificate chain) too".into(),
+                ))
+            }
+            (None, None) => {}
         }
         if let Some(c) = &file.checkpoints {
             if let Err(e) = c.validate() {
