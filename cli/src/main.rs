@@ -65,7 +65,8 @@ enum Command {
     },
     /// Take a savepoint of a running job (through its admin endpoint); prints its directory.
     Savepoint {
-        /// The job's admin address.
+        /// The job's admin address: host:port, or https://host:port for an endpoint with TLS
+        /// (trusting the CA file in $EXACTLY_ADMIN_CA, else the system's store).
         #[arg(long)]
         admin: String,
         /// Where to write it: a directory under the job's savepoint root
@@ -76,7 +77,8 @@ enum Command {
     },
     /// Stop a running job gracefully: final checkpoint (or savepoint) and commits.
     Stop {
-        /// The job's admin address.
+        /// The job's admin address: host:port, or https://host:port for an endpoint with TLS
+        /// (trusting the CA file in $EXACTLY_ADMIN_CA, else the system's store).
         #[arg(long)]
         admin: String,
         /// Stop with a savepoint written here (under the job's savepoint root, as for
@@ -86,7 +88,8 @@ enum Command {
     },
     /// Print the JSON status of a running job.
     Status {
-        /// The job's admin address.
+        /// The job's admin address: host:port, or https://host:port for an endpoint with TLS
+        /// (trusting the CA file in $EXACTLY_ADMIN_CA, else the system's store).
         #[arg(long)]
         admin: String,
     },
