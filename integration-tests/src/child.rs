@@ -17,7 +17,19 @@ pub struct ChildJob {
 impl ChildJob {
     /// Starts `program args`, with `EXACTLY_FAILPOINTS` set to `failpoints` (empty: none).
     pub fn spawn(program: &str, args: &[String], failpoints: &str) -> Result<Self> {
+        Self::spawn_env(program, args, failpoints, &[])
+    }
+
+    /// [`ChildJob::spawn`] with the environment changed: each variable set to its value, or
+    /// removed (`None`).
+    pub fn spawn_env(program: &str, args: &[String], failpoints: &str, env: &[(&str, Option<&str>)]) -> Result<Self> {
         let mut cmd = Command::new(program);
+        for (k, v) in env {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
+        }
         cmd.args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

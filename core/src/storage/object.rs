@@ -3,7 +3,9 @@
 //! `gs://…`, `az://…`, `abfs://…`). Credentials and endpoints come from the environment the
 //! way each store's own tools read them (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
 //! `AWS_REGION`, `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`, `GOOGLE_APPLICATION_CREDENTIALS`,
-//! `AZURE_STORAGE_ACCOUNT_NAME`, …), never from the job file.
+//! `AZURE_STORAGE_ACCOUNT_NAME`, …), never from the job file. An S3 endpoint whose certificate a
+//! private CA signed is trusted through `AWS_CA_BUNDLE` (a PEM file, as the AWS CLI reads it);
+//! otherwise the system's trust store decides.
 //!
 //! Metadata is created with a conditional put (`If-None-Match: *` on S3, which AWS S3 and
 //! SeaweedFS honour; generation and ETag preconditions on GCS and Azure), so a second writer of
@@ -83,6 +85,39 @@ where
 
 /// Retries of one request: a few, within 20 s, so that an outage fails the checkpoint (and the
 /// job goes on) rather than hold it for the crate's default of 3 minutes.
+/// `AmazonS3Builder::from_env`, trusting the CA certificates of `AWS_CA_BUNDLE` as well.
+fn s3_builder_from_env() -> std::result::Result<object_store::aws::AmazonS3Builder, String> {
+    let mut b = object_store::aws::AmazonS3Builder::new();
+    if let Some(bundle) = std::env::var_os("AWS_CA_BUNDLE").filter(|v| !v.is_empty()) {
+        let path = PathBuf::from(bundle);
+        let pem = std::fs::read(&path).map_err(|e| format!("AWS_CA_BUNDLE {}: {e}", path.display()))?;
+        let certs = object_store::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| format!("AWS_CA_BUNDLE {}: {e}", path.display()))?;
+        if certs.is_empty() {
+            return Err(format!(
+                "AWS_CA_BUNDLE {}: no certificate in it (expected PEM)",
+                path.display()
+            ));
+        }
+        let options = certs
+            .into_iter()
+            .fold(object_store::ClientOptions::new(), |o, c| o.with_root_certificate(c));
+        b = b.with_client_options(options);
+    }
+    // As `from_env` does; the client's settings among them (`AWS_ALLOW_HTTP`, …) are added to the
+    // options above instead of replacing them.
+    for (key, value) in std::env::vars_os() {
+        if let (Some(key), Some(value)) = (key.to_str(), value.to_str()) {
+            if key.starts_with("AWS_") {
+                if let Ok(k) = key.to_ascii_lowercase().parse() {
+                    b = b.with_config(k, value);
+                }
+            }
+        }
+    }
+    Ok(b)
+}
+
 fn retry() -> RetryConfig {
     RetryConfig {
         backoff: BackoffConfig::default(),
@@ -103,7 +138,8 @@ impl Bucket {
         }
         let store: Arc<dyn ObjectStore> = match scheme {
             "s3" | "s3a" => {
-                let mut b = object_store::aws::AmazonS3Builder::from_env()
+                let mut b = s3_builder_from_env()
+                    .map_err(config)?
                     .with_url(url.as_str())
                     .with_retry(retry());
                 if std::env::var_os("AWS_CONDITIONAL_PUT").is_none() {
