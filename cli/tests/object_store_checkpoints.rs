@@ -127,9 +127,30 @@ async fn checkpoints_go_to_s3_over_https_trusting_the_ca_in_aws_ca_bundle() -> R
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     job.kill();
+    // Started again, it restores the newest of those checkpoints from the store.
     let mut again = ChildJob::spawn_env(exactly(), &args, "", &with_ca)?;
-    again.wait_for_line("Restoring.", std::time::Duration::from_secs(60))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !again.tail(10_000).contains("Restoring.") {
+        assert!(again.running(), "the job exited:\n{}", again.tail(40));
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no restore in 60 s:\n{}",
+            again.tail(40)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let restored = again
+        .tail(10_000)
+        .lines()
+        .find(|l| l.contains("Restoring."))
+        .map(str::to_owned);
     again.kill();
+    assert!(
+        restored
+            .as_deref()
+            .is_some_and(|l| l.contains("checkpoint_id=") && !l.contains("checkpoint_id=0 ")),
+        "{restored:?}"
+    );
     assert!(
         !dir.path().join("checkpoints").exists(),
         "checkpoints went to the store, not the local directory"
