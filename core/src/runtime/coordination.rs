@@ -54,7 +54,16 @@ pub(super) struct Run<'a> {
     /// input since its barrier (with what they read before): `when_caught_up`.
     pub(super) triggered: Option<CheckpointId>,
     pub(super) caught_up: BTreeMap<usize, CaughtUp>,
+    /// Sources held until a checkpoint completes (`TaskEvent::Held`; every completion releases
+    /// them all), and when to try again after a checkpoint failed while some were: they read
+    /// nothing until one completes, so the next is not left to the interval.
+    pub(super) held: BTreeSet<usize>,
+    pub(super) retry_held: Option<Instant>,
 }
+
+/// How soon a checkpoint is tried again after one failed while sources were held (at most: the
+/// interval, when it is shorter, comes first).
+const HELD_RETRY: Duration = Duration::from_secs(1);
 
 impl Run<'_> {
     pub(super) fn config(&self) -> Option<&CheckpointConfig> {
@@ -155,7 +164,10 @@ impl Run<'_> {
             return soon;
         };
         let early = self.caught_up().then(|| c.next_due_early()).flatten();
-        [c.next_due(), early].into_iter().flatten().fold(soon, Instant::min)
+        [c.next_due(), early, self.retry_held]
+            .into_iter()
+            .flatten()
+            .fold(soon, Instant::min)
     }
 
     /// Whether every live source caught up with its input since the latest barrier, some after
@@ -213,6 +225,13 @@ impl Run<'_> {
         }
         if c.due(now) {
             self.trigger(SnapshotKind::Checkpoint, false);
+        } else if self.retry_held.is_some_and(|t| now >= t) && c.pending().next().is_none() {
+            debug!(
+                checkpoint_id = c.next_id(),
+                "Sources still wait for a first completed checkpoint: checkpointing again."
+            );
+            self.retry_held = None;
+            self.trigger(SnapshotKind::Checkpoint, false);
         } else if self.caught_up() && c.due_early(now) {
             debug!(
                 checkpoint_id = c.next_id(),
@@ -251,8 +270,9 @@ impl Run<'_> {
                 }
             }
             TaskEvent::Held { task } => {
+                self.held.insert(task);
                 // Its first checkpoint now, not after the interval; one in flight serves too (a
-                // failed one is followed by the next at the interval, as usual).
+                // failed one is tried again within `HELD_RETRY` while sources are held).
                 let idle = self.coordinator.as_ref().is_some_and(|c| c.pending().next().is_none());
                 if idle && !self.shutting_down && self.shutdown_after.is_none() {
                     debug!(
@@ -315,6 +335,9 @@ impl Run<'_> {
         }
         let coordinator = self.coordinator.as_mut().expect("checkpointing on");
         let subsumed = coordinator.completed(barrier.id, Instant::now());
+        // The completion below releases every held source.
+        self.held.clear();
+        self.retry_held = None;
         *self.completed += 1;
         self.tracker.mark_started();
         info!(
@@ -416,7 +439,11 @@ impl Run<'_> {
                 reason: reason.to_owned(),
             });
         }
+        let now = Instant::now();
+        if !self.held.is_empty() {
+            self.retry_held = Some(now + HELD_RETRY);
+        }
         let c = self.coordinator.as_mut().expect("checkpointing on");
-        c.failed(Instant::now())
+        c.failed(now)
     }
 }

@@ -427,6 +427,8 @@ impl Job {
             last_id,
             triggered: None,
             caught_up: BTreeMap::new(),
+            held: BTreeSet::new(),
+            retry_held: None,
         };
         let end = run.drive(&mut set, events, commands).await;
         if !matches!(end, RunEnd::Finished) {

@@ -39,6 +39,8 @@ struct Staging {
     current: Vec<u64>,
     staged: Vec<(CheckpointId, Vec<u64>)>,
     committed: Arc<Mutex<Vec<u64>>>,
+    /// How long the first checkpoint's deferred part takes (the others: 5 ms).
+    first: Duration,
 }
 
 impl Sink<u64> for Staging {
@@ -48,9 +50,14 @@ impl Sink<u64> for Staging {
     }
 
     async fn snapshot_state(&mut self, ctx: &mut SnapshotContext) -> crate::Result<()> {
+        let wait = if self.staged.is_empty() {
+            self.first
+        } else {
+            Duration::from_millis(5)
+        };
         self.staged.push((ctx.checkpoint_id, std::mem::take(&mut self.current)));
-        ctx.defer(async {
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        ctx.defer(async move {
+            tokio::time::sleep(wait).await;
             Ok(DeferredState::default())
         });
         Ok(())
@@ -93,6 +100,7 @@ where
             current: Vec::new(),
             staged: Vec::new(),
             committed: c.clone(),
+            first: Duration::from_millis(5),
         });
     let handle = job.build().unwrap().start();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -220,24 +228,27 @@ impl Source<u64> for HeldAtStart {
 }
 
 /// Runs one `HeldAtStart` subtask chained to a `Staging` sink (checkpointed every hour, or not at
-/// all) until it has been polled (a 30 s guard against waiting forever: not a timing claim),
-/// then cancels the job; returns what the source saw.
-async fn held_at_start(checkpointing: bool) -> HeldSeen {
+/// all; the sink's first checkpoint taking `first`, against a checkpoint timeout of 1 s) until it
+/// has been polled (a 30 s guard against waiting forever: not a timing claim), then cancels the
+/// job; returns what the source saw.
+async fn held_at_start(checkpointing: bool, first: Duration) -> HeldSeen {
     let dir = tempfile::tempdir().unwrap();
     let mut config = JobConfig::new("held");
     if checkpointing {
         let mut checkpoint = CheckpointConfig::new(dir.path().join("checkpoints"));
         checkpoint.interval = Duration::from_secs(3600);
+        checkpoint.timeout = Duration::from_secs(1);
         config.checkpointing = Some(checkpoint);
     }
     let seen: Arc<Mutex<HeldSeen>> = Arc::default();
     let mut job = JobBuilder::new(config);
     let s = seen.clone();
     job.source("held", 1, move |_| HeldAtStart { seen: s.clone() })
-        .sink("out", |_| Staging {
+        .sink("out", move |_| Staging {
             current: Vec::new(),
             staged: Vec::new(),
             committed: Arc::default(),
+            first,
         });
     let handle = job.build().unwrap().start();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -258,7 +269,7 @@ async fn held_at_start(checkpointing: bool) -> HeldSeen {
 /// interval.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_held_until_its_start_is_checkpointed_is_polled_after_the_first_checkpoint() {
-    let seen = held_at_start(true).await;
+    let seen = held_at_start(true, Duration::from_millis(5)).await;
     assert!(
         seen.polls > 0,
         "never polled (the first checkpoint was not taken at once?): {seen:?}"
@@ -273,7 +284,23 @@ async fn a_source_held_until_its_start_is_checkpointed_is_polled_after_the_first
 /// Without checkpointing nothing would ever complete: the source is not held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_asking_to_be_held_is_polled_at_once_without_checkpointing() {
-    let seen = held_at_start(false).await;
+    let seen = held_at_start(false, Duration::from_millis(5)).await;
     assert!(seen.polls > 0, "never polled: {seen:?}");
     assert_eq!(seen.completed_at_first_poll, Some(0), "{seen:?}");
+}
+
+/// The first checkpoint of a held source fails (it times out: the sink's first snapshot takes 3 s
+/// against a 1 s timeout): the next is taken within a second, not after the interval (an hour),
+/// and the source is polled once it completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_source_whose_first_checkpoint_fails_is_checkpointed_again_at_once() {
+    let seen = held_at_start(true, Duration::from_secs(3)).await;
+    assert!(
+        seen.polls > 0,
+        "never polled: after the failed first checkpoint the next waits for the interval: {seen:?}"
+    );
+    assert!(
+        seen.completed_at_first_poll.is_some_and(|n| n >= 1),
+        "polled before a checkpoint completed: {seen:?}"
+    );
 }
