@@ -33,26 +33,33 @@ fn post(port: u16, path: &str, headers: &[(&str, &str)]) -> Result<(u16, String)
     Ok((resp.status().as_u16(), resp.body_mut().read_to_string()?))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_admin_endpoint_serves_only_its_owner() -> Result<()> {
-    let env = TestEnv::get().await?;
-    let (input, output) = (unique("adm-in"), unique("adm-out"));
+/// A pass-through job file (`K2k`) on fresh topics with its admin endpoint on a free port of
+/// 127.0.0.1: its directory, the file and the port.
+async fn job_with_admin(env: &TestEnv, name: &str) -> Result<(tempfile::TempDir, std::path::PathBuf, u16)> {
+    let (input, output) = (unique(&format!("{name}-in")), unique(&format!("{name}-out")));
     create_topic(env, &input, 1).await?;
     create_topic(env, &output, 1).await?;
     let dir = tempfile::tempdir()?;
     let port = free_port();
     let file = K2k {
         env,
-        name: "adm",
+        name,
         input: &input,
         output: &output,
-        prefix: &unique("adm"),
+        prefix: &unique(name),
         dir: dir.path(),
         parallelism: 1,
         admin: Some(port),
         transforms: "",
     }
     .write();
+    Ok((dir, file, port))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_endpoint_serves_only_its_owner() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let (dir, file, port) = job_with_admin(env, "adm").await?;
     // The job file references the token; only the job process has it in its environment.
     let text = std::fs::read_to_string(&file)?.replace(
         &format!("admin = \"127.0.0.1:{port}\""),
@@ -139,23 +146,7 @@ async fn the_admin_endpoint_with_tls_speaks_https_only() -> Result<()> {
             "EXACTLY_KAFKA_TLS_DIR is not set: this test uses the certificates `scripts/services up` makes (then `eval \"$(scripts/services env)\"`)"
         )
     })?);
-    let (input, output) = (unique("adm-tls-in"), unique("adm-tls-out"));
-    create_topic(env, &input, 1).await?;
-    create_topic(env, &output, 1).await?;
-    let dir = tempfile::tempdir()?;
-    let port = free_port();
-    let file = K2k {
-        env,
-        name: "adm-tls",
-        input: &input,
-        output: &output,
-        prefix: &unique("adm-tls"),
-        dir: dir.path(),
-        parallelism: 1,
-        admin: Some(port),
-        transforms: "",
-    }
-    .write();
+    let (_dir, file, port) = job_with_admin(env, "adm-tls").await?;
     let plain = std::fs::read_to_string(&file)?;
     let admin_line = format!("admin = \"127.0.0.1:{port}\"");
     let with = |extra: &str| plain.replace(&admin_line, &format!("{admin_line}\n{extra}"));
