@@ -83,8 +83,6 @@ where
     rx.recv().expect("the object store runtime runs every task it is given")
 }
 
-/// Retries of one request: a few, within 20 s, so that an outage fails the checkpoint (and the
-/// job goes on) rather than hold it for the crate's default of 3 minutes.
 /// `AmazonS3Builder::from_env`, trusting the CA certificates of `AWS_CA_BUNDLE` as well.
 fn s3_builder_from_env() -> std::result::Result<object_store::aws::AmazonS3Builder, String> {
     let mut b = object_store::aws::AmazonS3Builder::new();
@@ -118,6 +116,8 @@ fn s3_builder_from_env() -> std::result::Result<object_store::aws::AmazonS3Build
     Ok(b)
 }
 
+/// Retries of one request: a few, within 20 s, so that an outage fails the checkpoint (and the
+/// job goes on) rather than hold it for the crate's default of 3 minutes.
 fn retry() -> RetryConfig {
     RetryConfig {
         backoff: BackoffConfig::default(),
