@@ -74,13 +74,8 @@ pub struct AdminAccess {
 /// the error names the file and what is wrong with it.
 pub fn server_tls(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>> {
     use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    let chain = CertificateDer::pem_file_iter(cert)
-        .and_then(|i| i.collect::<std::result::Result<Vec<_>, _>>())
-        .map_err(|e| anyhow::anyhow!("admin_tls_cert {}: {e}", cert.display()))?;
-    if chain.is_empty() {
-        bail!("admin_tls_cert {}: no certificate in it (expected PEM)", cert.display());
-    }
+    use rustls_pki_types::PrivateKeyDer;
+    let chain = pem_certificates(cert, "admin_tls_cert")?;
     let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
         anyhow::anyhow!(
             "admin_tls_key {}: {e} (expected an unencrypted PKCS#8, PKCS#1 or SEC1 key in PEM)",
@@ -101,6 +96,18 @@ pub fn server_tls(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>> 
         })?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
+}
+
+/// The certificates of a PEM file (`what` names the setting in errors); none is an error.
+fn pem_certificates(path: &Path, what: &str) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>> {
+    use rustls_pki_types::pem::PemObject;
+    let certs = rustls_pki_types::CertificateDer::pem_file_iter(path)
+        .and_then(|i| i.collect::<std::result::Result<Vec<_>, _>>())
+        .map_err(|e| anyhow::anyhow!("{what} {}: {e}", path.display()))?;
+    if certs.is_empty() {
+        bail!("{what} {}: no certificate in it (expected PEM)", path.display());
+    }
+    Ok(certs)
 }
 
 /// How long a client may take over its TLS handshake.
@@ -432,21 +439,26 @@ pub async fn serve(
         Some(tls) => {
             let listener = TlsListener::new(listener, tls)?;
             info!(address = %format!("https://{local}"), "Admin endpoint listening (TLS).");
-            Ok(tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, app).await {
-                    tracing::warn!(error = %e, "The admin endpoint stopped.");
-                }
-            }))
+            Ok(spawn_serving(listener, app))
         }
         None => {
             info!(address = %format!("http://{local}"), "Admin endpoint listening.");
-            Ok(tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, app).await {
-                    tracing::warn!(error = %e, "The admin endpoint stopped.");
-                }
-            }))
+            Ok(spawn_serving(listener, app))
         }
     }
+}
+
+/// Serves `app` on `listener` (plain TCP or [`TlsListener`]) until the task is aborted.
+fn spawn_serving<L>(listener: L, app: Router) -> tokio::task::JoinHandle<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::warn!(error = %e, "The admin endpoint stopped.");
+        }
+    })
 }
 
 /// POSTs `path` to a running job's admin endpoint (`exactly savepoint`, `exactly stop`) and
@@ -483,31 +495,14 @@ fn json_answer(admin: &str, path: &str, post: bool) -> Result<serde_json::Value>
 /// How the `exactly` commands check an admin endpoint's certificate (`https://` addresses): against
 /// the CA certificates in `$EXACTLY_ADMIN_CA` (a PEM file), or else the system's trust store.
 fn client_tls() -> Result<ureq::tls::TlsConfig> {
-    let roots: Vec<ureq::tls::Certificate<'static>> = match std::env::var_os("EXACTLY_ADMIN_CA") {
-        Some(ca) if !ca.is_empty() => {
-            let pem = std::fs::read(&ca).with_context(|| format!("EXACTLY_ADMIN_CA {}", Path::new(&ca).display()))?;
-            let certs = ureq::tls::parse_pem(&pem)
-                .filter_map(|item| match item {
-                    Ok(ureq::tls::PemItem::Certificate(c)) => Some(Ok(c)),
-                    Ok(_) => None,
-                    Err(e) => Some(Err(e)),
-                })
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .with_context(|| format!("EXACTLY_ADMIN_CA {}", Path::new(&ca).display()))?;
-            if certs.is_empty() {
-                bail!(
-                    "EXACTLY_ADMIN_CA {}: no certificate in it (expected PEM)",
-                    Path::new(&ca).display()
-                );
-            }
-            certs
-        }
-        _ => rustls_native_certs::load_native_certs()
-            .certs
-            .iter()
-            .map(|c| ureq::tls::Certificate::from_der(c.as_ref()).to_owned())
-            .collect(),
+    let roots: Vec<rustls_pki_types::CertificateDer<'static>> = match std::env::var_os("EXACTLY_ADMIN_CA") {
+        Some(ca) if !ca.is_empty() => pem_certificates(Path::new(&ca), "EXACTLY_ADMIN_CA")?,
+        _ => rustls_native_certs::load_native_certs().certs,
     };
+    let roots: Vec<ureq::tls::Certificate<'static>> = roots
+        .iter()
+        .map(|c| ureq::tls::Certificate::from_der(c.as_ref()).to_owned())
+        .collect();
     Ok(ureq::tls::TlsConfig::builder()
         .provider(ureq::tls::TlsProvider::Rustls)
         .root_certs(ureq::tls::RootCerts::new_with_certs(&roots))

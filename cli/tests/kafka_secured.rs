@@ -53,6 +53,17 @@ ssl.ca.location = "{tls}/{ca}"
     )
 }
 
+/// A `--kafka-config` file in `dir`: a `[kafka]` table of [`scram`] settings, the password from
+/// `EXACTLY_KAFKA_SCRAM_PASSWORD`.
+fn kafka_config_file(s: &Secured, dir: &std::path::Path) -> Result<std::path::PathBuf> {
+    let config = dir.join("kafka.toml");
+    std::fs::write(
+        &config,
+        format!("[kafka]\n{}", scram(s, "EXACTLY_KAFKA_SCRAM_PASSWORD", "ca.pem")),
+    )?;
+    Ok(config)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sasl_ssl_scram_sha_512_job_is_exactly_once_across_a_sigkill_before_its_commits() -> Result<()> {
     let env = TestEnv::get().await?;
@@ -272,11 +283,7 @@ async fn datagen_writes_over_sasl_ssl_with_a_kafka_config() -> Result<()> {
     let topic = unique("sec-datagen");
     create_topic(env, &topic, 2).await?;
     let dir = tempfile::tempdir()?;
-    let config = dir.path().join("kafka.toml");
-    std::fs::write(
-        &config,
-        format!("[kafka]\n{}", scram(&s, "EXACTLY_KAFKA_SCRAM_PASSWORD", "ca.pem")),
-    )?;
+    let config = kafka_config_file(&s, dir.path())?;
     let run = std::process::Command::new(exactly())
         .args([
             "datagen",
@@ -313,11 +320,7 @@ async fn bench_k2k_runs_over_sasl_ssl_with_a_kafka_config() -> Result<()> {
     TestEnv::get().await?;
     let s = secured()?;
     let dir = tempfile::tempdir()?;
-    let config = dir.path().join("kafka.toml");
-    std::fs::write(
-        &config,
-        format!("[kafka]\n{}", scram(&s, "EXACTLY_KAFKA_SCRAM_PASSWORD", "ca.pem")),
-    )?;
+    let config = kafka_config_file(&s, dir.path())?;
     let json = dir.path().join("bench.json");
     let run = std::process::Command::new(exactly())
         .args([

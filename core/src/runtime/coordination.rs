@@ -54,10 +54,10 @@ pub(super) struct Run<'a> {
     /// input since its barrier (with what they read before): `when_caught_up`.
     pub(super) triggered: Option<CheckpointId>,
     pub(super) caught_up: BTreeMap<usize, CaughtUp>,
-    /// Sources held until a checkpoint completes (`TaskEvent::Held`; every completion releases
-    /// them all), and when to try again after a checkpoint failed while some were: they read
-    /// nothing until one completes, so the next is not left to the interval.
-    pub(super) held: BTreeSet<usize>,
+    /// Some source is held until a checkpoint completes (`TaskEvent::Held`; every completion
+    /// releases them all), and when to try again after a checkpoint failed while one was: it
+    /// reads nothing until one completes, so the next is not left to the interval.
+    pub(super) held: bool,
     pub(super) retry_held: Option<Instant>,
 }
 
@@ -270,7 +270,7 @@ impl Run<'_> {
                 }
             }
             TaskEvent::Held { task } => {
-                self.held.insert(task);
+                self.held = true;
                 // Its first checkpoint now, not after the interval; one in flight serves too (a
                 // failed one is tried again within `HELD_RETRY` while sources are held).
                 let idle = self.coordinator.as_ref().is_some_and(|c| c.pending().next().is_none());
@@ -336,7 +336,7 @@ impl Run<'_> {
         let coordinator = self.coordinator.as_mut().expect("checkpointing on");
         let subsumed = coordinator.completed(barrier.id, Instant::now());
         // The completion below releases every held source.
-        self.held.clear();
+        self.held = false;
         self.retry_held = None;
         *self.completed += 1;
         self.tracker.mark_started();
@@ -440,7 +440,7 @@ impl Run<'_> {
             });
         }
         let now = Instant::now();
-        if !self.held.is_empty() {
+        if self.held {
             self.retry_held = Some(now + HELD_RETRY);
         }
         let c = self.coordinator.as_mut().expect("checkpointing on");

@@ -427,7 +427,7 @@ impl Job {
             last_id,
             triggered: None,
             caught_up: BTreeMap::new(),
-            held: BTreeSet::new(),
+            held: false,
             retry_held: None,
         };
         let end = run.drive(&mut set, events, commands).await;
