@@ -15,10 +15,27 @@
 //! # mutual TLS: ssl.certificate.location, ssl.key.location (and ssl.key.password)
 //! ```
 //!
-//! Mechanisms: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512. (OAUTHBEARER and GSSAPI are not offered: the
-//! wire client would need token refresh and Kerberos, which the recovery path must not depend on
-//! half-done.)
+//! Mechanisms: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, and OAUTHBEARER with OpenID Connect's
+//! client-credentials grant (librdkafka's `sasl.oauthbearer.method = "oidc"`):
+//!
+//! ```toml
+//! [kafka]
+//! security.protocol = "SASL_SSL"
+//! sasl.mechanism = "OAUTHBEARER"
+//! sasl.oauthbearer.client.id = "exactly-orders"
+//! sasl.oauthbearer.client.secret = "${KAFKA_CLIENT_SECRET}"   # or sasl.oauthbearer.client.secret_file
+//! sasl.oauthbearer.token.endpoint.url = "https://idp.example.com/realms/kafka/protocol/openid-connect/token"
+//! sasl.oauthbearer.scope = "kafka"                            # optional
+//! sasl.oauthbearer.extensions = "logicalCluster=lkc-1"       # optional, key=value,...
+//! https.ca.location = "/etc/exactly/idp-ca.pem"              # optional: the token endpoint's CA
+//! ```
+//!
+//! librdkafka fetches and refreshes its clients' tokens itself (on its background thread); the
+//! wire client fetches its own from the same endpoint ([`oauth`]), keeps it until 80 % of its
+//! lifetime has passed (as librdkafka does) and fetches a new one when the broker refuses it.
+//! (GSSAPI is not offered: the wire client would need Kerberos.)
 
+pub mod oauth;
 pub mod wire;
 
 use std::path::PathBuf;
@@ -75,6 +92,9 @@ pub enum SaslMechanism {
     /// SCRAM with SHA-512.
     #[serde(rename = "SCRAM-SHA-512")]
     ScramSha512,
+    /// OAuth 2 bearer tokens (KIP-255) from an OpenID Connect token endpoint (`sasl.oauthbearer.*`).
+    #[serde(rename = "OAUTHBEARER")]
+    OauthBearer,
 }
 
 impl SaslMechanism {
@@ -84,6 +104,7 @@ impl SaslMechanism {
             SaslMechanism::Plain => "PLAIN",
             SaslMechanism::ScramSha256 => "SCRAM-SHA-256",
             SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
+            SaslMechanism::OauthBearer => "OAUTHBEARER",
         }
     }
 }
@@ -113,6 +134,73 @@ pub struct SaslSection {
     /// A file holding the password (e.g. a mounted Kubernetes Secret).
     #[serde(default)]
     pub password_file: Option<PathBuf>,
+    /// `sasl.oauthbearer.*`, for `sasl.mechanism = "OAUTHBEARER"`.
+    #[serde(default)]
+    pub oauthbearer: Option<OauthBearerSection>,
+}
+
+/// The `sasl.oauthbearer.*` keys: OpenID Connect's client-credentials grant, librdkafka's names.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OauthBearerSection {
+    /// `sasl.oauthbearer.method`: `oidc`, the only one offered (and the default here).
+    #[serde(default)]
+    pub method: Option<String>,
+    /// `sasl.oauthbearer.client.*`.
+    #[serde(default)]
+    pub client: OauthClientSection,
+    /// `sasl.oauthbearer.token.endpoint.url`.
+    #[serde(default)]
+    pub token: Option<TokenSection>,
+    /// `sasl.oauthbearer.scope`: the scope asked for (space-separated), if the provider wants one.
+    #[serde(default)]
+    pub scope: Option<String>,
+    /// `sasl.oauthbearer.extensions`: `key=value,...` sent to the broker with the token
+    /// (SASL extensions, KIP-342; e.g. Confluent Cloud's `logicalCluster` and `identityPoolId`).
+    #[serde(default)]
+    pub extensions: Option<String>,
+}
+
+/// `sasl.oauthbearer.client.*`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OauthClientSection {
+    /// `sasl.oauthbearer.client.id`.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// `sasl.oauthbearer.client.secret` (write `"${ENV_VAR}"`, not the secret).
+    #[serde(default)]
+    pub secret: Option<Secret>,
+    /// A file holding the client secret (e.g. a mounted Kubernetes Secret).
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
+}
+
+/// `sasl.oauthbearer.token.*`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenSection {
+    /// `token.endpoint.*`.
+    pub endpoint: UrlSection,
+}
+
+/// `*.url`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UrlSection {
+    /// An `http://` or `https://` URL.
+    pub url: String,
+}
+
+/// The `https.*` keys: how HTTPS endpoints other than the brokers (the OAUTHBEARER token
+/// endpoint) are trusted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpsSection {
+    /// `https.ca.location`: CA certificates (PEM) that sign the token endpoint's certificate;
+    /// without it, the system's trust store.
+    #[serde(default)]
+    pub ca: Option<Location>,
 }
 
 /// A `*.location` key.
@@ -183,6 +271,9 @@ pub struct KafkaSecurity {
     /// `ssl.*`.
     #[serde(default)]
     pub ssl: SslSection,
+    /// `https.*`.
+    #[serde(default)]
+    pub https: HttpsSection,
 }
 
 impl KafkaSecurity {
@@ -203,27 +294,41 @@ impl KafkaSecurity {
         if p.sasl() {
             let m = self.sasl.mechanism.ok_or_else(|| {
                 format!(
-                    "security.protocol {} needs sasl.mechanism (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)",
+                    "security.protocol {} needs sasl.mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER)",
                     p.name()
                 )
             })?;
-            if self.sasl.username.as_deref().unwrap_or("").is_empty() {
-                return Err(format!("sasl.mechanism {} needs sasl.username", m.name()));
-            }
-            match (&self.sasl.password, &self.sasl.password_file) {
-                (Some(_), Some(_)) => return Err("give sasl.password or sasl.password_file, not both".into()),
-                (None, None) => {
+            if m == SaslMechanism::OauthBearer {
+                self.validate_oauthbearer()?;
+            } else {
+                if self.sasl.oauthbearer.is_some() || self.https.ca.is_some() {
                     return Err(format!(
+                        "sasl.oauthbearer.* and https.* are for sasl.mechanism OAUTHBEARER, not {}",
+                        m.name()
+                    ));
+                }
+                if self.sasl.username.as_deref().unwrap_or("").is_empty() {
+                    return Err(format!("sasl.mechanism {} needs sasl.username", m.name()));
+                }
+                match (&self.sasl.password, &self.sasl.password_file) {
+                    (Some(_), Some(_)) => return Err("give sasl.password or sasl.password_file, not both".into()),
+                    (None, None) => {
+                        return Err(format!(
                         "sasl.mechanism {} needs sasl.password (e.g. \"${{KAFKA_PASSWORD}}\") or sasl.password_file",
                         m.name()
                     ))
+                    }
+                    _ => {}
                 }
-                _ => {}
+                self.password()?;
             }
-            self.password()?;
-        } else if self.sasl.mechanism.is_some() || self.sasl.username.is_some() {
+        } else if self.sasl.mechanism.is_some()
+            || self.sasl.username.is_some()
+            || self.sasl.oauthbearer.is_some()
+            || self.https.ca.is_some()
+        {
             return Err(format!(
-                "sasl.* is set but security.protocol is {} (use SASL_SSL or SASL_PLAINTEXT)",
+                "sasl.* (or https.*) is set but security.protocol is {} (use SASL_SSL or SASL_PLAINTEXT)",
                 p.name()
             ));
         }
@@ -243,6 +348,7 @@ impl KafkaSecurity {
                 self.ssl.certificate.as_ref().map(|l| &l.location),
             ),
             ("ssl.key.location", self.ssl.key.as_ref().map(|k| &k.location)),
+            ("https.ca.location", self.https.ca.as_ref().map(|l| &l.location)),
         ] {
             if let Some(path) = path {
                 std::fs::metadata(path).map_err(|e| format!("{key} {}: {e}", path.display()))?;
@@ -257,6 +363,93 @@ impl KafkaSecurity {
             }
         }
         Ok(())
+    }
+
+    /// The OAUTHBEARER settings: a client id, one client secret, an http(s) token endpoint,
+    /// extensions that parse; no username or password.
+    fn validate_oauthbearer(&self) -> Result<(), String> {
+        if self.sasl.username.is_some() || self.sasl.password.is_some() || self.sasl.password_file.is_some() {
+            return Err("sasl.mechanism OAUTHBEARER authenticates with sasl.oauthbearer.client.id and sasl.oauthbearer.client.secret, not sasl.username / sasl.password".into());
+        }
+        let o = self.sasl.oauthbearer.as_ref().ok_or(
+            "sasl.mechanism OAUTHBEARER needs sasl.oauthbearer.client.id, sasl.oauthbearer.client.secret (or .client.secret_file) and sasl.oauthbearer.token.endpoint.url",
+        )?;
+        if let Some(m) = o.method.as_deref() {
+            if m != "oidc" {
+                return Err(format!(
+                    "sasl.oauthbearer.method {m:?}: only \"oidc\" is offered (tokens from the provider's token endpoint, client-credentials grant)"
+                ));
+            }
+        }
+        if o.client.id.as_deref().unwrap_or("").is_empty() {
+            return Err("sasl.mechanism OAUTHBEARER needs sasl.oauthbearer.client.id".into());
+        }
+        match (&o.client.secret, &o.client.secret_file) {
+            (Some(_), Some(_)) => {
+                return Err("give sasl.oauthbearer.client.secret or sasl.oauthbearer.client.secret_file, not both".into())
+            }
+            (None, None) => return Err("sasl.mechanism OAUTHBEARER needs sasl.oauthbearer.client.secret (e.g. \"${KAFKA_CLIENT_SECRET}\") or sasl.oauthbearer.client.secret_file".into()),
+            _ => {}
+        }
+        self.client_secret()?;
+        let url = self
+            .token_endpoint()
+            .ok_or("sasl.mechanism OAUTHBEARER needs sasl.oauthbearer.token.endpoint.url")?;
+        if !(url.starts_with("https://") || url.starts_with("http://")) {
+            return Err(format!(
+                "sasl.oauthbearer.token.endpoint.url {url:?}: expected an https:// (or http://) URL"
+            ));
+        }
+        self.oauth_extensions()?;
+        Ok(())
+    }
+
+    /// The OAUTHBEARER client secret, from `sasl.oauthbearer.client.secret` or `.client.secret_file`.
+    pub fn client_secret(&self) -> Result<Secret, String> {
+        let c = self.sasl.oauthbearer.as_ref().map(|o| &o.client);
+        match (
+            c.and_then(|c| c.secret.as_ref()),
+            c.and_then(|c| c.secret_file.as_ref()),
+        ) {
+            (Some(s), _) => Ok(s.clone()),
+            (None, Some(f)) => Secret::from_file(f).map_err(|e| format!("sasl.oauthbearer.client.secret_file: {e}")),
+            (None, None) => Err("no sasl.oauthbearer.client.secret or sasl.oauthbearer.client.secret_file".into()),
+        }
+    }
+
+    /// `sasl.oauthbearer.token.endpoint.url`.
+    pub fn token_endpoint(&self) -> Option<&str> {
+        self.sasl
+            .oauthbearer
+            .as_ref()
+            .and_then(|o| o.token.as_ref())
+            .map(|t| t.endpoint.url.as_str())
+    }
+
+    /// `sasl.oauthbearer.extensions` as pairs (`key=value,...`; `auth` is the token's own key).
+    pub fn oauth_extensions(&self) -> Result<Vec<(String, String)>, String> {
+        let Some(text) = self.sasl.oauthbearer.as_ref().and_then(|o| o.extensions.as_deref()) else {
+            return Ok(Vec::new());
+        };
+        let mut pairs = Vec::new();
+        for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (k, v) = item
+                .split_once('=')
+                .ok_or_else(|| format!("sasl.oauthbearer.extensions: {item:?} is not key=value"))?;
+            // RFC 7628: keys are letters; values printable ASCII (no control characters).
+            if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphabetic()) || k == "auth" {
+                return Err(format!(
+                    "sasl.oauthbearer.extensions: key {k:?} must be letters only, and not \"auth\""
+                ));
+            }
+            if v.bytes().any(|b| b.is_ascii_control() || !b.is_ascii()) {
+                return Err(format!(
+                    "sasl.oauthbearer.extensions: the value of {k} must be printable ASCII"
+                ));
+            }
+            pairs.push((k.to_owned(), v.to_owned()));
+        }
+        Ok(pairs)
     }
 
     /// The SASL password, from `sasl.password` or `sasl.password_file`.
@@ -283,8 +476,33 @@ impl KafkaSecurity {
         if p.sasl() {
             let m = self.sasl.mechanism.ok_or("sasl.mechanism is not set")?;
             c.set("sasl.mechanism", m.name());
-            c.set("sasl.username", self.sasl.username.clone().unwrap_or_default());
-            c.set("sasl.password", self.password()?.expose());
+            if m == SaslMechanism::OauthBearer {
+                // librdkafka's own OIDC: it fetches the token and refreshes it (at 80 % of its
+                // lifetime) on its background thread, whatever the application polls.
+                let o = self.sasl.oauthbearer.as_ref().ok_or("sasl.oauthbearer.* is not set")?;
+                c.set("sasl.oauthbearer.method", "oidc");
+                c.set("sasl.oauthbearer.client.id", o.client.id.clone().unwrap_or_default());
+                c.set("sasl.oauthbearer.client.secret", self.client_secret()?.expose());
+                c.set(
+                    "sasl.oauthbearer.token.endpoint.url",
+                    self.token_endpoint()
+                        .ok_or("sasl.oauthbearer.token.endpoint.url is not set")?,
+                );
+                if let Some(scope) = &o.scope {
+                    c.set("sasl.oauthbearer.scope", scope);
+                }
+                let extensions = self.oauth_extensions()?;
+                if !extensions.is_empty() {
+                    let text: Vec<String> = extensions.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    c.set("sasl.oauthbearer.extensions", text.join(","));
+                }
+                if let Some(ca) = &self.https.ca {
+                    c.set("https.ca.location", ca.location.display().to_string());
+                }
+            } else {
+                c.set("sasl.username", self.sasl.username.clone().unwrap_or_default());
+                c.set("sasl.password", self.password()?.expose());
+            }
         }
         if p.tls() {
             if let Some(ca) = &self.ssl.ca {
@@ -311,7 +529,7 @@ impl KafkaSecurity {
 /// Whether a librdkafka property belongs to the security settings (and must be set there, so
 /// that every client of the job gets it, the wire-protocol client included).
 pub fn is_security_key(key: &str) -> bool {
-    key == "security.protocol" || key.starts_with("sasl.") || key.starts_with("ssl.")
+    key == "security.protocol" || key.starts_with("sasl.") || key.starts_with("ssl.") || key.starts_with("https.")
 }
 
 /// A Kafka cluster as the job reaches it: where, and how.
@@ -366,6 +584,14 @@ pub fn client_config(bootstrap_servers: &str, security: &KafkaSecurity) -> Resul
         RECONNECT_BACKOFF_MAX.as_millis().to_string(),
     );
     security.apply(&mut c)?;
+    // librdkafka quotes the value of a property it refuses ("... not supported in this build:
+    // ... sasl.oauthbearer.client.secret <the secret>"), and callers print the errors of the
+    // clients they create: the security settings are tried here, where the message can leave
+    // the value out.
+    c.create_native_config().map_err(|e| match e {
+        rdkafka::error::KafkaError::ClientConfig(_, desc, key, _) => format!("{key}: {desc}"),
+        e => e.to_string(),
+    })?;
     Ok(c)
 }
 
@@ -418,5 +644,66 @@ ssl.endpoint.identification.algorithm = "none"
         );
         assert!(e(r#"security.protocol = "TLS""#).contains("unknown variant"));
         assert!(e(r#"sasl.mechanism = "GSSAPI""#).contains("unknown variant"));
+    }
+
+    const OAUTH: &str = r#"security.protocol = "SASL_SSL"
+sasl.mechanism = "OAUTHBEARER"
+sasl.oauthbearer.client.id = "job"
+sasl.oauthbearer.client.secret = "${EXACTLY_KAFKA_CLIENT_TEST_SECRET}"
+sasl.oauthbearer.token.endpoint.url = "https://idp.example/token"
+"#;
+
+    #[test]
+    fn oauthbearer_reaches_librdkafka_as_oidc() {
+        std::env::set_var("EXACTLY_KAFKA_CLIENT_TEST_SECRET", "cl13nt");
+        let text = format!("{OAUTH}sasl.oauthbearer.scope = \"kafka\"\nsasl.oauthbearer.extensions = \"logicalCluster=lkc-1, identityPoolId=pool-2\"\n");
+        let s: KafkaSecurity = toml::from_str(&text).unwrap();
+        s.validate().unwrap();
+        let c = client_config("b:9093", &s).unwrap();
+        assert_eq!(c.get("sasl.mechanism"), Some("OAUTHBEARER"));
+        assert_eq!(c.get("sasl.oauthbearer.method"), Some("oidc"));
+        assert_eq!(c.get("sasl.oauthbearer.client.id"), Some("job"));
+        assert_eq!(c.get("sasl.oauthbearer.client.secret"), Some("cl13nt"));
+        assert_eq!(
+            c.get("sasl.oauthbearer.token.endpoint.url"),
+            Some("https://idp.example/token")
+        );
+        assert_eq!(c.get("sasl.oauthbearer.scope"), Some("kafka"));
+        assert_eq!(
+            c.get("sasl.oauthbearer.extensions"),
+            Some("logicalCluster=lkc-1,identityPoolId=pool-2")
+        );
+        assert_eq!(c.get("sasl.username"), None);
+        assert!(!format!("{s:?}").contains("cl13nt"), "{s:?}");
+    }
+
+    #[test]
+    fn oauthbearer_settings_that_do_not_fit_name_the_key() {
+        std::env::set_var("EXACTLY_KAFKA_CLIENT_TEST_SECRET", "cl13nt");
+        let e = |text: &str| {
+            toml::from_str::<KafkaSecurity>(text)
+                .map_err(|e| e.to_string())
+                .and_then(|s| s.validate())
+                .unwrap_err()
+        };
+        let without = |key: &str| {
+            OAUTH
+                .lines()
+                .filter(|l| !l.starts_with(key))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        assert!(e(&without("sasl.oauthbearer.client.id")).contains("needs sasl.oauthbearer.client.id"));
+        assert!(e(&without("sasl.oauthbearer.client.secret")).contains("needs sasl.oauthbearer.client.secret"));
+        assert!(e(&without("sasl.oauthbearer.token")).contains("needs sasl.oauthbearer.token.endpoint.url"));
+        assert!(e(&format!("{OAUTH}sasl.username = \"u\"\n")).contains("not sasl.username"));
+        assert!(e(&format!("{OAUTH}sasl.oauthbearer.method = \"default\"\n")).contains("only \"oidc\""));
+        assert!(e(&format!("{OAUTH}sasl.oauthbearer.extensions = \"a-b=1\"\n")).contains("letters only"));
+        assert!(e(&format!("{OAUTH}sasl.oauthbearer.extensions = \"novalue\"\n")).contains("not key=value"));
+        assert!(e(&format!("{OAUTH}https.ca.location = \"/nonexistent/idp.pem\"\n"))
+            .contains("https.ca.location /nonexistent/idp.pem"));
+        assert!(e(&OAUTH.replace("https://idp", "ftp://idp")).contains("expected an https://"));
+        assert!(e(&OAUTH.replace("OAUTHBEARER", "PLAIN")).contains("are for sasl.mechanism OAUTHBEARER"));
+        assert!(e("https.ca.location = \"/x.pem\"").contains("security.protocol is PLAINTEXT"));
     }
 }

@@ -183,6 +183,20 @@ impl rustls::client::danger::ServerCertVerifier for NoHostName {
 
 /// Opens a connection to `addr` (`host:port`), with TLS and SASL as `security` says.
 pub async fn connect(addr: &str, security: &KafkaSecurity, client_id: &'static str) -> Result<Connection, WireError> {
+    match connect_once(addr, security, client_id).await {
+        // The broker refused an OAUTHBEARER token (one kept from earlier may have been revoked,
+        // or signed with a key the provider has since rotated out): it was forgotten, so one
+        // more connection goes with a token fetched now before the refusal counts.
+        Err(WireError::Authentication { addr: refused_by, .. })
+            if security.sasl.mechanism == Some(crate::SaslMechanism::OauthBearer) && refused_by == addr =>
+        {
+            connect_once(addr, security, client_id).await
+        }
+        other => other,
+    }
+}
+
+async fn connect_once(addr: &str, security: &KafkaSecurity, client_id: &'static str) -> Result<Connection, WireError> {
     let transport = |what: String| WireError::Transport {
         addr: addr.to_owned(),
         what,
@@ -503,6 +517,9 @@ impl Connection {
                 handshake.error_code
             )));
         }
+        if mechanism == crate::SaslMechanism::OauthBearer {
+            return self.authenticate_oauthbearer(security).await;
+        }
         let password = security.password().map_err(WireError::Config)?;
         let config = rsasl::prelude::SASLConfig::with_credentials(
             None,
@@ -541,5 +558,54 @@ impl Connection {
             }
             input = Some(resp.auth_bytes.to_vec());
         }
+    }
+
+    /// OAUTHBEARER (RFC 7628, KIP-255): one message with a token from the provider
+    /// ([`crate::oauth`]). rsasl's client is not used here: on the broker's error challenge it
+    /// reports the exchange finished without sending the `%x01` the broker waits for. A refused
+    /// token is forgotten, so the next connection asks the provider for a new one.
+    async fn authenticate_oauthbearer(&mut self, security: &KafkaSecurity) -> Result<(), WireError> {
+        let token = crate::oauth::token(security).await?;
+        let extensions = security.oauth_extensions().map_err(WireError::Config)?;
+        let first = crate::oauth::initial_response(&token, &extensions);
+        let resp = self
+            .request(
+                &SaslAuthenticateRequest::default().with_auth_bytes(bytes::Bytes::from(first)),
+                2,
+            )
+            .await?;
+        let addr = self.addr.clone();
+        let refused = |what: String| {
+            crate::oauth::forget(security);
+            Err(WireError::Authentication {
+                addr: addr.clone(),
+                what: format!("OAUTHBEARER: {what}"),
+            })
+        };
+        if resp.error_code != 0 {
+            let msg = resp.error_message.map(|m| m.to_string()).unwrap_or_default();
+            return refused(format!("{msg} (error code {})", resp.error_code));
+        }
+        if resp.auth_bytes.is_empty() {
+            return Ok(());
+        }
+        // The broker's error (a JSON status, RFC 7628 3.2.2); it answers %x01 with the failure.
+        let challenge = String::from_utf8_lossy(&resp.auth_bytes).into_owned();
+        let last = self
+            .request(
+                &SaslAuthenticateRequest::default().with_auth_bytes(bytes::Bytes::from_static(b"\x01")),
+                2,
+            )
+            .await?;
+        let msg = last.error_message.map(|m| m.to_string()).unwrap_or_default();
+        let detail = if msg.is_empty() || msg == challenge {
+            String::new()
+        } else {
+            format!(" {msg}")
+        };
+        refused(format!(
+            "the broker refused the token: {challenge}{detail} (error code {})",
+            last.error_code
+        ))
     }
 }
