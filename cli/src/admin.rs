@@ -34,7 +34,7 @@ use exactly_core::runtime::JobControl;
 use exactly_core::secret::Secret;
 use serde::Deserialize;
 use serde_json::json;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::metrics::{prometheus, Registry};
 
@@ -71,8 +71,26 @@ pub struct AdminAccess {
 }
 
 /// The admin endpoint's TLS configuration from a PEM certificate chain and its private key;
-/// the error names the file and what is wrong with it.
+/// the error names the file and what is wrong with it. The files are read again when they change
+/// ([`ReloadingCert`]), so a renewed certificate (cert-manager, a mounted Secret) is served
+/// without a restart.
 pub fn server_tls(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let resolver = ReloadingCert::new(cert, key, provider.clone())?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(resolver));
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The certificate chain and key of `cert` and `key`, checked against each other.
+fn certified_key(
+    cert: &Path,
+    key: &Path,
+    provider: &rustls::crypto::CryptoProvider,
+) -> Result<Arc<rustls::sign::CertifiedKey>> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::PrivateKeyDer;
     let chain = pem_certificates(cert, "admin_tls_cert")?;
@@ -82,20 +100,95 @@ pub fn server_tls(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>> 
             key.display()
         )
     })?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(chain, key_der)
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "admin_tls_cert {} with admin_tls_key {}: {e}",
-                cert.display(),
-                key.display()
-            )
-        })?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    let certified = rustls::sign::CertifiedKey::from_der(chain, key_der, provider).map_err(|e| {
+        anyhow::anyhow!(
+            "admin_tls_cert {} with admin_tls_key {}: {e}",
+            cert.display(),
+            key.display()
+        )
+    })?;
+    Ok(Arc::new(certified))
+}
+
+/// How often a handshake looks whether the certificate files changed.
+const CERT_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Serves the certificate of two PEM files and reads them again when either changes (its
+/// modification time or size, followed through symbolic links as Kubernetes swaps a mounted
+/// Secret's): looked at during a handshake, at most once a second. A pair that does not load (a
+/// half-written renewal, a key of another certificate) is logged and the served one kept; it is
+/// tried again at the next change.
+struct ReloadingCert {
+    cert: PathBuf,
+    key: PathBuf,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    state: std::sync::Mutex<CertState>,
+}
+
+struct CertState {
+    served: Arc<rustls::sign::CertifiedKey>,
+    /// The files' (modification time, size) when last read.
+    seen: Option<[(std::time::SystemTime, u64); 2]>,
+    checked: std::time::Instant,
+}
+
+impl std::fmt::Debug for ReloadingCert {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReloadingCert")
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
+fn file_stamp(path: &Path) -> Option<(std::time::SystemTime, u64)> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len()))
+}
+
+impl ReloadingCert {
+    fn new(cert: &Path, key: &Path, provider: Arc<rustls::crypto::CryptoProvider>) -> Result<Self> {
+        let seen = Self::stamps(cert, key);
+        let served = certified_key(cert, key, &provider)?;
+        Ok(ReloadingCert {
+            cert: cert.to_owned(),
+            key: key.to_owned(),
+            provider,
+            state: std::sync::Mutex::new(CertState {
+                served,
+                seen,
+                checked: std::time::Instant::now(),
+            }),
+        })
+    }
+
+    fn stamps(cert: &Path, key: &Path) -> Option<[(std::time::SystemTime, u64); 2]> {
+        Some([file_stamp(cert)?, file_stamp(key)?])
+    }
+}
+
+impl rustls::server::ResolvesServerCert for ReloadingCert {
+    fn resolve(&self, _hello: rustls::server::ClientHello<'_>) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.checked.elapsed() >= CERT_CHECK_INTERVAL {
+            state.checked = std::time::Instant::now();
+            let now = Self::stamps(&self.cert, &self.key);
+            if now.is_some() && now != state.seen {
+                state.seen = now;
+                match certified_key(&self.cert, &self.key, &self.provider) {
+                    Ok(k) => {
+                        info!(cert = %self.cert.display(), "The admin endpoint's certificate changed on disk; serving the new one.");
+                        state.served = k;
+                    }
+                    Err(e) => warn!(
+                        error = %format!("{e:#}"),
+                        "The admin endpoint's certificate files changed but do not load; serving the previous certificate until they change again."
+                    ),
+                }
+            }
+        }
+        Some(state.served.clone())
+    }
 }
 
 /// The certificates of a PEM file (`what` names the setting in errors); none is an error.

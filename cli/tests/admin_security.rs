@@ -3,7 +3,9 @@
 //! savepoint path outside the job's savepoint root is refused, a request from a page of another
 //! origin is refused, and neither `/status` nor the log shows the token; a non-loopback admin
 //! address without a token is refused at start; with a certificate and key the endpoint speaks
-//! HTTPS only, and the commands reach it trusting the CA in `$EXACTLY_ADMIN_CA`.
+//! HTTPS only, and the commands reach it trusting the CA in `$EXACTLY_ADMIN_CA`; a renewed
+//! certificate is served without a restart, and a renewal that does not load is logged while the
+//! served certificate stays.
 
 mod common;
 
@@ -244,5 +246,102 @@ async fn the_admin_endpoint_with_tls_speaks_https_only() -> Result<()> {
         "the log names the HTTPS address"
     );
     assert!(!job.tail(100_000).contains(TOKEN), "the log shows no token");
+    Ok(())
+}
+
+/// `exactly status --admin https://…` trusting `ca`: whether it succeeded, and what it said.
+fn https_status(port: u16, ca: &std::path::Path) -> Result<(bool, String)> {
+    let out = cmd()
+        .env("EXACTLY_ADMIN_CA", ca)
+        .args(["status", "--admin", &format!("https://127.0.0.1:{port}")])
+        .output()?;
+    Ok((out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned()))
+}
+
+/// Waits up to 60 s for `ok`, failing if the job exits first.
+fn until(
+    job: &mut exactly_integration_tests::ChildJob,
+    what: &str,
+    mut ok: impl FnMut(&mut exactly_integration_tests::ChildJob) -> Result<bool>,
+) -> Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !ok(job)? {
+        assert!(job.running(), "the job exited:\n{}", job.tail(40));
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} not within 60 s:\n{}",
+            job.tail(40)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
+/// Replaces `to` by a copy of `from` the way certificate tools do (a new file renamed over it).
+fn renew(from: &std::path::Path, to: &std::path::Path) -> Result<()> {
+    let tmp = to.with_extension("renewing");
+    std::fs::copy(from, &tmp)?;
+    std::fs::rename(&tmp, to)?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewed_admin_certificate_is_served_without_a_restart() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let dir_of = |var: &str, file: bool| -> Result<std::path::PathBuf> {
+        let v = std::env::var(var).map_err(|_| {
+            anyhow::anyhow!(
+                "{var} is not set: this test uses the certificates `scripts/services up` makes (then `eval \"$(scripts/services env)\"`)"
+            )
+        })?;
+        let p = std::path::PathBuf::from(v);
+        Ok(if file { p.parent().unwrap_or(&p).to_owned() } else { p })
+    };
+    // Two certificates for 127.0.0.1 from two test CAs: the broker's and MariaDB's.
+    let first = dir_of("EXACTLY_KAFKA_TLS_DIR", false)?;
+    let second = dir_of("EXACTLY_MYSQL_TLS_CA", true)?;
+    let (dir, file, port) = job_with_admin(env, "adm-renew").await?;
+    let (cert, key) = (dir.path().join("admin.pem"), dir.path().join("admin.key"));
+    std::fs::copy(first.join("broker.pem"), &cert)?;
+    std::fs::copy(first.join("broker-pkcs8.key"), &key)?;
+    let admin_line = format!("admin = \"127.0.0.1:{port}\"");
+    let text = std::fs::read_to_string(&file)?.replace(
+        &admin_line,
+        &format!(
+            "{admin_line}\nadmin_tls_cert = \"{}\"\nadmin_tls_key = \"{}\"",
+            cert.display(),
+            key.display()
+        ),
+    );
+    std::fs::write(&file, text)?;
+    let mut job = spawn_run(&file, &[], "")?;
+    until(&mut job, "status over HTTPS with the first certificate", |_| {
+        Ok(https_status(port, &first.join("ca.pem"))?.0)
+    })?;
+
+    // Renewed by another CA, certificate first, then its key: served once both are in place.
+    renew(&second.join("server.pem"), &cert)?;
+    renew(&second.join("server.key"), &key)?;
+    until(&mut job, "the renewed certificate", |_| {
+        Ok(https_status(port, &second.join("ca.pem"))?.0)
+    })?;
+    let (ok, said) = https_status(port, &first.join("ca.pem"))?;
+    assert!(
+        !ok && said.to_lowercase().contains("certificate"),
+        "the old CA still trusted: {said}"
+    );
+
+    // A renewal that does not load (a truncated certificate): logged at the next handshake a
+    // second on, the served certificate kept.
+    std::fs::write(&cert, "-----BEGIN CERTIFICATE-----\ntruncated\n")?;
+    std::thread::sleep(Duration::from_millis(1500));
+    for _ in 0..2 {
+        let (ok, said) = https_status(port, &second.join("ca.pem"))?;
+        assert!(ok, "a broken renewal stopped the endpoint: {said}\n{}", job.tail(40));
+    }
+    until(&mut job, "the warning about the broken files", |job| {
+        Ok(job.tail(100_000).contains("do not load"))
+    })?;
+    job.kill();
     Ok(())
 }
