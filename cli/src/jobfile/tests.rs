@@ -222,10 +222,17 @@ fn line(src: &str, needle: &str) -> usize {
 fn secrets_are_masked_but_references_and_files_shown() {
     let src = "[job]\nadmin_token = \"abc\"\nadmin_token_file = \"/run/t\"\n[kafka]\nsasl.password = \"hunter2\"\n\
                ssl.key.password = \"${KEY_PASS}\"\n[sink.mysql]\nurl = \"mysql://app:s3cret@db:3306/x\"\n\
-               other = \"mysql://app:${P}@db/x\"\nname = \"orders\"\nsasl = { username = \"u\", password = \"pw9\" }\n";
+               other = \"mysql://app:${P}@db/x\"\nname = \"orders\"\nsasl = { username = \"u\", password = \"pw9\" }\n\
+               sasl.oauthbearer.client.secret = \"cl13nt\"\n\
+               sasl.oauthbearer.token.endpoint.url = \"https://u:tok3n@idp.example/realms/k/token\"\n";
     let m = masked(src);
     assert!(
-        !m.contains("abc") && !m.contains("hunter2") && !m.contains("s3cret") && !m.contains("pw9"),
+        !m.contains("abc")
+            && !m.contains("hunter2")
+            && !m.contains("s3cret")
+            && !m.contains("pw9")
+            && !m.contains("cl13nt")
+            && !m.contains("tok3n"),
         "{m}"
     );
     assert!(m.contains("admin_token = \"***\"\n"), "{m}");
@@ -235,6 +242,8 @@ fn secrets_are_masked_but_references_and_files_shown() {
         "{m}"
     );
     assert!(m.contains("name = \"orders\""), "{m}");
+    // The token endpoint's address stays readable (only its userinfo is hidden).
+    assert!(m.contains("https://u:***@idp.example/realms/k/token"), "{m}");
     assert_eq!(m.lines().count(), src.lines().count());
 }
 

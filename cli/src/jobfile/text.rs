@@ -81,6 +81,8 @@ pub fn masked(src: &str) -> String {
                 && !k.starts_with('#')
                 && !k.ends_with("_file")
                 && !k.ends_with(".location")
+                // An address (`sasl.oauthbearer.token.endpoint.url`): its userinfo is masked below.
+                && !k.ends_with(".url")
                 && !v.starts_with("\"${")
             {
                 let end = if line.ends_with('\n') { "\n" } else { "" };
