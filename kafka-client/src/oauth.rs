@@ -97,6 +97,11 @@ fn fetch((url, client_id, scope): &Key, secret: &str, ca: Option<&std::path::Pat
         .timeout_global(Some(REQUEST_TIMEOUT));
     if url.starts_with("https://") {
         config = config.tls_config(tls(ca)?);
+    } else if !loopback(url) {
+        tracing::warn!(
+            endpoint = %url,
+            "The OAUTHBEARER token endpoint is plain http:// on another host: the client secret and the tokens cross the network readable. Use https://."
+        );
     }
     let agent: ureq::Agent = config.build().into();
     let basic = base64::engine::general_purpose::STANDARD.encode(format!("{client_id}:{secret}"));
@@ -153,6 +158,19 @@ fn fetch((url, client_id, scope): &Key, secret: &str, ca: Option<&std::path::Pat
     })
 }
 
+/// Whether an `http://` URL names this machine (127.0.0.0/8, ::1, localhost).
+fn loopback(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = if let Some(h) = host_port.strip_prefix('[') {
+        h.split(']').next().unwrap_or_default()
+    } else {
+        host_port.rsplit_once(':').map_or(host_port, |(h, _)| h)
+    };
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
 /// TLS for the token endpoint: the CA certificates of `https.ca.location`, else the system's.
 fn tls(ca: Option<&std::path::Path>) -> Result<ureq::tls::TlsConfig, WireError> {
     let roots: Vec<CertificateDer<'static>> = match ca {
@@ -195,6 +213,26 @@ pub(crate) fn initial_response(token: &str, extensions: &[(String, String)]) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loopback_addresses_are_told_apart() {
+        for u in [
+            "http://127.0.0.1:8080/t",
+            "http://localhost/t",
+            "http://[::1]:80/t",
+            "http://u:p@127.0.0.2/t",
+        ] {
+            assert!(loopback(u), "{u}");
+        }
+        for u in [
+            "http://idp.example/t",
+            "http://10.0.0.1:8080/t",
+            "http://[2001:db8::1]/t",
+            "http://localhost.example/t",
+        ] {
+            assert!(!loopback(u), "{u}");
+        }
+    }
 
     #[test]
     fn the_initial_response_is_rfc_7628s() {
