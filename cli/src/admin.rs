@@ -588,19 +588,9 @@ fn json_answer(admin: &str, path: &str, post: bool) -> Result<serde_json::Value>
 /// How the `exactly` commands check an admin endpoint's certificate (`https://` addresses): against
 /// the CA certificates in `$EXACTLY_ADMIN_CA` (a PEM file), or else the system's trust store.
 fn client_tls() -> Result<ureq::tls::TlsConfig> {
-    let roots: Vec<rustls_pki_types::CertificateDer<'static>> = match std::env::var_os("EXACTLY_ADMIN_CA") {
-        Some(ca) if !ca.is_empty() => pem_certificates(Path::new(&ca), "EXACTLY_ADMIN_CA")?,
-        _ => rustls_native_certs::load_native_certs().certs,
-    };
-    let roots: Vec<ureq::tls::Certificate<'static>> = roots
-        .iter()
-        .map(|c| ureq::tls::Certificate::from_der(c.as_ref()).to_owned())
-        .collect();
-    Ok(ureq::tls::TlsConfig::builder()
-        .provider(ureq::tls::TlsProvider::Rustls)
-        .root_certs(ureq::tls::RootCerts::new_with_certs(&roots))
-        .unversioned_rustls_crypto_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .build())
+    let ca = std::env::var_os("EXACTLY_ADMIN_CA").filter(|ca| !ca.is_empty());
+    exactly_kafka_client::https::client_tls(ca.as_deref().map(Path::new), "EXACTLY_ADMIN_CA")
+        .map_err(|e| anyhow::anyhow!(e))
 }
 
 fn request(admin: &str, path: &str, post: bool) -> Result<(axum::http::StatusCode, String, String)> {

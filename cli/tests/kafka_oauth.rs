@@ -87,22 +87,30 @@ sasl.oauthbearer.token.endpoint.url = "{url}"
     s
 }
 
+/// Fresh two-partition topics `NAME-in` and `NAME-out` and a k2k job file between them over the
+/// OAUTHBEARER listener (the real client secret, referenced): input, output, the job's directory
+/// and the arguments of `exactly run`.
+async fn oauth_job(env: &TestEnv, o: &OAuth, name: &str) -> Result<(String, String, tempfile::TempDir, Vec<String>)> {
+    let input = unique(&format!("{name}-in"));
+    let output = unique(&format!("{name}-out"));
+    create_topic(env, &input, 2).await?;
+    create_topic(env, &output, 2).await?;
+    let dir = tempfile::tempdir()?;
+    let args = Job {
+        bootstrap: Some(o.sasl_ssl.clone()),
+        kafka: Some(settings(o, "EXACTLY_OAUTH_CLIENT_SECRET", Some(&o.idp_ca))),
+        ..Job::new(&input, &output)
+    }
+    .write(env, dir.path(), "k2k");
+    Ok((input, output, dir, args))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oauthbearer_job_is_exactly_once_across_a_sigkill_before_its_commits() -> Result<()> {
     let env = TestEnv::get().await?;
     let o = oauth()?;
     let secret = std::env::var("EXACTLY_OAUTH_CLIENT_SECRET").context("EXACTLY_OAUTH_CLIENT_SECRET")?;
-    let input = unique("oauth-in");
-    let output = unique("oauth-out");
-    create_topic(env, &input, 2).await?;
-    create_topic(env, &output, 2).await?;
-    let dir = tempfile::tempdir()?;
-    let spec = Job {
-        bootstrap: Some(o.sasl_ssl.clone()),
-        kafka: Some(settings(&o, "EXACTLY_OAUTH_CLIENT_SECRET", Some(&o.idp_ca))),
-        ..Job::new(&input, &output)
-    };
-    let args = spec.write(env, dir.path(), "k2k");
+    let (input, output, _dir, args) = oauth_job(env, &o, "oauth").await?;
     let job_file = std::fs::read_to_string(&args[1])?;
     assert!(
         !job_file.contains(&secret),
@@ -132,17 +140,7 @@ async fn oauthbearer_job_is_exactly_once_across_a_sigkill_before_its_commits() -
 async fn a_job_outlives_its_tokens_without_a_restart() -> Result<()> {
     let env = TestEnv::get().await?;
     let o = oauth()?;
-    let input = unique("oauth3-in");
-    let output = unique("oauth3-out");
-    create_topic(env, &input, 2).await?;
-    create_topic(env, &output, 2).await?;
-    let dir = tempfile::tempdir()?;
-    let spec = Job {
-        bootstrap: Some(o.sasl_ssl.clone()),
-        kafka: Some(settings(&o, "EXACTLY_OAUTH_CLIENT_SECRET", Some(&o.idp_ca))),
-        ..Job::new(&input, &output)
-    };
-    let args = spec.write(env, dir.path(), "k2k");
+    let (input, output, _dir, args) = oauth_job(env, &o, "oauth3").await?;
     let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
     let feeder = feed(env, &input, next.clone());
     let mut job = ChildJob::spawn(exactly(), &args, "")?;

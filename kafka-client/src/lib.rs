@@ -35,6 +35,7 @@
 //! lifetime has passed (as librdkafka does) and fetches a new one when the broker refuses it.
 //! (GSSAPI is not offered: the wire client would need Kerberos.)
 
+pub mod https;
 pub mod oauth;
 pub mod wire;
 

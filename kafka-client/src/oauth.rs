@@ -7,12 +7,10 @@
 //! connection asks for a new one.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::CertificateDer;
 
 use crate::wire::WireError;
 use crate::KafkaSecurity;
@@ -173,30 +171,7 @@ fn loopback(url: &str) -> bool {
 
 /// TLS for the token endpoint: the CA certificates of `https.ca.location`, else the system's.
 fn tls(ca: Option<&std::path::Path>) -> Result<ureq::tls::TlsConfig, WireError> {
-    let roots: Vec<CertificateDer<'static>> = match ca {
-        Some(path) => {
-            let certs = CertificateDer::pem_file_iter(path)
-                .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| WireError::Config(format!("https.ca.location {}: {e}", path.display())))?;
-            if certs.is_empty() {
-                return Err(WireError::Config(format!(
-                    "https.ca.location {}: no certificate in it (expected PEM)",
-                    path.display()
-                )));
-            }
-            certs
-        }
-        None => rustls_native_certs::load_native_certs().certs,
-    };
-    let roots: Vec<ureq::tls::Certificate<'static>> = roots
-        .iter()
-        .map(|c| ureq::tls::Certificate::from_der(c.as_ref()).to_owned())
-        .collect();
-    Ok(ureq::tls::TlsConfig::builder()
-        .provider(ureq::tls::TlsProvider::Rustls)
-        .root_certs(ureq::tls::RootCerts::new_with_certs(&roots))
-        .unversioned_rustls_crypto_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .build())
+    crate::https::client_tls(ca, "https.ca.location").map_err(WireError::Config)
 }
 
 /// The client's first (and only) SASL message (RFC 7628 3.1): the GS2 header, the token, the
