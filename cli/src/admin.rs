@@ -93,7 +93,7 @@ fn certified_key(
 ) -> Result<Arc<rustls::sign::CertifiedKey>> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::PrivateKeyDer;
-    let chain = pem_certificates(cert, "admin_tls_cert")?;
+    let chain = exactly_kafka_client::https::pem_certificates(cert, "admin_tls_cert").map_err(anyhow::Error::msg)?;
     let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
         anyhow::anyhow!(
             "admin_tls_key {}: {e} (expected an unencrypted PKCS#8, PKCS#1 or SEC1 key in PEM)",
@@ -189,18 +189,6 @@ impl rustls::server::ResolvesServerCert for ReloadingCert {
         }
         Some(state.served.clone())
     }
-}
-
-/// The certificates of a PEM file (`what` names the setting in errors); none is an error.
-fn pem_certificates(path: &Path, what: &str) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>> {
-    use rustls_pki_types::pem::PemObject;
-    let certs = rustls_pki_types::CertificateDer::pem_file_iter(path)
-        .and_then(|i| i.collect::<std::result::Result<Vec<_>, _>>())
-        .map_err(|e| anyhow::anyhow!("{what} {}: {e}", path.display()))?;
-    if certs.is_empty() {
-        bail!("{what} {}: no certificate in it (expected PEM)", path.display());
-    }
-    Ok(certs)
 }
 
 /// How long a client may take over its TLS handshake.
