@@ -18,7 +18,11 @@
 //! With `job.admin_tls_cert` and `job.admin_tls_key` the endpoint speaks HTTPS only (TLS 1.2 and
 //! 1.3, rustls): a token sent to it is not readable on the network. The `exactly` commands reach it
 //! with `--admin https://HOST:PORT`, trusting the CA in `$EXACTLY_ADMIN_CA` (a PEM file) or else the
-//! system's store.
+//! system's store. With `job.admin_tls_client_ca` too, clients authenticate with certificates
+//! (mutual TLS): a certificate that CA did not sign ends the handshake, and a connection without
+//! one gets only `GET /healthz` (probes present none); the commands present the certificate and
+//! key in `$EXACTLY_ADMIN_CLIENT_CERT` and `$EXACTLY_ADMIN_CLIENT_KEY`. The token, when one is
+//! configured, is required as well; a non-loopback address needs a token or client certificates.
 
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
@@ -50,6 +54,8 @@ struct AdminState {
     token: Option<Secret>,
     /// Listening on a loopback address only.
     loopback: bool,
+    /// Clients must present a certificate the client CA verified (mutual TLS).
+    client_certs: bool,
 }
 
 /// Where a job's savepoints go.
@@ -68,19 +74,42 @@ pub struct AdminAccess {
     pub token: Option<Secret>,
     /// Serve HTTPS with this configuration ([`server_tls`]).
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// `tls` asks clients for certificates (`server_tls` with a client CA).
+    pub client_certs: bool,
 }
 
-/// The admin endpoint's TLS configuration from a PEM certificate chain and its private key;
-/// the error names the file and what is wrong with it. The files are read again when they change
-/// ([`ReloadingCert`]), so a renewed certificate (cert-manager, a mounted Secret) is served
-/// without a restart.
-pub fn server_tls(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>> {
+/// The admin endpoint's TLS configuration from a PEM certificate chain and its private key, and
+/// with `client_ca` (a PEM file of CA certificates) asking clients for a certificate one of them
+/// signed; the error names the file and what is wrong with it. The certificate files are read
+/// again when they change ([`ReloadingCert`]), so a renewed certificate (cert-manager, a mounted
+/// Secret) is served without a restart; the client CA is read at start.
+pub fn server_tls(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<Arc<rustls::ServerConfig>> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let resolver = ReloadingCert::new(cert, key, provider.clone())?;
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_cert_resolver(Arc::new(resolver));
+    let builder =
+        rustls::ServerConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions()?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in
+                exactly_kafka_client::https::pem_certificates(ca, "admin_tls_client_ca").map_err(anyhow::Error::msg)?
+            {
+                roots
+                    .add(c)
+                    .map_err(|e| anyhow::anyhow!("admin_tls_client_ca {}: {e}", ca.display()))?;
+            }
+            // A client without a certificate completes the handshake (a probe's `GET /healthz`);
+            // `guard` refuses it everything else. One with a certificate the CA did not sign is
+            // refused during the handshake.
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| anyhow::anyhow!("admin_tls_client_ca {}: {e}", ca.display()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder.with_cert_resolver(Arc::new(resolver));
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
@@ -286,6 +315,28 @@ pub fn savepoint_target(root: &Path, asked: &Path) -> std::result::Result<PathBu
     Ok(target)
 }
 
+/// What `guard` knows of a connection: whether its client presented a certificate that the client
+/// CA verified (the handshake refuses any other certificate).
+#[derive(Debug, Clone, Copy)]
+struct Peer {
+    certified: bool,
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>> for Peer {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
+        let certs = stream.io().get_ref().1.peer_certificates();
+        Peer {
+            certified: certs.is_some_and(|c| !c.is_empty()),
+        }
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>> for Peer {
+    fn connect_info(_: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Self {
+        Peer { certified: false }
+    }
+}
+
 /// Compares in time independent of where the first difference is.
 fn same_secret(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
@@ -294,8 +345,22 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Refuses cross-origin browser requests and requests without the token where one is needed.
+/// Refuses cross-origin browser requests, requests without a client certificate where one is
+/// needed and requests without the token where one is needed.
 async fn guard(State(s): State<Arc<AdminState>>, req: Request, next: Next) -> Response {
+    let probe = req.uri().path() == "/healthz" && req.method() == Method::GET;
+    if s.client_certs && !probe {
+        let certified = req
+            .extensions()
+            .get::<axum::extract::ConnectInfo<Peer>>()
+            .is_some_and(|c| c.0.certified);
+        if !certified {
+            return failure(
+                StatusCode::UNAUTHORIZED,
+                "a client certificate is required (one signed by the CA of job.admin_tls_client_ca; `exactly` commands present $EXACTLY_ADMIN_CLIENT_CERT with $EXACTLY_ADMIN_CLIENT_KEY)".into(),
+            );
+        }
+    }
     let headers = req.headers();
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
     if let Some(origin) = headers.get(header::ORIGIN).and_then(|o| o.to_str().ok()) {
@@ -465,16 +530,16 @@ async fn stop(State(s): State<Arc<AdminState>>, Query(q): Query<StopQuery>) -> R
     }
 }
 
-/// Refuses a non-loopback `addr` without a token; returns whether `addr` is a loopback address.
-/// `exactly run` calls it before the job starts.
+/// Refuses a non-loopback `addr` without a token or client certificates; returns whether `addr`
+/// is a loopback address. `exactly run` calls it before the job starts.
 pub fn check_access(addr: &str, access: &AdminAccess) -> Result<bool> {
     let parsed: std::net::SocketAddr = addr
         .parse()
         .with_context(|| format!("admin address {addr:?}: expected ip:port, e.g. 127.0.0.1:9249"))?;
     let loopback = parsed.ip().is_loopback();
-    if !loopback && access.token.is_none() {
+    if !loopback && access.token.is_none() && !access.client_certs {
         bail!(
-            "refusing to serve the admin endpoint on {addr} without a token: anyone who reaches it could stop the job; set job.admin_token (e.g. \"${{EXACTLY_ADMIN_TOKEN}}\") or job.admin_token_file, or listen on 127.0.0.1"
+            "refusing to serve the admin endpoint on {addr} without a token: anyone who reaches it could stop the job; set job.admin_token (e.g. \"${{EXACTLY_ADMIN_TOKEN}}\") or job.admin_token_file (or client certificates: job.admin_tls_client_ca), or listen on 127.0.0.1"
         );
     }
     Ok(loopback)
@@ -500,6 +565,7 @@ pub async fn serve(
         job_file,
         token: access.token,
         loopback,
+        client_certs: access.client_certs && access.tls.is_some(),
     });
     let app = Router::new()
         .route("/", routing::get(page))
@@ -534,9 +600,10 @@ fn spawn_serving<L>(listener: L, app: Router) -> tokio::task::JoinHandle<()>
 where
     L: axum::serve::Listener,
     L::Addr: std::fmt::Debug,
+    Peer: for<'a> axum::extract::connect_info::Connected<axum::serve::IncomingStream<'a, L>>,
 {
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
+        if let Err(e) = axum::serve(listener, app.into_make_service_with_connect_info::<Peer>()).await {
             tracing::warn!(error = %e, "The admin endpoint stopped.");
         }
     })
@@ -574,10 +641,26 @@ fn json_answer(admin: &str, path: &str, post: bool) -> Result<serde_json::Value>
 }
 
 /// How the `exactly` commands check an admin endpoint's certificate (`https://` addresses): against
-/// the CA certificates in `$EXACTLY_ADMIN_CA` (a PEM file), or else the system's trust store.
+/// the CA certificates in `$EXACTLY_ADMIN_CA` (a PEM file), or else the system's trust store; the
+/// certificate they present when it asks for one is `$EXACTLY_ADMIN_CLIENT_CERT` with its key in
+/// `$EXACTLY_ADMIN_CLIENT_KEY`.
 fn client_tls() -> Result<ureq::tls::TlsConfig> {
-    let ca = std::env::var_os("EXACTLY_ADMIN_CA").filter(|ca| !ca.is_empty());
-    exactly_kafka_client::https::client_tls(ca.as_deref().map(Path::new), "EXACTLY_ADMIN_CA")
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    let ca = var("EXACTLY_ADMIN_CA");
+    let identity = match (var("EXACTLY_ADMIN_CLIENT_CERT"), var("EXACTLY_ADMIN_CLIENT_KEY")) {
+        (Some(cert), Some(key)) => Some(
+            exactly_kafka_client::https::client_identity(
+                Path::new(&cert),
+                Path::new(&key),
+                "EXACTLY_ADMIN_CLIENT_CERT/EXACTLY_ADMIN_CLIENT_KEY",
+            )
+            .map_err(anyhow::Error::msg)?,
+        ),
+        (None, None) => None,
+        (Some(_), None) => bail!("EXACTLY_ADMIN_CLIENT_CERT is set but not EXACTLY_ADMIN_CLIENT_KEY (its private key)"),
+        (None, Some(_)) => bail!("EXACTLY_ADMIN_CLIENT_KEY is set but not EXACTLY_ADMIN_CLIENT_CERT (the certificate)"),
+    };
+    exactly_kafka_client::https::client_tls(ca.as_deref().map(Path::new), "EXACTLY_ADMIN_CA", identity)
         .map_err(|e| anyhow::anyhow!(e))
 }
 
@@ -613,10 +696,47 @@ fn request(admin: &str, path: &str, post: bool) -> Result<(axum::http::StatusCod
         }
         r.call()
     };
-    let mut resp = sent.with_context(|| {
-        format!("cannot reach the job's admin endpoint at {base}: is the job running with `admin` set?")
+    let mut resp = sent.map_err(|e| {
+        let said = e.to_string();
+        // A refused handshake is about certificates, not about whether the job runs.
+        if said.contains("alert") || said.to_lowercase().contains("certificate") {
+            anyhow::Error::new(e).context(format!(
+                "the TLS handshake with the job's admin endpoint at {base} failed: $EXACTLY_ADMIN_CA must hold the CA of its certificate, and where it asks for client certificates $EXACTLY_ADMIN_CLIENT_CERT and $EXACTLY_ADMIN_CLIENT_KEY must be one its admin_tls_client_ca signed"
+            ))
+        } else {
+            anyhow::Error::new(e).context(format!(
+                "cannot reach the job's admin endpoint at {base}: is the job running with `admin` set?"
+            ))
+        }
     })?;
     let status = resp.status();
     let body = resp.body_mut().read_to_string().context("reading the answer")?;
     Ok((status, body, url))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_non_loopback_address_needs_a_token_or_client_certificates() {
+        let open = AdminAccess::default();
+        let err = check_access("0.0.0.0:9249", &open).unwrap_err().to_string();
+        assert!(
+            err.contains("without a token") && err.contains("admin_tls_client_ca"),
+            "{err}"
+        );
+        assert!(check_access("127.0.0.1:9249", &open).unwrap());
+        let token = AdminAccess {
+            token: Some(Secret::new("t")),
+            ..AdminAccess::default()
+        };
+        assert!(!check_access("0.0.0.0:9249", &token).unwrap());
+        let certs = AdminAccess {
+            client_certs: true,
+            ..AdminAccess::default()
+        };
+        assert!(!check_access("0.0.0.0:9249", &certs).unwrap());
+        assert!(check_access("localhost:9249", &open).is_err(), "an address is ip:port");
+    }
 }

@@ -66,7 +66,8 @@ enum Command {
     /// Take a savepoint of a running job (through its admin endpoint); prints its directory.
     Savepoint {
         /// The job's admin address: host:port, or https://host:port for an endpoint with TLS
-        /// (trusting the CA file in $EXACTLY_ADMIN_CA, else the system's store).
+        /// (trusting the CA file in $EXACTLY_ADMIN_CA, else the system's store; presenting
+        /// $EXACTLY_ADMIN_CLIENT_CERT with $EXACTLY_ADMIN_CLIENT_KEY where it asks for one).
         #[arg(long)]
         admin: String,
         /// Where to write it: a directory under the job's savepoint root
@@ -78,7 +79,8 @@ enum Command {
     /// Stop a running job gracefully: final checkpoint (or savepoint) and commits.
     Stop {
         /// The job's admin address: host:port, or https://host:port for an endpoint with TLS
-        /// (trusting the CA file in $EXACTLY_ADMIN_CA, else the system's store).
+        /// (trusting the CA file in $EXACTLY_ADMIN_CA, else the system's store; presenting
+        /// $EXACTLY_ADMIN_CLIENT_CERT with $EXACTLY_ADMIN_CLIENT_KEY where it asks for one).
         #[arg(long)]
         admin: String,
         /// Stop with a savepoint written here (under the job's savepoint root, as for
@@ -89,7 +91,8 @@ enum Command {
     /// Print the JSON status of a running job.
     Status {
         /// The job's admin address: host:port, or https://host:port for an endpoint with TLS
-        /// (trusting the CA file in $EXACTLY_ADMIN_CA, else the system's store).
+        /// (trusting the CA file in $EXACTLY_ADMIN_CA, else the system's store; presenting
+        /// $EXACTLY_ADMIN_CLIENT_CERT with $EXACTLY_ADMIN_CLIENT_KEY where it asks for one).
         #[arg(long)]
         admin: String,
     },

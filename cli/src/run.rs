@@ -277,6 +277,7 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
     let access = admin::AdminAccess {
         token: job.admin_token()?,
         tls: job.admin_tls()?,
+        client_certs: f.job.admin_tls_client_ca.is_some(),
     };
     if let Some(addr) = &admin_addr {
         admin::check_access(addr, &access)?;

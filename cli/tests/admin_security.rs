@@ -5,7 +5,8 @@
 //! address without a token is refused at start; with a certificate and key the endpoint speaks
 //! HTTPS only, and the commands reach it trusting the CA in `$EXACTLY_ADMIN_CA`; a renewed
 //! certificate is served without a restart, and a renewal that does not load is logged while the
-//! served certificate stays.
+//! served certificate stays; with a client CA only clients with its certificates get more than
+//! `/healthz`.
 
 mod common;
 
@@ -343,5 +344,142 @@ async fn a_renewed_admin_certificate_is_served_without_a_restart() -> Result<()>
         Ok(job.tail(100_000).contains("do not load"))
     })?;
     job.kill();
+    Ok(())
+}
+
+/// `exactly status` against the endpoint on `port`, trusting `ca`, with these extra environment
+/// variables: whether it succeeded, and what it said.
+fn status_with(port: u16, ca: &std::path::Path, env: &[(&str, &std::path::Path)]) -> Result<(bool, String)> {
+    let mut c = cmd();
+    c.env_remove("EXACTLY_ADMIN_CLIENT_CERT")
+        .env_remove("EXACTLY_ADMIN_CLIENT_KEY")
+        .env("EXACTLY_ADMIN_CA", ca);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c
+        .args(["status", "--admin", &format!("https://127.0.0.1:{port}")])
+        .output()?;
+    Ok((out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned()))
+}
+
+/// With `admin_tls_client_ca` the endpoint asks for client certificates (mutual TLS): a client
+/// certificate of the local broker's test CA (`scripts/services` makes it for the broker's SSL
+/// listener) gets status, a savepoint and a stop through the commands
+/// (`$EXACTLY_ADMIN_CLIENT_CERT`, `$EXACTLY_ADMIN_CLIENT_KEY`); a client without a certificate gets
+/// only `/healthz`; one whose certificate another CA signed (MariaDB's test CA) fails its
+/// handshake; half the client settings, or a client CA without the endpoint's own certificate,
+/// are refused naming the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_are_required_where_the_endpoint_asks_for_them() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let services = |var: &str| -> Result<std::path::PathBuf> {
+        std::env::var(var).map(std::path::PathBuf::from).map_err(|_| {
+            anyhow::anyhow!(
+                "{var} is not set: this test uses the certificates `scripts/services up` makes (then `eval \"$(scripts/services env)\"`)"
+            )
+        })
+    };
+    let tls = services("EXACTLY_KAFKA_TLS_DIR")?;
+    let other_ca = services("EXACTLY_MYSQL_TLS_CA")?;
+    let other = other_ca.parent().unwrap_or(&other_ca).to_owned();
+    let (dir, file, port) = job_with_admin(env, "adm-mtls").await?;
+    let plain = std::fs::read_to_string(&file)?;
+    let admin_line = format!("admin = \"127.0.0.1:{port}\"");
+    let with = |extra: &str| plain.replace(&admin_line, &format!("{admin_line}\n{extra}"));
+    let ca = tls.join("ca.pem");
+
+    // A client CA without the endpoint's own certificate, or a file without a certificate.
+    std::fs::write(&file, with(&format!("admin_tls_client_ca = \"{}\"", ca.display())))?;
+    let out = cmd().arg("check").arg(&file).output()?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("job.admin_tls_client_ca") && said.contains("admin_tls_cert"),
+        "{said}"
+    );
+    let server = format!(
+        "admin_tls_cert = \"{}\"\nadmin_tls_key = \"{}\"",
+        tls.join("broker.pem").display(),
+        tls.join("broker-pkcs8.key").display()
+    );
+    std::fs::write(
+        &file,
+        with(&format!(
+            "{server}\nadmin_tls_client_ca = \"{}\"",
+            tls.join("client.key").display()
+        )),
+    )?;
+    let out = cmd().arg("check").arg(&file).output()?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("job.admin_tls_client_ca") && said.contains("no certificate"),
+        "{said}"
+    );
+
+    std::fs::write(
+        &file,
+        with(&format!("{server}\nadmin_tls_client_ca = \"{}\"", ca.display())),
+    )?;
+    let mut job = spawn_run(&file, &[], "")?;
+    let (client_cert, client_key) = (tls.join("client.pem"), tls.join("client.key"));
+    let certified = [
+        ("EXACTLY_ADMIN_CLIENT_CERT", client_cert.as_path()),
+        ("EXACTLY_ADMIN_CLIENT_KEY", client_key.as_path()),
+    ];
+    until(&mut job, "status with the client certificate", |_| {
+        Ok(status_with(port, &ca, &certified)?.0)
+    })?;
+
+    // Without a certificate: the probe's /healthz only.
+    let (ok, said) = status_with(port, &ca, &[])?;
+    assert!(!ok && said.contains("client certificate is required"), "{said}");
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .tls_config(
+            exactly_kafka_client::https::client_tls(Some(&ca), "the test CA", None).map_err(anyhow::Error::msg)?,
+        )
+        .build()
+        .into();
+    let mut health = agent.get(&format!("https://127.0.0.1:{port}/healthz")).call()?;
+    assert_eq!(health.status().as_u16(), 200, "{}", health.body_mut().read_to_string()?);
+    let mut page = agent.get(&format!("https://127.0.0.1:{port}/")).call()?;
+    assert_eq!(page.status().as_u16(), 401, "{}", page.body_mut().read_to_string()?);
+
+    // A certificate of another CA, and half the client settings: refused.
+    let (ok, said) = status_with(
+        port,
+        &ca,
+        &[
+            ("EXACTLY_ADMIN_CLIENT_CERT", other.join("server.pem").as_path()),
+            ("EXACTLY_ADMIN_CLIENT_KEY", other.join("server.key").as_path()),
+        ],
+    )?;
+    assert!(
+        !ok && said.contains("TLS handshake") && said.contains("UnknownCA"),
+        "another CA's client certificate: {said}"
+    );
+    let (ok, said) = status_with(port, &ca, &certified[..1])?;
+    assert!(!ok && said.contains("EXACTLY_ADMIN_CLIENT_KEY"), "{said}");
+
+    // With the certificate: a savepoint, then a stop.
+    let out = cmd()
+        .env("EXACTLY_ADMIN_CA", &ca)
+        .envs(certified)
+        .args(["savepoint", "--admin", &format!("https://127.0.0.1:{port}")])
+        .output()?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let saved = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(
+        std::path::Path::new(&saved).starts_with(dir.path()),
+        "savepoint at {saved:?}"
+    );
+    let out = cmd()
+        .env("EXACTLY_ADMIN_CA", &ca)
+        .envs(certified)
+        .args(["stop", "--admin", &format!("https://127.0.0.1:{port}")])
+        .output()?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_exit(&mut job, Duration::from_secs(60))?;
     Ok(())
 }

@@ -171,7 +171,7 @@ fn loopback(url: &str) -> bool {
 
 /// TLS for the token endpoint: the CA certificates of `https.ca.location`, else the system's.
 fn tls(ca: Option<&std::path::Path>) -> Result<ureq::tls::TlsConfig, WireError> {
-    crate::https::client_tls(ca, "https.ca.location").map_err(WireError::Config)
+    crate::https::client_tls(ca, "https.ca.location", None).map_err(WireError::Config)
 }
 
 /// The client's first (and only) SASL message (RFC 7628 3.1): the GS2 header, the token, the

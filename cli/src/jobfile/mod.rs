@@ -86,6 +86,10 @@ pub struct JobSection {
     /// The private key of `admin_tls_cert` (PEM: PKCS#8, PKCS#1 or SEC1, not encrypted).
     #[serde(default)]
     pub admin_tls_key: Option<PathBuf>,
+    /// CA certificates (PEM) whose certificates clients must present (mutual TLS; needs
+    /// `admin_tls_cert`): without one a connection gets only `GET /healthz`.
+    #[serde(default)]
+    pub admin_tls_client_ca: Option<PathBuf>,
     /// How long a graceful stop waits for tasks.
     #[serde(default, with = "humantime_serde")]
     pub shutdown_timeout: Option<Duration>,
@@ -250,7 +254,7 @@ impl Job {
     pub fn admin_tls(&self) -> anyhow::Result<Option<std::sync::Arc<rustls::ServerConfig>>> {
         let j = &self.file.job;
         match (&j.admin_tls_cert, &j.admin_tls_key) {
-            (Some(cert), Some(key)) => crate::admin::server_tls(cert, key).map(Some),
+            (Some(cert), Some(key)) => crate::admin::server_tls(cert, key, j.admin_tls_client_ca.as_deref()).map(Some),
             _ => Ok(None),
         }
     }
@@ -407,8 +411,13 @@ impl Job {
         }
         match (&j.admin_tls_cert, &j.admin_tls_key) {
             (Some(cert), Some(key)) => {
-                if let Err(e) = crate::admin::server_tls(cert, key) {
-                    return Err(err("job.admin_tls_cert", format!("{e:#}")));
+                if let Err(e) = crate::admin::server_tls(cert, key, j.admin_tls_client_ca.as_deref()) {
+                    let field = if format!("{e:#}").starts_with("admin_tls_client_ca") {
+                        "job.admin_tls_client_ca"
+                    } else {
+                        "job.admin_tls_cert"
+                    };
+                    return Err(err(field, format!("{e:#}")));
                 }
             }
             (Some(_), None) => {
@@ -423,7 +432,14 @@ impl Job {
                     "needs admin_tls_cert (the certificate chain) too".into(),
                 ))
             }
-            (None, None) => {}
+            (None, None) => {
+                if j.admin_tls_client_ca.is_some() {
+                    return Err(err(
+                        "job.admin_tls_client_ca",
+                        "needs admin_tls_cert and admin_tls_key: client certificates are asked for over TLS".into(),
+                    ));
+                }
+            }
         }
         if let Some(c) = &file.checkpoints {
             if let Err(e) = c.validate() {
