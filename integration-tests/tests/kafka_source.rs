@@ -1222,6 +1222,74 @@ async fn without_checkpointing_a_topic_recreated_under_the_source_fails_the_atte
     Ok(())
 }
 
+/// Without checkpointing, `offset_commit = periodic` commits the source's positions to the group
+/// every interval; a successor starting from the group's offsets reads on from them. The topic's
+/// ID is checked before each commit: once the topic is deleted and recreated under the job, the
+/// attempt fails and the old topic's position never becomes the new topic's group offset (which
+/// would make the successor skip the new topic's first records: here ten of fifteen).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn periodic_offset_commits_advance_the_group_and_never_carry_over_to_a_recreated_topic() -> Result<()> {
+    use exactly_core::runtime::Source;
+    use exactly_kafka_source::OffsetCommitMode;
+    let env = TestEnv::get().await?;
+    let topic = unique("src-periodic");
+    create_topic(env, &topic, 1).await?;
+    produce(env, &topic, &labelled("a", 10))?;
+    let group = unique("g");
+    let mut config = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], &group);
+    config.start = StartPosition::GroupOffsets {
+        reset: ResetPosition::Earliest,
+    };
+    config.offset_commit = OffsetCommitMode::Periodic {
+        interval: Duration::from_millis(500),
+    };
+    // As in the tests above: the new topic has its records before the client reads it.
+    config.client.insert("fetch.error.backoff.ms".into(), "3000".into());
+    // `subtask_info`: no checkpointing.
+    let mut info = subtask_info("periodic");
+    let mut source = started(config.clone(), &info, None).await?;
+    assert_eq!(read_values(&mut source, 10).await?, values_of("a", 10));
+    let until = std::time::Instant::now() + T;
+    let mut more = Vec::new();
+    while !matches!(group_offset(env, &group, &topic)?, Offset::Offset(10)) {
+        assert!(
+            std::time::Instant::now() < until,
+            "no periodic commit of offset 10 within {T:?}"
+        );
+        source.poll_next(&mut more).await?;
+    }
+    assert!(more.is_empty(), "read more than was written: {}", more.len());
+
+    recreate_topic(env, &topic, 1).await?;
+    produce(env, &topic, &labelled("c", 15))?;
+    let until = std::time::Instant::now() + T;
+    let failed = loop {
+        match source.poll_next(&mut more).await {
+            Err(e) => break Some(e.to_string()),
+            Ok(_) if std::time::Instant::now() > until => break None,
+            Ok(_) => {}
+        }
+    };
+    assert!(
+        failed
+            .as_deref()
+            .is_some_and(|e| e.contains("was deleted and recreated")),
+        "{failed:?} ({} records read after the recreation)",
+        more.len()
+    );
+    drop(source);
+    assert_eq!(
+        group_offset(env, &group, &topic)?,
+        Offset::Invalid,
+        "the old topic's position was committed as the new topic's"
+    );
+
+    info.attempt = 1;
+    let mut source = started(config, &info, None).await?;
+    assert_eq!(read_values(&mut source, 15).await?, values_of("c", 15));
+    Ok(())
+}
+
 /// A restored position beyond its partition's end. With the topic's ID in the checkpoint and the
 /// same topic in the cluster, the log was truncated (an unclean leader election, which a
 /// single broker cannot stage: the checkpoint's offset is raised instead): the source resumes at

@@ -549,16 +549,22 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
         // from the old position (`check_topic_ids`). The attempt fails instead, and the next
         // starts where the start position says (the group's offsets went with the old topic).
         // Before a periodic commit too: positions of a recreated topic must not go to the group
-        // as the old one's. One check when both are due.
+        // as the old one's, so a commit whose check got no answer waits for the next turn's. One
+        // check when both are due.
+        let mut checked = false;
         if commit_every.is_some() || self.next_id_check.is_some_and(|at| now >= at) {
-            self.check_topic_ids(false).await?;
+            checked = self.check_topic_ids(false).await?;
             if self.next_id_check.is_some() {
                 self.next_id_check = Some(Instant::now() + start::ID_CHECK_EVERY);
             }
         }
         if let Some(interval) = commit_every {
-            self.commit_to_group(&self.position_map());
-            self.next_periodic_commit = Some(now + interval);
+            if checked {
+                self.commit_to_group(&self.position_map());
+                self.next_periodic_commit = Some(now + interval);
+            } else {
+                self.next_periodic_commit = Some(now + start::ID_CHECK_EVERY.min(interval));
+            }
         }
         if self.positions.is_empty() {
             self.serve_consumer_queue()?;

@@ -243,12 +243,17 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
     /// group offsets went with the old one) — at least once, as such a job is. A snapshot (`hold`)
     /// waits for a broker that does not answer; the periodic check asks once and leaves a
     /// failure to its next turn (the source waits for the broker as it did before the check).
-    pub(super) async fn check_topic_ids(&mut self, hold: bool) -> Result<()> {
+    /// Returns whether the IDs were compared (false: the broker did not answer the periodic
+    /// check — a periodic commit then waits, `poll_next`). Left open: a topic recreated between
+    /// the answer and the commit's arrival (milliseconds) gets the old positions — only an
+    /// OffsetCommit carrying topic IDs (v10, still marked unstable in Kafka 4.1) would refuse
+    /// them, which neither librdkafka nor kafka-protocol sends.
+    pub(super) async fn check_topic_ids(&mut self, hold: bool) -> Result<bool> {
         let mut topics: Vec<String> = self.positions.iter().map(|p| p.tp.topic.clone()).collect();
         topics.sort_unstable();
         topics.dedup();
         if topics.is_empty() {
-            return Ok(());
+            return Ok(true);
         }
         // A broker that does not answer holds the snapshot, as it holds the sinks' pre-commit,
         // for a while before the attempt fails (a restart is no better while it is away).
@@ -259,7 +264,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                 Err(e) if e.is_permanent() || (hold && Instant::now() >= patience) => return Err(wire_error(e)),
                 Err(error) if !hold => {
                     warn!(%error, "Asking for the input topics' IDs failed; asking again at the next check.");
-                    return Ok(());
+                    return Ok(false);
                 }
                 Err(error) => {
                     warn!(%error, "Asking for the input topics' IDs failed; retrying.");
@@ -282,7 +287,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                 }
             }
         }
-        Ok(())
+        Ok(true)
     }
 }
 
