@@ -1176,28 +1176,12 @@ async fn a_topic_recreated_while_the_job_reads_it_is_read_from_its_first_offset(
     Ok(())
 }
 
-/// Without checkpointing no snapshot checks the topics' IDs: the source checks them every few
-/// seconds itself. A topic recreated while such a job reads it fails the attempt (`Recreated`)
-/// instead of being read on from the old position (without the check: the new topic's first ten
-/// records skipped without a word); the next attempt starts where its start position says, here
-/// at the new topic's first offset.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_checkpointing_a_topic_recreated_under_the_source_fails_the_attempt() -> Result<()> {
+/// Deletes and recreates `topic` (one partition) with fifteen records `c0`…`c14` while `source`
+/// reads it, and asserts that the source fails the attempt (`Recreated`) within `T`.
+async fn recreated_under(env: &TestEnv, topic: &str, mut source: KafkaSource<KafkaRecord, RawBytes>) -> Result<()> {
     use exactly_core::runtime::Source;
-    let env = TestEnv::get().await?;
-    let topic = unique("src-recreated-unchecked");
-    create_topic(env, &topic, 1).await?;
-    produce(env, &topic, &labelled("a", 10))?;
-    let mut config = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));
-    // As in the test above: the new topic has its records before the client reads it.
-    config.client.insert("fetch.error.backoff.ms".into(), "3000".into());
-    // `subtask_info`: no checkpointing (no commit window).
-    let mut info = subtask_info("recreated-unchecked");
-    let mut source = started(config.clone(), &info, None).await?;
-    assert_eq!(read_values(&mut source, 10).await?, values_of("a", 10));
-
-    recreate_topic(env, &topic, 1).await?;
-    produce(env, &topic, &labelled("c", 15))?;
+    recreate_topic(env, topic, 1).await?;
+    produce(env, topic, &labelled("c", 15))?;
     let mut read = Vec::new();
     let until = std::time::Instant::now() + T;
     let failed = loop {
@@ -1214,7 +1198,29 @@ async fn without_checkpointing_a_topic_recreated_under_the_source_fails_the_atte
         "{failed:?} ({} records read after the recreation)",
         read.len()
     );
-    drop(source);
+    Ok(())
+}
+
+/// Without checkpointing no snapshot checks the topics' IDs: the source checks them every few
+/// seconds itself. A topic recreated while such a job reads it fails the attempt (`Recreated`)
+/// instead of being read on from the old position (without the check: the new topic's first ten
+/// records skipped without a word); the next attempt starts where its start position says, here
+/// at the new topic's first offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_checkpointing_a_topic_recreated_under_the_source_fails_the_attempt() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let topic = unique("src-recreated-unchecked");
+    create_topic(env, &topic, 1).await?;
+    produce(env, &topic, &labelled("a", 10))?;
+    let mut config = KafkaSourceConfig::new(&env.kafka_bootstrap, vec![topic.clone()], unique("g"));
+    // As in the test above: the new topic has its records before the client reads it.
+    config.client.insert("fetch.error.backoff.ms".into(), "3000".into());
+    // `subtask_info`: no checkpointing (no commit window).
+    let mut info = subtask_info("recreated-unchecked");
+    let mut source = started(config.clone(), &info, None).await?;
+    assert_eq!(read_values(&mut source, 10).await?, values_of("a", 10));
+
+    recreated_under(env, &topic, source).await?;
 
     info.attempt = 1;
     let mut source = started(config, &info, None).await?;
@@ -1260,24 +1266,7 @@ async fn periodic_offset_commits_advance_the_group_and_never_carry_over_to_a_rec
     }
     assert!(more.is_empty(), "read more than was written: {}", more.len());
 
-    recreate_topic(env, &topic, 1).await?;
-    produce(env, &topic, &labelled("c", 15))?;
-    let until = std::time::Instant::now() + T;
-    let failed = loop {
-        match source.poll_next(&mut more).await {
-            Err(e) => break Some(e.to_string()),
-            Ok(_) if std::time::Instant::now() > until => break None,
-            Ok(_) => {}
-        }
-    };
-    assert!(
-        failed
-            .as_deref()
-            .is_some_and(|e| e.contains("was deleted and recreated")),
-        "{failed:?} ({} records read after the recreation)",
-        more.len()
-    );
-    drop(source);
+    recreated_under(env, &topic, source).await?;
     assert_eq!(
         group_offset(env, &group, &topic)?,
         Offset::Invalid,
