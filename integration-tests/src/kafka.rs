@@ -165,14 +165,39 @@ pub fn read_uncommitted(env: &TestEnv, topic: &str, timeout: Duration) -> Result
     read_to_end(env, topic, timeout, "read_uncommitted")
 }
 
+/// Whether `e` says a partition's leader is not known or moving: gone once the cluster settles.
+fn leader_moving(e: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode::*;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            NotLeaderForPartition
+                | LeaderNotAvailable
+                | UnknownTopicOrPartition
+                | BrokerTransportFailure
+                | AllBrokersDown
+        )
+    )
+}
+
 fn read_to_end(env: &TestEnv, topic: &str, timeout: Duration, isolation: &str) -> Result<Vec<CommittedRecord>> {
     let deadline = Instant::now() + timeout;
     let (consumer, partitions) = verifying_consumer(env, topic, timeout, isolation)?;
     let mut ends = HashMap::new();
     for p in &partitions {
-        let (_, high) = consumer
-            .fetch_watermarks(topic, *p, timeout)
-            .with_context(|| format!("the high watermark of {topic}/{p}"))?;
+        let high = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match consumer.fetch_watermarks(topic, *p, left) {
+                Ok((_, high)) => break high,
+                // Right after a broker restart the partition may have no leader yet (seen under
+                // load in kafka_broker_restart: NotLeaderForPartition): asked again, as a
+                // consumer would, until the deadline.
+                Err(e) if leader_moving(&e) && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => return Err(e).with_context(|| format!("the high watermark of {topic}/{p}")),
+            }
+        };
         ends.insert(*p, high);
     }
     let partitions = partitions.len();
