@@ -78,36 +78,28 @@ pub struct AdminAccess {
     pub client_certs: bool,
 }
 
+/// Who may present which client certificates to the admin endpoint (mutual TLS).
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAuth<'a> {
+    /// CA certificates (PEM): a client certificate must chain to one of them.
+    pub ca: &'a Path,
+    /// Certificate revocation lists (PEM) of those CAs, if any.
+    pub crl: Option<&'a Path>,
+}
+
 /// The admin endpoint's TLS configuration from a PEM certificate chain and its private key, and
-/// with `client_ca` (a PEM file of CA certificates) asking clients for a certificate one of them
-/// signed; the error names the file and what is wrong with it. The certificate files are read
-/// again when they change ([`ReloadingCert`]), so a renewed certificate (cert-manager, a mounted
-/// Secret) is served without a restart; the client CA is read at start.
-pub fn server_tls(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<Arc<rustls::ServerConfig>> {
+/// with `client` asking clients for a certificate its CA signed and its CRL does not revoke; the
+/// error names the file and what is wrong with it. The files are read again when they change
+/// ([`ReloadingCert`], [`ReloadingClientVerifier`]), so a renewed certificate (cert-manager, a
+/// mounted Secret), a new CA bundle or a new CRL take effect without a restart.
+pub fn server_tls(cert: &Path, key: &Path, client: Option<ClientAuth<'_>>) -> Result<Arc<rustls::ServerConfig>> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let resolver = ReloadingCert::new(cert, key, provider.clone())?;
     let builder =
         rustls::ServerConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions()?;
-    let builder = match client_ca {
+    let builder = match client {
         None => builder.with_no_client_auth(),
-        Some(ca) => {
-            let mut roots = rustls::RootCertStore::empty();
-            for c in
-                exactly_kafka_client::https::pem_certificates(ca, "admin_tls_client_ca").map_err(anyhow::Error::msg)?
-            {
-                roots
-                    .add(c)
-                    .map_err(|e| anyhow::anyhow!("admin_tls_client_ca {}: {e}", ca.display()))?;
-            }
-            // A client without a certificate completes the handshake (a probe's `GET /healthz`);
-            // `guard` refuses it everything else. One with a certificate the CA did not sign is
-            // refused during the handshake.
-            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .allow_unauthenticated()
-                .build()
-                .map_err(|e| anyhow::anyhow!("admin_tls_client_ca {}: {e}", ca.display()))?;
-            builder.with_client_cert_verifier(verifier)
-        }
+        Some(client) => builder.with_client_cert_verifier(Arc::new(ReloadingClientVerifier::new(client, provider)?)),
     };
     let mut config = builder.with_cert_resolver(Arc::new(resolver));
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -217,6 +209,163 @@ impl rustls::server::ResolvesServerCert for ReloadingCert {
             }
         }
         Some(state.served.clone())
+    }
+}
+
+/// Checks client certificates against the CA certificates and CRLs of two files, read again when
+/// either changes (modification time or size; looked at during a handshake that presents a
+/// certificate, at most once a second). Files that do not load are logged and the previous
+/// verifier kept, as for the server certificate. A client without a certificate completes the
+/// handshake (a probe's `GET /healthz`) and `guard` refuses it everything else; a certificate the
+/// CA did not sign, or one its CRL revokes, ends the handshake.
+struct ReloadingClientVerifier {
+    ca: PathBuf,
+    crl: Option<PathBuf>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    state: std::sync::Mutex<VerifierState>,
+}
+
+struct VerifierState {
+    current: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    seen: [Option<(std::time::SystemTime, u64)>; 2],
+    checked: std::time::Instant,
+}
+
+impl std::fmt::Debug for ReloadingClientVerifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReloadingClientVerifier")
+            .field("ca", &self.ca)
+            .field("crl", &self.crl)
+            .finish()
+    }
+}
+
+impl ReloadingClientVerifier {
+    fn new(client: ClientAuth<'_>, provider: Arc<rustls::crypto::CryptoProvider>) -> Result<Self> {
+        let seen = Self::stamps(client.ca, client.crl);
+        let current = Self::load(client.ca, client.crl, &provider)?;
+        Ok(ReloadingClientVerifier {
+            ca: client.ca.to_owned(),
+            crl: client.crl.map(Path::to_owned),
+            provider,
+            state: std::sync::Mutex::new(VerifierState {
+                current,
+                seen,
+                checked: std::time::Instant::now(),
+            }),
+        })
+    }
+
+    fn stamps(ca: &Path, crl: Option<&Path>) -> [Option<(std::time::SystemTime, u64)>; 2] {
+        [file_stamp(ca), crl.and_then(file_stamp)]
+    }
+
+    fn load(
+        ca: &Path,
+        crl: Option<&Path>,
+        provider: &Arc<rustls::crypto::CryptoProvider>,
+    ) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>> {
+        use rustls_pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in exactly_kafka_client::https::pem_certificates(ca, "admin_tls_client_ca").map_err(anyhow::Error::msg)? {
+            roots
+                .add(c)
+                .map_err(|e| anyhow::anyhow!("admin_tls_client_ca {}: {e}", ca.display()))?;
+        }
+        let mut builder =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .allow_unauthenticated();
+        if let Some(crl) = crl {
+            let lists = rustls_pki_types::CertificateRevocationListDer::pem_file_iter(crl)
+                .and_then(|i| i.collect::<std::result::Result<Vec<_>, _>>())
+                .map_err(|e| anyhow::anyhow!("admin_tls_client_crl {}: {e}", crl.display()))?;
+            if lists.is_empty() {
+                bail!(
+                    "admin_tls_client_crl {}: no certificate revocation list in it (expected PEM: X509 CRL)",
+                    crl.display()
+                );
+            }
+            builder = builder.with_crls(lists);
+        }
+        builder.build().map_err(|e| {
+            let (setting, file) = match crl {
+                Some(crl) if matches!(e, rustls::server::VerifierBuilderError::InvalidCrl(_)) => {
+                    ("admin_tls_client_crl", crl)
+                }
+                _ => ("admin_tls_client_ca", ca),
+            };
+            anyhow::anyhow!("{setting} {}: {e}", file.display())
+        })
+    }
+
+    /// The verifier of the files as they are now (read again if they changed).
+    fn current(&self) -> Arc<dyn rustls::server::danger::ClientCertVerifier> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.checked.elapsed() >= CERT_CHECK_INTERVAL {
+            state.checked = std::time::Instant::now();
+            let now = Self::stamps(&self.ca, self.crl.as_deref());
+            if now != state.seen {
+                state.seen = now;
+                match Self::load(&self.ca, self.crl.as_deref(), &self.provider) {
+                    Ok(v) => {
+                        info!(ca = %self.ca.display(), "The admin endpoint's client CA or CRL changed on disk; checking client certificates against the new files.");
+                        state.current = v;
+                    }
+                    Err(e) => warn!(
+                        error = %format!("{e:#}"),
+                        "The admin endpoint's client CA or CRL files changed but do not load; checking against the previous ones until they change again."
+                    ),
+                }
+            }
+        }
+        state.current.clone()
+    }
+}
+
+impl rustls::server::danger::ClientCertVerifier for ReloadingClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    /// No hints: the CA may change while the endpoint runs (clients then offer any certificate
+    /// they hold; `exactly` commands hold one).
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &rustls_pki_types::CertificateDer<'_>,
+        intermediates: &[rustls_pki_types::CertificateDer<'_>],
+        now: rustls_pki_types::UnixTime,
+    ) -> std::result::Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        self.current().verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls_pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls_pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
     }
 }
 

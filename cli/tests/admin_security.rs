@@ -6,7 +6,7 @@
 //! HTTPS only, and the commands reach it trusting the CA in `$EXACTLY_ADMIN_CA`; a renewed
 //! certificate is served without a restart, and a renewal that does not load is logged while the
 //! served certificate stays; with a client CA only clients with its certificates get more than
-//! `/healthz`.
+//! `/healthz`, and a CRL that revokes one is obeyed from the moment it is replaced.
 
 mod common;
 
@@ -481,5 +481,152 @@ async fn client_certificates_are_required_where_the_endpoint_asks_for_them() -> 
         .output()?;
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     wait_exit(&mut job, Duration::from_secs(60))?;
+    Ok(())
+}
+
+/// Runs `openssl` with `args` in `dir`, failing with what it said.
+fn openssl(dir: &std::path::Path, args: &[&str]) -> Result<()> {
+    let out = std::process::Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .map_err(|e| anyhow::anyhow!("running openssl (scripts/setup installs it): {e}"))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// With `admin_tls_client_crl` a client certificate its CA revoked ends the handshake — from the
+/// moment the CRL file is replaced, without a restart: the broker test CA's client certificate
+/// gets status until a new CRL (made here by `openssl ca` with the test CA's key, in a database of
+/// the test's own) revokes it, then `CertificateRevoked`. A CRL without its CA, or a file without
+/// a CRL, is refused naming the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_revoked_by_a_new_crl_is_refused_without_a_restart() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let tls = std::path::PathBuf::from(std::env::var("EXACTLY_KAFKA_TLS_DIR").map_err(|_| {
+        anyhow::anyhow!(
+            "EXACTLY_KAFKA_TLS_DIR is not set: this test uses the certificates `scripts/services up` makes (then `eval \"$(scripts/services env)\"`)"
+        )
+    })?);
+    let (dir, file, port) = job_with_admin(env, "adm-crl").await?;
+    let ca_dir = dir.path().join("ca");
+    std::fs::create_dir(&ca_dir)?;
+    std::fs::write(
+        ca_dir.join("openssl.cnf"),
+        "[ca]\ndefault_ca = test\n[test]\ndatabase = index.txt\ncrlnumber = crlnumber\ndefault_md = sha256\ndefault_crl_days = 30\n",
+    )?;
+    std::fs::write(ca_dir.join("index.txt"), "")?;
+    std::fs::write(ca_dir.join("crlnumber"), "01\n")?;
+    let (ca, ca_key) = (
+        tls.join("ca.pem").display().to_string(),
+        tls.join("ca.key").display().to_string(),
+    );
+    let crl = dir.path().join("client.crl");
+    let gencrl = |out: &std::path::Path| {
+        openssl(
+            &ca_dir,
+            &[
+                "ca",
+                "-config",
+                "openssl.cnf",
+                "-gencrl",
+                "-keyfile",
+                &ca_key,
+                "-cert",
+                &ca,
+                "-out",
+                &out.display().to_string(),
+            ],
+        )
+    };
+    gencrl(&crl)?;
+
+    let plain = std::fs::read_to_string(&file)?;
+    let admin_line = format!("admin = \"127.0.0.1:{port}\"");
+    let with = |extra: &str| plain.replace(&admin_line, &format!("{admin_line}\n{extra}"));
+    let server = format!(
+        "admin_tls_cert = \"{}\"\nadmin_tls_key = \"{}\"",
+        tls.join("broker.pem").display(),
+        tls.join("broker-pkcs8.key").display()
+    );
+    // A CRL without the CA it belongs to, and a file without a CRL.
+    std::fs::write(
+        &file,
+        with(&format!("{server}\nadmin_tls_client_crl = \"{}\"", crl.display())),
+    )?;
+    let out = cmd().arg("check").arg(&file).output()?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("job.admin_tls_client_crl") && said.contains("admin_tls_client_ca"),
+        "{said}"
+    );
+    std::fs::write(
+        &file,
+        with(&format!(
+            "{server}\nadmin_tls_client_ca = \"{ca}\"\nadmin_tls_client_crl = \"{ca}\""
+        )),
+    )?;
+    let out = cmd().arg("check").arg(&file).output()?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && said.contains("job.admin_tls_client_crl")
+            && said.contains("no certificate revocation list"),
+        "{said}"
+    );
+
+    std::fs::write(
+        &file,
+        with(&format!(
+            "{server}\nadmin_tls_client_ca = \"{ca}\"\nadmin_tls_client_crl = \"{}\"",
+            crl.display()
+        )),
+    )?;
+    let mut job = spawn_run(&file, &[], "")?;
+    let (client_cert, client_key) = (tls.join("client.pem"), tls.join("client.key"));
+    let certified = [
+        ("EXACTLY_ADMIN_CLIENT_CERT", client_cert.as_path()),
+        ("EXACTLY_ADMIN_CLIENT_KEY", client_key.as_path()),
+    ];
+    let ca_path = tls.join("ca.pem");
+    until(&mut job, "status with the client certificate", |_| {
+        Ok(status_with(port, &ca_path, &certified)?.0)
+    })?;
+
+    // The certificate revoked: a new CRL renamed over the old one, as a CRL distributor would.
+    openssl(
+        &ca_dir,
+        &[
+            "ca",
+            "-config",
+            "openssl.cnf",
+            "-revoke",
+            &client_cert.display().to_string(),
+            "-keyfile",
+            &ca_key,
+            "-cert",
+            &ca,
+        ],
+    )?;
+    let renewed = dir.path().join("client.crl.new");
+    gencrl(&renewed)?;
+    std::fs::rename(&renewed, &crl)?;
+    let mut said = String::new();
+    until(&mut job, "the revoked certificate refused", |_| {
+        let (ok, s) = status_with(port, &ca_path, &certified)?;
+        said = s;
+        Ok(!ok)
+    })?;
+    assert!(said.contains("CertificateRevoked"), "{said}");
+    assert!(
+        job.tail(100_000).contains("client CA or CRL changed"),
+        "{}",
+        job.tail(40)
+    );
+    job.kill();
     Ok(())
 }

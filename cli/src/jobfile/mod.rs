@@ -90,6 +90,10 @@ pub struct JobSection {
     /// `admin_tls_cert`): without one a connection gets only `GET /healthz`.
     #[serde(default)]
     pub admin_tls_client_ca: Option<PathBuf>,
+    /// Certificate revocation lists (PEM) of `admin_tls_client_ca`: a revoked client certificate
+    /// ends the handshake. Read again when the file changes, as the CA and certificate are.
+    #[serde(default)]
+    pub admin_tls_client_crl: Option<PathBuf>,
     /// How long a graceful stop waits for tasks.
     #[serde(default, with = "humantime_serde")]
     pub shutdown_timeout: Option<Duration>,
@@ -250,11 +254,20 @@ impl Job {
         }
     }
 
+    /// The admin endpoint's client-certificate settings (`admin_tls_client_ca`, `_crl`).
+    fn admin_client_auth(&self) -> Option<crate::admin::ClientAuth<'_>> {
+        let j = &self.file.job;
+        j.admin_tls_client_ca.as_deref().map(|ca| crate::admin::ClientAuth {
+            ca,
+            crl: j.admin_tls_client_crl.as_deref(),
+        })
+    }
+
     /// The admin endpoint's TLS settings, read from `admin_tls_cert` and `admin_tls_key`.
     pub fn admin_tls(&self) -> anyhow::Result<Option<std::sync::Arc<rustls::ServerConfig>>> {
         let j = &self.file.job;
         match (&j.admin_tls_cert, &j.admin_tls_key) {
-            (Some(cert), Some(key)) => crate::admin::server_tls(cert, key, j.admin_tls_client_ca.as_deref()).map(Some),
+            (Some(cert), Some(key)) => crate::admin::server_tls(cert, key, self.admin_client_auth()).map(Some),
             _ => Ok(None),
         }
     }
@@ -411,13 +424,23 @@ impl Job {
         }
         match (&j.admin_tls_cert, &j.admin_tls_key) {
             (Some(cert), Some(key)) => {
-                if let Err(e) = crate::admin::server_tls(cert, key, j.admin_tls_client_ca.as_deref()) {
-                    let field = if format!("{e:#}").starts_with("admin_tls_client_ca") {
-                        "job.admin_tls_client_ca"
-                    } else {
-                        "job.admin_tls_cert"
-                    };
-                    return Err(err(field, format!("{e:#}")));
+                if j.admin_tls_client_crl.is_some() && j.admin_tls_client_ca.is_none() {
+                    return Err(err(
+                        "job.admin_tls_client_crl",
+                        "needs admin_tls_client_ca (the CA whose certificates it revokes)".into(),
+                    ));
+                }
+                let client = j.admin_tls_client_ca.as_deref().map(|ca| crate::admin::ClientAuth {
+                    ca,
+                    crl: j.admin_tls_client_crl.as_deref(),
+                });
+                if let Err(e) = crate::admin::server_tls(cert, key, client) {
+                    let said = format!("{e:#}");
+                    let field = ["admin_tls_client_ca", "admin_tls_client_crl"]
+                        .into_iter()
+                        .find(|f| said.starts_with(f))
+                        .unwrap_or("admin_tls_cert");
+                    return Err(err(&format!("job.{field}"), said));
                 }
             }
             (Some(_), None) => {
@@ -433,7 +456,7 @@ impl Job {
                 ))
             }
             (None, None) => {
-                if j.admin_tls_client_ca.is_some() {
+                if j.admin_tls_client_ca.is_some() || j.admin_tls_client_crl.is_some() {
                     return Err(err(
                         "job.admin_tls_client_ca",
                         "needs admin_tls_cert and admin_tls_key: client certificates are asked for over TLS".into(),
