@@ -456,9 +456,16 @@ impl Job {
                 ))
             }
             (None, None) => {
-                if j.admin_tls_client_ca.is_some() || j.admin_tls_client_crl.is_some() {
+                let client_setting = if j.admin_tls_client_ca.is_some() {
+                    Some("job.admin_tls_client_ca")
+                } else if j.admin_tls_client_crl.is_some() {
+                    Some("job.admin_tls_client_crl")
+                } else {
+                    None
+                };
+                if let Some(field) = client_setting {
                     return Err(err(
-                        "job.admin_tls_client_ca",
+                        field,
                         "needs admin_tls_cert and admin_tls_key: client certificates are asked for over TLS".into(),
                     ));
                 }
