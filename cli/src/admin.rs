@@ -90,11 +90,11 @@ pub struct ClientAuth<'a> {
 /// The admin endpoint's TLS configuration from a PEM certificate chain and its private key, and
 /// with `client` asking clients for a certificate its CA signed and its CRL does not revoke; the
 /// error names the file and what is wrong with it. The files are read again when they change
-/// ([`ReloadingCert`], [`ReloadingClientVerifier`]), so a renewed certificate (cert-manager, a
+/// ([`Reloading`]: the certificate and [`ReloadingClientVerifier`]), so a renewed certificate (cert-manager, a
 /// mounted Secret), a new CA bundle or a new CRL take effect without a restart.
 pub fn server_tls(cert: &Path, key: &Path, client: Option<ClientAuth<'_>>) -> Result<Arc<rustls::ServerConfig>> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let resolver = ReloadingCert::new(cert, key, provider.clone())?;
+    let resolver = reloading_cert(cert, key, provider.clone())?;
     let builder =
         rustls::ServerConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions()?;
     let builder = match client {
@@ -134,121 +134,56 @@ fn certified_key(
 /// How often a handshake looks whether the certificate files changed.
 const CERT_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Serves the certificate of two PEM files and reads them again when either changes (its
-/// modification time or size, followed through symbolic links as Kubernetes swaps a mounted
-/// Secret's): looked at during a handshake, at most once a second. A pair that does not load (a
-/// half-written renewal, a key of another certificate) is logged and the served one kept; it is
-/// tried again at the next change.
-struct ReloadingCert {
-    cert: PathBuf,
-    key: PathBuf,
-    provider: Arc<rustls::crypto::CryptoProvider>,
-    state: std::sync::Mutex<CertState>,
-}
-
-struct CertState {
-    served: Arc<rustls::sign::CertifiedKey>,
-    /// The files' (modification time, size) when last read.
-    seen: Option<[(std::time::SystemTime, u64); 2]>,
-    checked: std::time::Instant,
-}
-
-impl std::fmt::Debug for ReloadingCert {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReloadingCert")
-            .field("cert", &self.cert)
-            .field("key", &self.key)
-            .finish()
-    }
-}
-
-fn file_stamp(path: &Path) -> Option<(std::time::SystemTime, u64)> {
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.modified().ok()?, m.len()))
-}
-
-impl ReloadingCert {
-    fn new(cert: &Path, key: &Path, provider: Arc<rustls::crypto::CryptoProvider>) -> Result<Self> {
-        let seen = Self::stamps(cert, key);
-        let served = certified_key(cert, key, &provider)?;
-        Ok(ReloadingCert {
-            cert: cert.to_owned(),
-            key: key.to_owned(),
-            provider,
-            state: std::sync::Mutex::new(CertState {
-                served,
-                seen,
-                checked: std::time::Instant::now(),
-            }),
+/// The files' (modification time, size), followed through symbolic links as Kubernetes swaps a
+/// mounted Secret's; `None` while one is missing.
+fn file_stamps(files: &[PathBuf]) -> Option<Vec<(std::time::SystemTime, u64)>> {
+    files
+        .iter()
+        .map(|f| {
+            let m = std::fs::metadata(f).ok()?;
+            Some((m.modified().ok()?, m.len()))
         })
-    }
-
-    fn stamps(cert: &Path, key: &Path) -> Option<[(std::time::SystemTime, u64); 2]> {
-        Some([file_stamp(cert)?, file_stamp(key)?])
-    }
+        .collect()
 }
 
-impl rustls::server::ResolvesServerCert for ReloadingCert {
-    fn resolve(&self, _hello: rustls::server::ClientHello<'_>) -> Option<Arc<rustls::sign::CertifiedKey>> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if state.checked.elapsed() >= CERT_CHECK_INTERVAL {
-            state.checked = std::time::Instant::now();
-            let now = Self::stamps(&self.cert, &self.key);
-            if now.is_some() && now != state.seen {
-                state.seen = now;
-                match certified_key(&self.cert, &self.key, &self.provider) {
-                    Ok(k) => {
-                        info!(cert = %self.cert.display(), "The admin endpoint's certificate changed on disk; serving the new one.");
-                        state.served = k;
-                    }
-                    Err(e) => warn!(
-                        error = %format!("{e:#}"),
-                        "The admin endpoint's certificate files changed but do not load; serving the previous certificate until they change again."
-                    ),
-                }
-            }
-        }
-        Some(state.served.clone())
-    }
+/// A value loaded from files and loaded again when one of them changes (its modification time or
+/// size): looked at when the value is asked for, during a handshake, at most once a second, and
+/// not while a file is missing. Files that do not load (a half-written renewal, a key of another
+/// certificate) are logged and the previous value kept; they are tried again at the next change.
+struct Reloading<T> {
+    files: Vec<PathBuf>,
+    /// What the files hold, for the log ("certificate", "client CA or CRL").
+    what: &'static str,
+    load: Box<dyn Fn() -> Result<T> + Send + Sync>,
+    state: std::sync::Mutex<ReloadState<T>>,
 }
 
-/// Checks client certificates against the CA certificates and CRLs of two files, read again when
-/// either changes (modification time or size; looked at during a handshake that presents a
-/// certificate, at most once a second). Files that do not load are logged and the previous
-/// verifier kept, as for the server certificate. A client without a certificate completes the
-/// handshake (a probe's `GET /healthz`) and `guard` refuses it everything else; a certificate the
-/// CA did not sign, or one its CRL revokes, ends the handshake.
-struct ReloadingClientVerifier {
-    ca: PathBuf,
-    crl: Option<PathBuf>,
-    provider: Arc<rustls::crypto::CryptoProvider>,
-    state: std::sync::Mutex<VerifierState>,
-}
-
-struct VerifierState {
-    current: Arc<dyn rustls::server::danger::ClientCertVerifier>,
-    seen: [Option<(std::time::SystemTime, u64)>; 2],
+struct ReloadState<T> {
+    current: T,
+    /// The files' stamps when last read.
+    seen: Option<Vec<(std::time::SystemTime, u64)>>,
     checked: std::time::Instant,
 }
 
-impl std::fmt::Debug for ReloadingClientVerifier {
+impl<T> std::fmt::Debug for Reloading<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReloadingClientVerifier")
-            .field("ca", &self.ca)
-            .field("crl", &self.crl)
-            .finish()
+        f.debug_struct("Reloading").field("files", &self.files).finish()
     }
 }
 
-impl ReloadingClientVerifier {
-    fn new(client: ClientAuth<'_>, provider: Arc<rustls::crypto::CryptoProvider>) -> Result<Self> {
-        let seen = Self::stamps(client.ca, client.crl);
-        let current = Self::load(client.ca, client.crl, &provider)?;
-        Ok(ReloadingClientVerifier {
-            ca: client.ca.to_owned(),
-            crl: client.crl.map(Path::to_owned),
-            provider,
-            state: std::sync::Mutex::new(VerifierState {
+impl<T: Clone> Reloading<T> {
+    fn new(
+        files: Vec<PathBuf>,
+        what: &'static str,
+        load: impl Fn() -> Result<T> + Send + Sync + 'static,
+    ) -> Result<Self> {
+        let seen = file_stamps(&files);
+        let current = load()?;
+        Ok(Reloading {
+            files,
+            what,
+            load: Box::new(load),
+            state: std::sync::Mutex::new(ReloadState {
                 current,
                 seen,
                 checked: std::time::Instant::now(),
@@ -256,8 +191,66 @@ impl ReloadingClientVerifier {
         })
     }
 
-    fn stamps(ca: &Path, crl: Option<&Path>) -> [Option<(std::time::SystemTime, u64)>; 2] {
-        [file_stamp(ca), crl.and_then(file_stamp)]
+    /// The value of the files as they are now (read again if they changed).
+    fn current(&self) -> T {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.checked.elapsed() >= CERT_CHECK_INTERVAL {
+            state.checked = std::time::Instant::now();
+            let now = file_stamps(&self.files);
+            if now.is_some() && now != state.seen {
+                state.seen = now;
+                match (self.load)() {
+                    Ok(v) => {
+                        info!(file = %self.files[0].display(), "The admin endpoint's {} changed on disk; using the new one.", self.what);
+                        state.current = v;
+                    }
+                    Err(e) => warn!(
+                        error = %format!("{e:#}"),
+                        "The admin endpoint's {} files changed but do not load; using the previous one until they change again.",
+                        self.what
+                    ),
+                }
+            }
+        }
+        state.current.clone()
+    }
+}
+
+/// Serves the certificate of two PEM files, renewed on disk without a restart.
+fn reloading_cert(
+    cert: &Path,
+    key: &Path,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Result<Reloading<Arc<rustls::sign::CertifiedKey>>> {
+    let (c, k) = (cert.to_owned(), key.to_owned());
+    Reloading::new(vec![cert.to_owned(), key.to_owned()], "certificate", move || {
+        certified_key(&c, &k, &provider)
+    })
+}
+
+impl rustls::server::ResolvesServerCert for Reloading<Arc<rustls::sign::CertifiedKey>> {
+    fn resolve(&self, _hello: rustls::server::ClientHello<'_>) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.current())
+    }
+}
+
+/// Checks client certificates against the CA certificates and CRLs of two files, read again when
+/// either changes ([`Reloading`], looked at during a handshake that presents a certificate). A
+/// client without a certificate completes the handshake (a probe's `GET /healthz`) and `guard`
+/// refuses it everything else; a certificate the CA did not sign, or one its CRL revokes, ends
+/// the handshake.
+#[derive(Debug)]
+struct ReloadingClientVerifier {
+    verifier: Reloading<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl ReloadingClientVerifier {
+    fn new(client: ClientAuth<'_>, provider: Arc<rustls::crypto::CryptoProvider>) -> Result<Self> {
+        let (ca, crl, p) = (client.ca.to_owned(), client.crl.map(Path::to_owned), provider.clone());
+        let files = std::iter::once(ca.clone()).chain(crl.clone()).collect();
+        let verifier = Reloading::new(files, "client CA or CRL", move || Self::load(&ca, crl.as_deref(), &p))?;
+        Ok(ReloadingClientVerifier { verifier, provider })
     }
 
     fn load(
@@ -297,29 +290,6 @@ impl ReloadingClientVerifier {
             anyhow::anyhow!("{setting} {}: {e}", file.display())
         })
     }
-
-    /// The verifier of the files as they are now (read again if they changed).
-    fn current(&self) -> Arc<dyn rustls::server::danger::ClientCertVerifier> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if state.checked.elapsed() >= CERT_CHECK_INTERVAL {
-            state.checked = std::time::Instant::now();
-            let now = Self::stamps(&self.ca, self.crl.as_deref());
-            if now != state.seen {
-                state.seen = now;
-                match Self::load(&self.ca, self.crl.as_deref(), &self.provider) {
-                    Ok(v) => {
-                        info!(ca = %self.ca.display(), "The admin endpoint's client CA or CRL changed on disk; checking client certificates against the new files.");
-                        state.current = v;
-                    }
-                    Err(e) => warn!(
-                        error = %format!("{e:#}"),
-                        "The admin endpoint's client CA or CRL files changed but do not load; checking against the previous ones until they change again."
-                    ),
-                }
-            }
-        }
-        state.current.clone()
-    }
 }
 
 impl rustls::server::danger::ClientCertVerifier for ReloadingClientVerifier {
@@ -343,7 +313,9 @@ impl rustls::server::danger::ClientCertVerifier for ReloadingClientVerifier {
         intermediates: &[rustls_pki_types::CertificateDer<'_>],
         now: rustls_pki_types::UnixTime,
     ) -> std::result::Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
-        self.current().verify_client_cert(end_entity, intermediates, now)
+        self.verifier
+            .current()
+            .verify_client_cert(end_entity, intermediates, now)
     }
 
     fn verify_tls12_signature(

@@ -59,6 +59,44 @@ async fn job_with_admin(env: &TestEnv, name: &str) -> Result<(tempfile::TempDir,
     Ok((dir, file, port))
 }
 
+/// A directory or file `scripts/services` made, named by the environment variable `var`.
+fn from_services(var: &str) -> Result<std::path::PathBuf> {
+    std::env::var(var).map(std::path::PathBuf::from).map_err(|_| {
+        anyhow::anyhow!(
+            "{var} is not set: this test uses the certificates `scripts/services up` makes (then `eval \"$(scripts/services env)\"`)"
+        )
+    })
+}
+
+/// The text of the job file `file` (of `job_with_admin`, admin endpoint on `port`) with `extra`
+/// lines added to its `[job]` section.
+fn job_lines(file: &std::path::Path, port: u16) -> Result<impl Fn(&str) -> String> {
+    let plain = std::fs::read_to_string(file)?;
+    let admin_line = format!("admin = \"127.0.0.1:{port}\"");
+    Ok(move |extra: &str| plain.replace(&admin_line, &format!("{admin_line}\n{extra}")))
+}
+
+/// Writes `text` to `file` and expects `exactly check` to refuse it saying each of `needles`.
+fn check_refuses(file: &std::path::Path, text: &str, needles: &[&str]) -> Result<()> {
+    std::fs::write(file, text)?;
+    let out = cmd().arg("check").arg(file).output()?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && needles.iter().all(|n| said.contains(n)),
+        "{said}"
+    );
+    Ok(())
+}
+
+/// The `[job]` lines serving `cert` with `key` on the admin endpoint.
+fn admin_tls_lines(cert: &std::path::Path, key: &std::path::Path) -> String {
+    format!(
+        "admin_tls_cert = \"{}\"\nadmin_tls_key = \"{}\"",
+        cert.display(),
+        key.display()
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_endpoint_serves_only_its_owner() -> Result<()> {
     let env = TestEnv::get().await?;
@@ -144,33 +182,23 @@ async fn the_admin_endpoint_serves_only_its_owner() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_endpoint_with_tls_speaks_https_only() -> Result<()> {
     let env = TestEnv::get().await?;
-    let tls = std::path::PathBuf::from(std::env::var("EXACTLY_KAFKA_TLS_DIR").map_err(|_| {
-        anyhow::anyhow!(
-            "EXACTLY_KAFKA_TLS_DIR is not set: this test uses the certificates `scripts/services up` makes (then `eval \"$(scripts/services env)\"`)"
-        )
-    })?);
+    let tls = from_services("EXACTLY_KAFKA_TLS_DIR")?;
     let (_dir, file, port) = job_with_admin(env, "adm-tls").await?;
-    let plain = std::fs::read_to_string(&file)?;
-    let admin_line = format!("admin = \"127.0.0.1:{port}\"");
-    let with = |extra: &str| plain.replace(&admin_line, &format!("{admin_line}\n{extra}"));
+    let with = job_lines(&file, port)?;
 
     // Half a TLS setting, or a key file without a key: refused before anything runs.
     let cert = tls.join("broker.pem").display().to_string();
     let key = tls.join("broker-pkcs8.key").display().to_string();
-    std::fs::write(&file, with(&format!("admin_tls_cert = \"{cert}\"")))?;
-    let out = cmd().arg("check").arg(&file).output()?;
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && said.contains("job.admin_tls_cert") && said.contains("admin_tls_key"),
-        "{said}"
-    );
-    std::fs::write(
+    check_refuses(
         &file,
-        with(&format!("admin_tls_cert = \"{cert}\"\nadmin_tls_key = \"{cert}\"")),
+        &with(&format!("admin_tls_cert = \"{cert}\"")),
+        &["job.admin_tls_cert", "admin_tls_key"],
     )?;
-    let out = cmd().arg("check").arg(&file).output()?;
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && said.contains("admin_tls_key"), "{said}");
+    check_refuses(
+        &file,
+        &with(&format!("admin_tls_cert = \"{cert}\"\nadmin_tls_key = \"{cert}\"")),
+        &["admin_tls_key"],
+    )?;
 
     std::fs::write(
         &file,
@@ -289,32 +317,15 @@ fn renew(from: &std::path::Path, to: &std::path::Path) -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewed_admin_certificate_is_served_without_a_restart() -> Result<()> {
     let env = TestEnv::get().await?;
-    let dir_of = |var: &str, file: bool| -> Result<std::path::PathBuf> {
-        let v = std::env::var(var).map_err(|_| {
-            anyhow::anyhow!(
-                "{var} is not set: this test uses the certificates `scripts/services up` makes (then `eval \"$(scripts/services env)\"`)"
-            )
-        })?;
-        let p = std::path::PathBuf::from(v);
-        Ok(if file { p.parent().unwrap_or(&p).to_owned() } else { p })
-    };
     // Two certificates for 127.0.0.1 from two test CAs: the broker's and MariaDB's.
-    let first = dir_of("EXACTLY_KAFKA_TLS_DIR", false)?;
-    let second = dir_of("EXACTLY_MYSQL_TLS_CA", true)?;
+    let first = from_services("EXACTLY_KAFKA_TLS_DIR")?;
+    let mysql_ca = from_services("EXACTLY_MYSQL_TLS_CA")?;
+    let second = mysql_ca.parent().unwrap_or(&mysql_ca).to_owned();
     let (dir, file, port) = job_with_admin(env, "adm-renew").await?;
     let (cert, key) = (dir.path().join("admin.pem"), dir.path().join("admin.key"));
     std::fs::copy(first.join("broker.pem"), &cert)?;
     std::fs::copy(first.join("broker-pkcs8.key"), &key)?;
-    let admin_line = format!("admin = \"127.0.0.1:{port}\"");
-    let text = std::fs::read_to_string(&file)?.replace(
-        &admin_line,
-        &format!(
-            "{admin_line}\nadmin_tls_cert = \"{}\"\nadmin_tls_key = \"{}\"",
-            cert.display(),
-            key.display()
-        ),
-    );
-    std::fs::write(&file, text)?;
+    std::fs::write(&file, job_lines(&file, port)?(&admin_tls_lines(&cert, &key)))?;
     let mut job = spawn_run(&file, &[], "")?;
     until(&mut job, "status over HTTPS with the first certificate", |_| {
         Ok(https_status(port, &first.join("ca.pem"))?.0)
@@ -373,48 +384,28 @@ fn status_with(port: u16, ca: &std::path::Path, env: &[(&str, &std::path::Path)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_certificates_are_required_where_the_endpoint_asks_for_them() -> Result<()> {
     let env = TestEnv::get().await?;
-    let services = |var: &str| -> Result<std::path::PathBuf> {
-        std::env::var(var).map(std::path::PathBuf::from).map_err(|_| {
-            anyhow::anyhow!(
-                "{var} is not set: this test uses the certificates `scripts/services up` makes (then `eval \"$(scripts/services env)\"`)"
-            )
-        })
-    };
-    let tls = services("EXACTLY_KAFKA_TLS_DIR")?;
-    let other_ca = services("EXACTLY_MYSQL_TLS_CA")?;
+    let tls = from_services("EXACTLY_KAFKA_TLS_DIR")?;
+    let other_ca = from_services("EXACTLY_MYSQL_TLS_CA")?;
     let other = other_ca.parent().unwrap_or(&other_ca).to_owned();
     let (dir, file, port) = job_with_admin(env, "adm-mtls").await?;
-    let plain = std::fs::read_to_string(&file)?;
-    let admin_line = format!("admin = \"127.0.0.1:{port}\"");
-    let with = |extra: &str| plain.replace(&admin_line, &format!("{admin_line}\n{extra}"));
+    let with = job_lines(&file, port)?;
     let ca = tls.join("ca.pem");
 
     // A client CA without the endpoint's own certificate, or a file without a certificate.
-    std::fs::write(&file, with(&format!("admin_tls_client_ca = \"{}\"", ca.display())))?;
-    let out = cmd().arg("check").arg(&file).output()?;
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && said.contains("job.admin_tls_client_ca") && said.contains("admin_tls_cert"),
-        "{said}"
-    );
-    let server = format!(
-        "admin_tls_cert = \"{}\"\nadmin_tls_key = \"{}\"",
-        tls.join("broker.pem").display(),
-        tls.join("broker-pkcs8.key").display()
-    );
-    std::fs::write(
+    check_refuses(
         &file,
-        with(&format!(
+        &with(&format!("admin_tls_client_ca = \"{}\"", ca.display())),
+        &["job.admin_tls_client_ca", "admin_tls_cert"],
+    )?;
+    let server = admin_tls_lines(&tls.join("broker.pem"), &tls.join("broker-pkcs8.key"));
+    check_refuses(
+        &file,
+        &with(&format!(
             "{server}\nadmin_tls_client_ca = \"{}\"",
             tls.join("client.key").display()
         )),
+        &["job.admin_tls_client_ca", "no certificate"],
     )?;
-    let out = cmd().arg("check").arg(&file).output()?;
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && said.contains("job.admin_tls_client_ca") && said.contains("no certificate"),
-        "{said}"
-    );
 
     std::fs::write(
         &file,
@@ -507,11 +498,7 @@ fn openssl(dir: &std::path::Path, args: &[&str]) -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_certificate_revoked_by_a_new_crl_is_refused_without_a_restart() -> Result<()> {
     let env = TestEnv::get().await?;
-    let tls = std::path::PathBuf::from(std::env::var("EXACTLY_KAFKA_TLS_DIR").map_err(|_| {
-        anyhow::anyhow!(
-            "EXACTLY_KAFKA_TLS_DIR is not set: this test uses the certificates `scripts/services up` makes (then `eval \"$(scripts/services env)\"`)"
-        )
-    })?);
+    let tls = from_services("EXACTLY_KAFKA_TLS_DIR")?;
     let (dir, file, port) = job_with_admin(env, "adm-crl").await?;
     let ca_dir = dir.path().join("ca");
     std::fs::create_dir(&ca_dir)?;
@@ -545,39 +532,21 @@ async fn a_client_certificate_revoked_by_a_new_crl_is_refused_without_a_restart(
     };
     gencrl(&crl)?;
 
-    let plain = std::fs::read_to_string(&file)?;
-    let admin_line = format!("admin = \"127.0.0.1:{port}\"");
-    let with = |extra: &str| plain.replace(&admin_line, &format!("{admin_line}\n{extra}"));
-    let server = format!(
-        "admin_tls_cert = \"{}\"\nadmin_tls_key = \"{}\"",
-        tls.join("broker.pem").display(),
-        tls.join("broker-pkcs8.key").display()
-    );
+    let with = job_lines(&file, port)?;
+    let server = admin_tls_lines(&tls.join("broker.pem"), &tls.join("broker-pkcs8.key"));
     // A CRL without the CA it belongs to, and a file without a CRL.
-    std::fs::write(
+    check_refuses(
         &file,
-        with(&format!("{server}\nadmin_tls_client_crl = \"{}\"", crl.display())),
+        &with(&format!("{server}\nadmin_tls_client_crl = \"{}\"", crl.display())),
+        &["job.admin_tls_client_crl", "admin_tls_client_ca"],
     )?;
-    let out = cmd().arg("check").arg(&file).output()?;
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && said.contains("job.admin_tls_client_crl") && said.contains("admin_tls_client_ca"),
-        "{said}"
-    );
-    std::fs::write(
+    check_refuses(
         &file,
-        with(&format!(
+        &with(&format!(
             "{server}\nadmin_tls_client_ca = \"{ca}\"\nadmin_tls_client_crl = \"{ca}\""
         )),
+        &["job.admin_tls_client_crl", "no certificate revocation list"],
     )?;
-    let out = cmd().arg("check").arg(&file).output()?;
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success()
-            && said.contains("job.admin_tls_client_crl")
-            && said.contains("no certificate revocation list"),
-        "{said}"
-    );
 
     std::fs::write(
         &file,

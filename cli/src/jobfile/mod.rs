@@ -241,6 +241,16 @@ pub struct Job {
     pub sinks: Vec<JobSink>,
 }
 
+impl JobSection {
+    /// The admin endpoint's client-certificate settings (`admin_tls_client_ca`, `_crl`).
+    fn client_auth(&self) -> Option<crate::admin::ClientAuth<'_>> {
+        self.admin_tls_client_ca.as_deref().map(|ca| crate::admin::ClientAuth {
+            ca,
+            crl: self.admin_tls_client_crl.as_deref(),
+        })
+    }
+}
+
 impl Job {
     /// The admin endpoint's token, from `admin_token` or `admin_token_file`.
     pub fn admin_token(&self) -> anyhow::Result<Option<exactly_core::secret::Secret>> {
@@ -254,20 +264,11 @@ impl Job {
         }
     }
 
-    /// The admin endpoint's client-certificate settings (`admin_tls_client_ca`, `_crl`).
-    fn admin_client_auth(&self) -> Option<crate::admin::ClientAuth<'_>> {
-        let j = &self.file.job;
-        j.admin_tls_client_ca.as_deref().map(|ca| crate::admin::ClientAuth {
-            ca,
-            crl: j.admin_tls_client_crl.as_deref(),
-        })
-    }
-
     /// The admin endpoint's TLS settings, read from `admin_tls_cert` and `admin_tls_key`.
     pub fn admin_tls(&self) -> anyhow::Result<Option<std::sync::Arc<rustls::ServerConfig>>> {
         let j = &self.file.job;
         match (&j.admin_tls_cert, &j.admin_tls_key) {
-            (Some(cert), Some(key)) => crate::admin::server_tls(cert, key, self.admin_client_auth()).map(Some),
+            (Some(cert), Some(key)) => crate::admin::server_tls(cert, key, j.client_auth()).map(Some),
             _ => Ok(None),
         }
     }
@@ -430,11 +431,7 @@ impl Job {
                         "needs admin_tls_client_ca (the CA whose certificates it revokes)".into(),
                     ));
                 }
-                let client = j.admin_tls_client_ca.as_deref().map(|ca| crate::admin::ClientAuth {
-                    ca,
-                    crl: j.admin_tls_client_crl.as_deref(),
-                });
-                if let Err(e) = crate::admin::server_tls(cert, key, client) {
+                if let Err(e) = crate::admin::server_tls(cert, key, j.client_auth()) {
                     let said = format!("{e:#}");
                     let field = ["admin_tls_client_ca", "admin_tls_client_crl"]
                         .into_iter()
