@@ -33,9 +33,27 @@
 //! librdkafka fetches and refreshes its clients' tokens itself (on its background thread); the
 //! wire client fetches its own from the same endpoint ([`oauth`]), keeps it until 80 % of its
 //! lifetime has passed (as librdkafka does) and fetches a new one when the broker refuses it.
-//! (GSSAPI is not offered: the wire client would need Kerberos.)
+//!
+//! And GSSAPI (Kerberos), librdkafka's names:
+//!
+//! ```toml
+//! [kafka]
+//! security.protocol = "SASL_SSL"                              # or SASL_PLAINTEXT
+//! sasl.mechanism = "GSSAPI"
+//! sasl.kerberos.service.name = "kafka"                       # the brokers' service (default kafka)
+//! sasl.kerberos.principal = "exactly@EXAMPLE.COM"
+//! sasl.kerberos.keytab = "/etc/exactly/exactly.keytab"
+//! ```
+//!
+//! With a keytab, tickets come from `kinit -k -t KEYTAB PRINCIPAL` (MIT Kerberos' `kinit`, which
+//! librdkafka runs at every client's start and every minute after, and the wire client before it
+//! authenticates, at most once a minute); without one they must already be in the credential cache
+//! (`kinit` by the operator). The cache is Kerberos' default or `$KRB5CCNAME`, the realm's KDCs in
+//! `/etc/krb5.conf` or `$KRB5_CONFIG`. The brokers' principal is `SERVICE/HOST@REALM` for the host
+//! name a client connects to (the bootstrap address, then the brokers' advertised ones).
 
 pub mod https;
+mod kerberos;
 pub mod oauth;
 pub mod wire;
 
@@ -96,6 +114,9 @@ pub enum SaslMechanism {
     /// OAuth 2 bearer tokens (KIP-255) from an OpenID Connect token endpoint (`sasl.oauthbearer.*`).
     #[serde(rename = "OAUTHBEARER")]
     OauthBearer,
+    /// Kerberos (`sasl.kerberos.*`).
+    #[serde(rename = "GSSAPI")]
+    Gssapi,
 }
 
 impl SaslMechanism {
@@ -106,6 +127,7 @@ impl SaslMechanism {
             SaslMechanism::ScramSha256 => "SCRAM-SHA-256",
             SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
             SaslMechanism::OauthBearer => "OAUTHBEARER",
+            SaslMechanism::Gssapi => "GSSAPI",
         }
     }
 }
@@ -138,7 +160,37 @@ pub struct SaslSection {
     /// `sasl.oauthbearer.*`, for `sasl.mechanism = "OAUTHBEARER"`.
     #[serde(default)]
     pub oauthbearer: Option<OauthBearerSection>,
+    /// `sasl.kerberos.*`, for `sasl.mechanism = "GSSAPI"`.
+    #[serde(default)]
+    pub kerberos: Option<KerberosSection>,
 }
+
+/// The `sasl.kerberos.*` keys, librdkafka's names.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KerberosSection {
+    /// `sasl.kerberos.service.name`: the brokers' service name (`kafka` unless set).
+    #[serde(default)]
+    pub service: Option<ServiceSection>,
+    /// `sasl.kerberos.principal`: this client's principal (`name@REALM`); needed with a keytab.
+    #[serde(default)]
+    pub principal: Option<String>,
+    /// `sasl.kerberos.keytab`: a keytab with the principal's key, from which tickets are obtained
+    /// (and renewed) with `kinit`; without it, from the credential cache as it is.
+    #[serde(default)]
+    pub keytab: Option<PathBuf>,
+}
+
+/// `sasl.kerberos.service.*`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceSection {
+    /// `service.name`.
+    pub name: String,
+}
+
+/// The brokers' Kerberos service name unless `sasl.kerberos.service.name` says otherwise.
+pub const DEFAULT_KERBEROS_SERVICE: &str = "kafka";
 
 /// The `sasl.oauthbearer.*` keys: OpenID Connect's client-credentials grant, librdkafka's names.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -295,12 +347,20 @@ impl KafkaSecurity {
         if p.sasl() {
             let m = self.sasl.mechanism.ok_or_else(|| {
                 format!(
-                    "security.protocol {} needs sasl.mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER)",
+                    "security.protocol {} needs sasl.mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER or GSSAPI)",
                     p.name()
                 )
             })?;
+            if self.sasl.kerberos.is_some() && m != SaslMechanism::Gssapi {
+                return Err(format!(
+                    "sasl.kerberos.* is for sasl.mechanism GSSAPI, not {}",
+                    m.name()
+                ));
+            }
             if m == SaslMechanism::OauthBearer {
                 self.validate_oauthbearer()?;
+            } else if m == SaslMechanism::Gssapi {
+                self.validate_gssapi()?;
             } else {
                 if self.sasl.oauthbearer.is_some() || self.https.ca.is_some() {
                     return Err(format!(
@@ -326,6 +386,7 @@ impl KafkaSecurity {
         } else if self.sasl.mechanism.is_some()
             || self.sasl.username.is_some()
             || self.sasl.oauthbearer.is_some()
+            || self.sasl.kerberos.is_some()
             || self.https.ca.is_some()
         {
             return Err(format!(
@@ -364,6 +425,55 @@ impl KafkaSecurity {
             }
         }
         Ok(())
+    }
+
+    /// The GSSAPI settings: no username, password or OAUTHBEARER keys; a keytab that can be read,
+    /// with the principal whose key it holds.
+    fn validate_gssapi(&self) -> Result<(), String> {
+        if self.sasl.username.is_some() || self.sasl.password.is_some() || self.sasl.password_file.is_some() {
+            return Err("sasl.mechanism GSSAPI authenticates with Kerberos tickets (sasl.kerberos.principal and sasl.kerberos.keytab), not sasl.username / sasl.password".into());
+        }
+        if self.sasl.oauthbearer.is_some() || self.https.ca.is_some() {
+            return Err("sasl.oauthbearer.* and https.* are for sasl.mechanism OAUTHBEARER, not GSSAPI".into());
+        }
+        let k = self.sasl.kerberos.clone().unwrap_or_default();
+        if let Some(s) = &k.service {
+            if s.name.trim().is_empty() || s.name.contains(['/', '@']) {
+                return Err(format!(
+                    "sasl.kerberos.service.name {:?}: expected the brokers' service name alone (e.g. \"kafka\")",
+                    s.name
+                ));
+            }
+        }
+        if let Some(p) = &k.principal {
+            if p.trim().is_empty() || p.contains(char::is_whitespace) {
+                return Err(format!("sasl.kerberos.principal {p:?}: expected name@REALM"));
+            }
+        }
+        if let Some(keytab) = &k.keytab {
+            if k.principal.is_none() {
+                return Err(
+                    "sasl.kerberos.keytab needs sasl.kerberos.principal (the principal whose key it holds)".into(),
+                );
+            }
+            std::fs::File::open(keytab).map_err(|e| format!("sasl.kerberos.keytab {}: {e}", keytab.display()))?;
+        }
+        Ok(())
+    }
+
+    /// `sasl.kerberos.service.name`, or `kafka`.
+    pub fn kerberos_service(&self) -> &str {
+        self.sasl
+            .kerberos
+            .as_ref()
+            .and_then(|k| k.service.as_ref())
+            .map_or(DEFAULT_KERBEROS_SERVICE, |s| s.name.as_str())
+    }
+
+    /// `sasl.kerberos.keytab` with `sasl.kerberos.principal`, when both are set.
+    pub fn kerberos_keytab(&self) -> Option<(&std::path::Path, &str)> {
+        let k = self.sasl.kerberos.as_ref()?;
+        Some((k.keytab.as_deref()?, k.principal.as_deref()?))
     }
 
     /// The OAUTHBEARER settings: a client id, one client secret, an http(s) token endpoint,
@@ -499,6 +609,24 @@ impl KafkaSecurity {
                 }
                 if let Some(ca) = &self.https.ca {
                     c.set("https.ca.location", ca.location.display().to_string());
+                }
+            } else if m == SaslMechanism::Gssapi {
+                c.set("sasl.kerberos.service.name", self.kerberos_service());
+                let k = self.sasl.kerberos.clone().unwrap_or_default();
+                if let Some(p) = &k.principal {
+                    c.set("sasl.kerberos.principal", p);
+                }
+                match &k.keytab {
+                    // librdkafka's kinit command (`kinit -R -t KEYTAB -k PRINCIPAL || kinit -t
+                    // KEYTAB -k PRINCIPAL`) at the client's start and every minute after.
+                    Some(keytab) => {
+                        c.set("sasl.kerberos.keytab", keytab.display().to_string());
+                    }
+                    // Tickets the operator obtained: librdkafka's kinit, which needs a keytab,
+                    // would only fail every minute.
+                    None => {
+                        c.set("sasl.kerberos.min.time.before.relogin", "0");
+                    }
                 }
             } else {
                 c.set("sasl.username", self.sasl.username.clone().unwrap_or_default());
@@ -644,7 +772,7 @@ ssl.endpoint.identification.algorithm = "none"
                 .contains("ssl.ca.location /nonexistent/ca.pem")
         );
         assert!(e(r#"security.protocol = "TLS""#).contains("unknown variant"));
-        assert!(e(r#"sasl.mechanism = "GSSAPI""#).contains("unknown variant"));
+        assert!(e(r#"sasl.mechanism = "KERBEROS""#).contains("unknown variant"));
     }
 
     const OAUTH: &str = r#"security.protocol = "SASL_SSL"
@@ -706,5 +834,65 @@ sasl.oauthbearer.token.endpoint.url = "https://idp.example/token"
         assert!(e(&OAUTH.replace("https://idp", "ftp://idp")).contains("expected an https://"));
         assert!(e(&OAUTH.replace("OAUTHBEARER", "PLAIN")).contains("are for sasl.mechanism OAUTHBEARER"));
         assert!(e("https.ca.location = \"/x.pem\"").contains("security.protocol is PLAINTEXT"));
+    }
+
+    #[test]
+    fn gssapi_reaches_librdkafka_with_its_kerberos_names() {
+        let keytab = std::env::temp_dir().join(format!("exactly-client-test-{}.keytab", std::process::id()));
+        std::fs::write(&keytab, b"\x05\x02").unwrap();
+        let text = format!(
+            "security.protocol = \"SASL_PLAINTEXT\"\nsasl.mechanism = \"GSSAPI\"\nsasl.kerberos.principal = \"job@EXAMPLE.COM\"\nsasl.kerberos.keytab = \"{}\"\n",
+            keytab.display()
+        );
+        let s: KafkaSecurity = toml::from_str(&text).unwrap();
+        s.validate().unwrap();
+        let c = client_config("b:9092", &s).unwrap();
+        assert_eq!(c.get("sasl.mechanism"), Some("GSSAPI"));
+        assert_eq!(c.get("sasl.kerberos.service.name"), Some("kafka"));
+        assert_eq!(c.get("sasl.kerberos.principal"), Some("job@EXAMPLE.COM"));
+        assert_eq!(c.get("sasl.kerberos.keytab"), keytab.to_str());
+        assert_eq!(c.get("sasl.kerberos.min.time.before.relogin"), None);
+        assert_eq!(s.kerberos_keytab(), Some((keytab.as_path(), "job@EXAMPLE.COM")));
+
+        // Without a keytab: the tickets in the cache, and no kinit every minute.
+        let s: KafkaSecurity = toml::from_str(
+            "security.protocol = \"SASL_SSL\"\nsasl.mechanism = \"GSSAPI\"\nsasl.kerberos.service.name = \"kafka-prod\"\n",
+        )
+        .unwrap();
+        s.validate().unwrap();
+        let c = client_config("b:9093", &s).unwrap();
+        assert_eq!(c.get("sasl.kerberos.service.name"), Some("kafka-prod"));
+        assert_eq!(c.get("sasl.kerberos.min.time.before.relogin"), Some("0"));
+        assert_eq!(c.get("sasl.kerberos.keytab"), None);
+        assert_eq!(s.kerberos_keytab(), None);
+        std::fs::remove_file(&keytab).unwrap();
+    }
+
+    #[test]
+    fn gssapi_settings_that_do_not_fit_name_the_key() {
+        let e = |text: &str| {
+            toml::from_str::<KafkaSecurity>(text)
+                .map_err(|e| e.to_string())
+                .and_then(|s| s.validate())
+                .unwrap_err()
+        };
+        const GSSAPI: &str = "security.protocol = \"SASL_SSL\"\nsasl.mechanism = \"GSSAPI\"\n";
+        assert!(
+            e(&format!("{GSSAPI}sasl.kerberos.keytab = \"/nonexistent/k.keytab\"\n"))
+                .contains("sasl.kerberos.keytab needs sasl.kerberos.principal")
+        );
+        assert!(e(&format!(
+            "{GSSAPI}sasl.kerberos.principal = \"a@B\"\nsasl.kerberos.keytab = \"/nonexistent/k.keytab\"\n"
+        ))
+        .contains("sasl.kerberos.keytab /nonexistent/k.keytab"));
+        assert!(e(&format!("{GSSAPI}sasl.username = \"u\"\n")).contains("not sasl.username"));
+        assert!(e(&format!("{GSSAPI}sasl.kerberos.service.name = \"kafka/host\"\n")).contains("service name alone"));
+        assert!(e(&format!("{GSSAPI}sasl.kerberos.principal = \"\"\n")).contains("expected name@REALM"));
+        assert!(e(&format!("{GSSAPI}sasl.kerberos.realm = \"B\"\n")).contains("unknown field"));
+        assert!(
+            e("security.protocol = \"SASL_SSL\"\nsasl.mechanism = \"PLAIN\"\nsasl.kerberos.principal = \"a@B\"\n")
+                .contains("sasl.kerberos.* is for sasl.mechanism GSSAPI")
+        );
+        assert!(e("sasl.kerberos.principal = \"a@B\"\n").contains("security.protocol is PLAINTEXT"));
     }
 }

@@ -181,6 +181,12 @@ impl rustls::client::danger::ServerCertVerifier for NoHostName {
     }
 }
 
+/// Whether the current tokio runtime may move blocking work off a worker (`block_in_place`).
+fn multi_thread_runtime() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
 /// Opens a connection to `addr` (`host:port`), with TLS and SASL as `security` says.
 pub async fn connect(addr: &str, security: &KafkaSecurity, client_id: &'static str) -> Result<Connection, WireError> {
     match connect_once(addr, security, client_id).await {
@@ -520,12 +526,29 @@ impl Connection {
         if mechanism == crate::SaslMechanism::OauthBearer {
             return self.authenticate_oauthbearer(security).await;
         }
-        let password = security.password().map_err(WireError::Config)?;
-        let config = rsasl::prelude::SASLConfig::with_credentials(
-            None,
-            security.sasl.username.clone().unwrap_or_default(),
-            password.expose().to_owned(),
-        )
+        let gssapi = mechanism == crate::SaslMechanism::Gssapi;
+        let config = if gssapi {
+            crate::kerberos::ensure_tickets(security)
+                .await
+                .map_err(|e| failed(format!("GSSAPI: {e}")))?;
+            let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
+            // rsasl's default registry lists GSSAPI only when mechanisms register themselves
+            // (its registry_static feature): this one lists it alone.
+            static GSSAPI: &[rsasl::prelude::Mechanism] = &[rsasl::mechanisms::gssapi::GSSAPI];
+            rsasl::prelude::SASLConfig::builder()
+                .with_registry(rsasl::prelude::Registry::with_mechanisms(GSSAPI))
+                .with_callback(crate::kerberos::Target {
+                    service: security.kerberos_service().to_owned(),
+                    host: host.trim_start_matches('[').trim_end_matches(']').to_owned(),
+                })
+        } else {
+            let password = security.password().map_err(WireError::Config)?;
+            rsasl::prelude::SASLConfig::with_credentials(
+                None,
+                security.sasl.username.clone().unwrap_or_default(),
+                password.expose().to_owned(),
+            )
+        }
         .map_err(|e| WireError::Config(format!("SASL: {e}")))?;
         let name = rsasl::prelude::Mechname::parse(mechanism.name().as_bytes())
             .map_err(|e| WireError::Config(format!("SASL mechanism: {e}")))?;
@@ -535,9 +558,15 @@ impl Connection {
         let mut input: Option<Vec<u8>> = None;
         loop {
             let mut out = Cursor::new(Vec::new());
-            let state = session
-                .step(input.as_deref(), &mut out)
-                .map_err(|e| failed(format!("{}: {e}", mechanism.name())))?;
+            let mut step = || session.step(input.as_deref(), &mut out);
+            // GSSAPI's steps ask the KDC for the broker's service ticket (the system's GSS-API
+            // library, blocking): off the async worker where the runtime allows it.
+            let stepped = if gssapi && multi_thread_runtime() {
+                tokio::task::block_in_place(step)
+            } else {
+                step()
+            };
+            let state = stepped.map_err(|e| failed(format!("{}: {e}", mechanism.name())))?;
             let finished = matches!(state, rsasl::prelude::State::Finished(_));
             let sent_nothing = matches!(state, rsasl::prelude::State::Finished(rsasl::prelude::MessageSent::No));
             if finished && sent_nothing {

@@ -1,0 +1,183 @@
+//! Jobs authenticating with SASL/GSSAPI (Kerberos): a real MIT Kerberos KDC (realm EXACTLY.TEST,
+//! started with the broker by `scripts/services up kafka`) and the broker's SASL_SSL listener,
+//! whose principal is kafka/127.0.0.1. The job has a keytab: librdkafka's clients obtain tickets
+//! with `kinit` themselves, the wire-protocol client (transaction recovery, the sources' topic-ID
+//! checks) with the same command before it authenticates. A Kafka-to-Kafka exactly-once job
+//! SIGKILLed after a checkpoint became durable and before its commits: its restart commits through
+//! the wire client. Then a stale keytab (a key the KDC replaced) and an empty credential cache
+//! without a keytab, each failing at start naming what is wrong. The test feeds and checks through
+//! the plaintext listener of the same broker.
+
+mod k2k;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use exactly_integration_tests::{create_topic, fails_at_start, unique, ChildJob, TestEnv};
+use k2k::{drain_and_verify, exactly, feed, Job, KEYS};
+
+struct Kerberos {
+    sasl_ssl: String,
+    kafka_tls: String,
+    principal: String,
+    keytab: String,
+    stale_keytab: String,
+    kdc_log: std::path::PathBuf,
+}
+
+/// The realm's files and the listener; points the jobs (children of this process) at the realm
+/// (`KRB5_CONFIG`) and at a credential cache of their own (`KRB5CCNAME`).
+fn kerberos() -> Result<Kerberos> {
+    let var = |name: &str| {
+        std::env::var(name).with_context(|| {
+            format!(
+                "{name} is not set: these tests need the Kerberos KDC and the broker's SASL_SSL listener, \
+                 which `scripts/services up kafka` starts (then `eval \"$(scripts/services env)\"`)"
+            )
+        })
+    };
+    let krb5_conf = var("EXACTLY_KAFKA_KRB5_CONFIG")?;
+    let dir = std::path::Path::new(&krb5_conf)
+        .parent()
+        .context("the realm's directory")?
+        .to_path_buf();
+    let text = std::fs::read_to_string(&krb5_conf)
+        .with_context(|| format!("{krb5_conf}: the realm is missing; start it with `scripts/services up kafka`"))?;
+    let kdc = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("kdc = "))
+        .context("no kdc in the realm's krb5.conf")?
+        .to_owned();
+    std::net::TcpStream::connect_timeout(&kdc.parse().context("the KDC's address")?, Duration::from_secs(5))
+        .with_context(|| format!("the KDC does not answer at {kdc}: start it with `scripts/services up kafka`"))?;
+    // Every job of this binary uses the same realm and cache, set once (the tests run at the same
+    // time: a cache of each would be one variable overwritten by the other) and kept to the end.
+    static CACHE_DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    CACHE_DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        std::env::set_var("KRB5_CONFIG", &krb5_conf);
+        std::env::set_var("KRB5CCNAME", format!("FILE:{}", dir.path().join("cache").display()));
+        dir
+    });
+    Ok(Kerberos {
+        sasl_ssl: var("EXACTLY_KAFKA_SASL_SSL")?,
+        kafka_tls: var("EXACTLY_KAFKA_TLS_DIR")?,
+        principal: var("EXACTLY_KAFKA_KERBEROS_PRINCIPAL")?,
+        keytab: var("EXACTLY_KAFKA_KEYTAB")?,
+        stale_keytab: var("EXACTLY_KAFKA_STALE_KEYTAB")?,
+        kdc_log: dir.join("kdc.log"),
+    })
+}
+
+/// A `[kafka]` body for GSSAPI with `keytab` (none: tickets from the cache only).
+fn settings(k: &Kerberos, keytab: Option<&str>) -> String {
+    let mut s = format!(
+        r#"security.protocol = "SASL_SSL"
+ssl.ca.location = "{tls}/ca.pem"
+sasl.mechanism = "GSSAPI"
+sasl.kerberos.service.name = "kafka"
+sasl.kerberos.principal = "{principal}"
+"#,
+        tls = k.kafka_tls,
+        principal = k.principal,
+    );
+    if let Some(keytab) = keytab {
+        s.push_str(&format!("sasl.kerberos.keytab = \"{keytab}\"\n"));
+    }
+    s
+}
+
+/// Service tickets the KDC issued to `principal` for the broker, as its log counts them.
+fn service_tickets(k: &Kerberos) -> Result<usize> {
+    let log = std::fs::read_to_string(&k.kdc_log).with_context(|| format!("{}", k.kdc_log.display()))?;
+    let wanted = format!("{} for kafka/127.0.0.1@", k.principal);
+    Ok(log
+        .lines()
+        .filter(|l| l.contains("TGS_REQ") && l.contains("ISSUE") && l.contains(&wanted))
+        .count())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gssapi_job_is_exactly_once_across_a_sigkill_before_its_commits() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let k = kerberos()?;
+    let tickets_before = service_tickets(&k)?;
+    let input = unique("krb-in");
+    let output = unique("krb-out");
+    create_topic(env, &input, 2).await?;
+    create_topic(env, &output, 2).await?;
+    let dir = tempfile::tempdir()?;
+    let args = Job {
+        bootstrap: Some(k.sasl_ssl.clone()),
+        kafka: Some(settings(&k, Some(&k.keytab))),
+        ..Job::new(&input, &output)
+    }
+    .write(env, dir.path(), "k2k");
+
+    let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
+    let feeder = feed(env, &input, next.clone());
+    let mut job = ChildJob::spawn(exactly(), &args, "checkpoint.after_durable=freeze@4")?;
+    job.wait_for_failpoint("checkpoint.after_durable", Duration::from_secs(60))?;
+    job.kill();
+    feeder.finish()?;
+    // The restart commits what the killed job pre-committed (over SASL_SSL with a Kerberos
+    // service ticket, by the wire client), then drains the input.
+    let out = drain_and_verify(env, &args, &output, &next).await?;
+    let tickets = service_tickets(&k)? - tickets_before;
+    assert!(
+        tickets > 0,
+        "the KDC's log shows no service ticket for the broker issued to {}",
+        k.principal
+    );
+    eprintln!("{out} records over SASL_SSL/GSSAPI, 0 duplicates, 0 missing ({tickets} service tickets issued)");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_keytab_or_no_tickets_fails_at_start_naming_it() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let k = kerberos()?;
+    let input = unique("krb2-in");
+    let output = unique("krb2-out");
+    create_topic(env, &input, 1).await?;
+    create_topic(env, &output, 1).await?;
+    let dir = tempfile::tempdir()?;
+    let job = |kafka: String, file: &str| {
+        Job {
+            bootstrap: Some(k.sasl_ssl.clone()),
+            kafka: Some(kafka),
+            ..Job::new(&input, &output)
+        }
+        .write(env, dir.path(), file)
+    };
+    // A key the KDC has since replaced: kinit is refused.
+    fails_at_start(
+        exactly(),
+        &job(settings(&k, Some(&k.stale_keytab)), "stale"),
+        &["kinit", &k.stale_keytab, "Password incorrect"],
+    )?;
+    // No keytab and nothing in the credential cache (this test's own, empty).
+    let empty = tempfile::tempdir()?;
+    let mut cmd_env = vec![];
+    let cache = format!("FILE:{}", empty.path().join("none").display());
+    cmd_env.push(("KRB5CCNAME", Some(cache.as_str())));
+    let mut child = ChildJob::spawn_env(exactly(), &job(settings(&k, None), "no-tickets"), "", &cmd_env)?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while child.running() {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "still running after 90 s without tickets:\n{}",
+            child.tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = child.log(30);
+    assert_eq!(child.exit_code(), Some(1), "{log}");
+    assert!(log.contains("GSSAPI"), "expected GSSAPI named in:\n{log}");
+    assert!(
+        log.contains("credentials") || log.contains("cache"),
+        "expected the missing tickets named in:\n{log}"
+    );
+    Ok(())
+}
