@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rsasl::callback::{Context, Request, SessionCallback, SessionData};
@@ -21,8 +20,10 @@ const RELOGIN: Duration = Duration::from_secs(60);
 /// How long `kinit` may take (it asks the KDC once).
 const KINIT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// When `kinit` last succeeded for a keytab and principal in this process.
-static OBTAINED: Mutex<Option<HashMap<(PathBuf, String), Instant>>> = Mutex::new(None);
+/// When `kinit` last succeeded for a keytab and principal in this process. Held while `kinit`
+/// runs: the connections that need tickets at the same moment (every subtask's sink at start)
+/// wait for one `kinit` instead of each rewriting the credential cache while the others read it.
+static OBTAINED: tokio::sync::Mutex<Option<HashMap<(PathBuf, String), Instant>>> = tokio::sync::Mutex::const_new(None);
 
 /// With `sasl.kerberos.keytab`, runs `kinit -k -t KEYTAB PRINCIPAL` unless it succeeded in the
 /// last minute; without a keytab, the tickets in the credential cache are used as they are. The
@@ -33,13 +34,11 @@ pub(crate) async fn ensure_tickets(security: &KafkaSecurity) -> Result<(), Strin
         return Ok(());
     };
     let key = (keytab.to_path_buf(), principal.to_owned());
-    let fresh = |at: &Instant| at.elapsed() < RELOGIN;
-    if OBTAINED
-        .lock()
-        .expect("not poisoned")
+    let mut obtained = OBTAINED.lock().await;
+    if obtained
         .as_ref()
         .and_then(|m| m.get(&key))
-        .is_some_and(fresh)
+        .is_some_and(|at| at.elapsed() < RELOGIN)
     {
         return Ok(());
     }
@@ -70,11 +69,7 @@ pub(crate) async fn ensure_tickets(security: &KafkaSecurity) -> Result<(), Strin
         let said = String::from_utf8_lossy(&out.stderr);
         return Err(format!("`{command}` failed ({}): {}", out.status, said.trim()));
     }
-    OBTAINED
-        .lock()
-        .expect("not poisoned")
-        .get_or_insert_with(HashMap::new)
-        .insert(key, Instant::now());
+    obtained.get_or_insert_with(HashMap::new).insert(key, Instant::now());
     Ok(())
 }
 
