@@ -181,10 +181,16 @@ impl rustls::client::danger::ServerCertVerifier for NoHostName {
     }
 }
 
-/// Whether the current tokio runtime may move blocking work off a worker (`block_in_place`).
-fn multi_thread_runtime() -> bool {
-    tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+/// Runs `f`, which blocks, inside `block_in_place` where the runtime allows it (a multi-thread
+/// runtime), so that the worker's other tasks move to another thread meanwhile.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi_thread {
+        tokio::task::block_in_place(f)
+    } else {
+        f()
+    }
 }
 
 /// Opens a connection to `addr` (`host:port`), with TLS and SASL as `security` says.
@@ -526,29 +532,15 @@ impl Connection {
         if mechanism == crate::SaslMechanism::OauthBearer {
             return self.authenticate_oauthbearer(security).await;
         }
-        let gssapi = mechanism == crate::SaslMechanism::Gssapi;
-        let config = if gssapi {
-            crate::kerberos::ensure_tickets(security)
-                .await
-                .map_err(|e| failed(format!("GSSAPI: {e}")))?;
-            let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
-            // rsasl's default registry lists GSSAPI only when mechanisms register themselves
-            // (its registry_static feature): this one lists it alone.
-            static GSSAPI: &[rsasl::prelude::Mechanism] = &[rsasl::mechanisms::gssapi::GSSAPI];
-            rsasl::prelude::SASLConfig::builder()
-                .with_registry(rsasl::prelude::Registry::with_mechanisms(GSSAPI))
-                .with_callback(crate::kerberos::Target {
-                    service: security.kerberos_service().to_owned(),
-                    host: host.trim_start_matches('[').trim_end_matches(']').to_owned(),
-                })
-        } else {
-            let password = security.password().map_err(WireError::Config)?;
-            rsasl::prelude::SASLConfig::with_credentials(
-                None,
-                security.sasl.username.clone().unwrap_or_default(),
-                password.expose().to_owned(),
-            )
+        if mechanism == crate::SaslMechanism::Gssapi {
+            return self.authenticate_gssapi(security).await;
         }
+        let password = security.password().map_err(WireError::Config)?;
+        let config = rsasl::prelude::SASLConfig::with_credentials(
+            None,
+            security.sasl.username.clone().unwrap_or_default(),
+            password.expose().to_owned(),
+        )
         .map_err(|e| WireError::Config(format!("SASL: {e}")))?;
         let name = rsasl::prelude::Mechname::parse(mechanism.name().as_bytes())
             .map_err(|e| WireError::Config(format!("SASL mechanism: {e}")))?;
@@ -558,15 +550,9 @@ impl Connection {
         let mut input: Option<Vec<u8>> = None;
         loop {
             let mut out = Cursor::new(Vec::new());
-            let mut step = || session.step(input.as_deref(), &mut out);
-            // GSSAPI's steps ask the KDC for the broker's service ticket (the system's GSS-API
-            // library, blocking): off the async worker where the runtime allows it.
-            let stepped = if gssapi && multi_thread_runtime() {
-                tokio::task::block_in_place(step)
-            } else {
-                step()
-            };
-            let state = stepped.map_err(|e| failed(format!("{}: {e}", mechanism.name())))?;
+            let state = session
+                .step(input.as_deref(), &mut out)
+                .map_err(|e| failed(format!("{}: {e}", mechanism.name())))?;
             let finished = matches!(state, rsasl::prelude::State::Finished(_));
             let sent_nothing = matches!(state, rsasl::prelude::State::Finished(rsasl::prelude::MessageSent::No));
             if finished && sent_nothing {
@@ -586,6 +572,41 @@ impl Connection {
                 return Ok(());
             }
             input = Some(resp.auth_bytes.to_vec());
+        }
+    }
+
+    /// GSSAPI (RFC 4752): tickets from the keytab if one is configured ([`crate::kerberos`]),
+    /// then the security context's tokens and the security-layer answer, each in a
+    /// SaslAuthenticate round. The GSS-API calls block (the first asks the KDC for the broker's
+    /// service ticket): off the async worker where the runtime allows it.
+    async fn authenticate_gssapi(&mut self, security: &KafkaSecurity) -> Result<(), WireError> {
+        let addr = self.addr.clone();
+        let failed = |what: String| WireError::Authentication {
+            addr: addr.clone(),
+            what: format!("GSSAPI: {what}"),
+        };
+        crate::kerberos::ensure_tickets(security).await.map_err(failed)?;
+        let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let service = security.kerberos_service();
+        let mut gss = blocking(|| crate::kerberos::Gssapi::new(service, host)).map_err(failed)?;
+        let mut challenge: Option<Vec<u8>> = None;
+        loop {
+            let (message, last) = blocking(|| gss.step(challenge.as_deref())).map_err(failed)?;
+            let resp = self
+                .request(
+                    &SaslAuthenticateRequest::default().with_auth_bytes(bytes::Bytes::from(message)),
+                    2,
+                )
+                .await?;
+            if resp.error_code != 0 {
+                let msg = resp.error_message.map(|m| m.to_string()).unwrap_or_default();
+                return Err(failed(format!("{msg} (error code {})", resp.error_code)));
+            }
+            if last {
+                return Ok(());
+            }
+            challenge = Some(resp.auth_bytes.to_vec());
         }
     }
 
