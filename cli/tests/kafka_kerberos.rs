@@ -90,21 +90,25 @@ sasl.kerberos.principal = "{principal}"
     s
 }
 
-/// Service tickets the KDC issued to `principal` for the broker, as its log counts them.
-fn service_tickets(k: &Kerberos) -> Result<usize> {
+/// What the KDC's log counts so far for `principal`: service tickets issued for the broker, and
+/// ticket-granting tickets asked for with a TGT (what a client delegating its credentials asks
+/// for — a forwardable TGT to hand to the broker — whether the realm grants it or not).
+fn kdc_counts(k: &Kerberos) -> Result<(usize, usize)> {
     let log = std::fs::read_to_string(&k.kdc_log).with_context(|| format!("{}", k.kdc_log.display()))?;
-    let wanted = format!("{} for kafka/127.0.0.1@", k.principal);
-    Ok(log
-        .lines()
-        .filter(|l| l.contains("TGS_REQ") && l.contains("ISSUE") && l.contains(&wanted))
-        .count())
+    let service = format!("{} for kafka/127.0.0.1@", k.principal);
+    let tgt = format!("{} for krbtgt/", k.principal);
+    let tgs = || log.lines().filter(|l| l.contains("TGS_REQ"));
+    Ok((
+        tgs().filter(|l| l.contains("ISSUE") && l.contains(&service)).count(),
+        tgs().filter(|l| l.contains(&tgt)).count(),
+    ))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gssapi_job_is_exactly_once_across_a_sigkill_before_its_commits() -> Result<()> {
     let env = TestEnv::get().await?;
     let k = kerberos()?;
-    let tickets_before = service_tickets(&k)?;
+    let (tickets_before, delegations_before) = kdc_counts(&k)?;
     let input = unique("krb-in");
     let output = unique("krb-out");
     create_topic(env, &input, 2).await?;
@@ -126,10 +130,19 @@ async fn gssapi_job_is_exactly_once_across_a_sigkill_before_its_commits() -> Res
     // The restart commits what the killed job pre-committed (over SASL_SSL with a Kerberos
     // service ticket, by the wire client), then drains the input.
     let out = drain_and_verify(env, &args, &output, &next).await?;
-    let tickets = service_tickets(&k)? - tickets_before;
+    let (tickets, delegations) = kdc_counts(&k)?;
+    let tickets = tickets - tickets_before;
     assert!(
         tickets > 0,
         "the KDC's log shows no service ticket for the broker issued to {}",
+        k.principal
+    );
+    // Nothing delegated: no client asked for a TGT to forward to the brokers (rsasl's GSSAPI
+    // client asked at every connection).
+    assert_eq!(
+        delegations - delegations_before,
+        0,
+        "the KDC's log shows {} asking for ticket-granting tickets to delegate",
         k.principal
     );
     eprintln!("{out} records over SASL_SSL/GSSAPI, 0 duplicates, 0 missing ({tickets} service tickets issued)");
