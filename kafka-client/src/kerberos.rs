@@ -26,29 +26,59 @@ const RELOGIN: Duration = Duration::from_secs(60);
 /// How long `kinit` may take (it asks the KDC once).
 const KINIT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// When `kinit` last succeeded for a keytab and principal in this process. Held while `kinit`
-/// runs: the connections that need tickets at the same moment (every subtask's sink at start)
-/// wait for one `kinit` instead of each rewriting the credential cache while the others read it.
-static OBTAINED: tokio::sync::Mutex<Option<HashMap<(PathBuf, String), Instant>>> = tokio::sync::Mutex::const_new(None);
+/// After a `kinit` that failed, how long its failure stands before `kinit` runs again (a KDC that
+/// does not answer is not asked again by every connection meanwhile).
+const RETRY_FAILED: Duration = Duration::from_secs(10);
+
+/// A `kinit` that did not obtain tickets.
+#[derive(Debug, Clone)]
+pub(crate) struct KinitFailure {
+    /// The command and what it said.
+    pub(crate) message: String,
+    /// No KDC answered (or `kinit` did not finish): worth retrying, unlike a refused key.
+    pub(crate) unreachable: bool,
+}
+
+/// The last `kinit` for a keytab and principal in this process: when, and how it failed.
+type Attempts = HashMap<(PathBuf, String), (Instant, Option<KinitFailure>)>;
+
+/// Held while `kinit` runs: the connections that need tickets at the same moment (every
+/// subtask's sink at start) wait for one `kinit` instead of each rewriting the credential cache
+/// while the others read it.
+static ATTEMPTS: tokio::sync::Mutex<Option<Attempts>> = tokio::sync::Mutex::const_new(None);
+
+/// Whether a GSS-API or kinit message says that no KDC answered (MIT Kerberos' wording).
+pub(crate) fn kdc_unreachable(message: &str) -> bool {
+    message.contains("Cannot contact any KDC") || message.contains("Cannot resolve network address for KDC")
+}
 
 /// With `sasl.kerberos.keytab`, runs `kinit -k -t KEYTAB PRINCIPAL` unless it succeeded in the
-/// last minute; without a keytab, the tickets in the credential cache are used as they are. The
-/// error names the command and repeats what `kinit` said (a key the KDC refuses, an unknown
-/// principal, an unreachable KDC).
-pub(crate) async fn ensure_tickets(security: &KafkaSecurity) -> Result<(), String> {
+/// last minute (or failed in the last 10 s: that failure again); without a keytab, the tickets in
+/// the credential cache are used as they are. A failure names the command and repeats what
+/// `kinit` said (a key the KDC refuses, an unknown principal, an unreachable KDC); tickets
+/// obtained earlier may still be in the cache, so the caller may go on with them.
+pub(crate) async fn ensure_tickets(security: &KafkaSecurity) -> Result<(), KinitFailure> {
     let Some((keytab, principal)) = security.kerberos_keytab() else {
         return Ok(());
     };
     let key = (keytab.to_path_buf(), principal.to_owned());
-    let mut obtained = OBTAINED.lock().await;
-    if obtained
-        .as_ref()
-        .and_then(|m| m.get(&key))
-        .is_some_and(|at| at.elapsed() < RELOGIN)
-    {
-        return Ok(());
+    let mut attempts = ATTEMPTS.lock().await;
+    match attempts.as_ref().and_then(|m| m.get(&key)) {
+        Some((at, None)) if at.elapsed() < RELOGIN => return Ok(()),
+        Some((at, Some(failure))) if at.elapsed() < RETRY_FAILED => return Err(failure.clone()),
+        _ => {}
     }
+    let result = kinit(keytab, principal).await;
+    attempts
+        .get_or_insert_with(HashMap::new)
+        .insert(key, (Instant::now(), result.clone().err()));
+    result
+}
+
+/// `kinit -k -t KEYTAB PRINCIPAL`.
+async fn kinit(keytab: &std::path::Path, principal: &str) -> Result<(), KinitFailure> {
     let command = format!("kinit -k -t {} {principal}", keytab.display());
+    let failed = |message: String, unreachable: bool| Err(KinitFailure { message, unreachable });
     let run = tokio::process::Command::new("kinit")
         .arg("-k")
         .arg("-t")
@@ -59,23 +89,28 @@ pub(crate) async fn ensure_tickets(security: &KafkaSecurity) -> Result<(), Strin
         .output();
     let out = match tokio::time::timeout(KINIT_TIMEOUT, run).await {
         Err(_) => {
-            return Err(format!(
-                "`{command}` did not finish within {KINIT_TIMEOUT:?} (is the KDC reachable?)"
-            ))
+            return failed(
+                format!("`{command}` did not finish within {KINIT_TIMEOUT:?} (is the KDC reachable?)"),
+                true,
+            )
         }
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(format!(
-                "`{command}`: kinit was not found; install MIT Kerberos' client tools (Debian: krb5-user)"
-            ))
+            return failed(
+                format!("`{command}`: kinit was not found; install MIT Kerberos' client tools (Debian: krb5-user)"),
+                false,
+            )
         }
-        Ok(Err(e)) => return Err(format!("`{command}`: {e}")),
+        Ok(Err(e)) => return failed(format!("`{command}`: {e}"), false),
         Ok(Ok(out)) => out,
     };
     if !out.status.success() {
         let said = String::from_utf8_lossy(&out.stderr);
-        return Err(format!("`{command}` failed ({}): {}", out.status, said.trim()));
+        let said = said.trim();
+        return failed(
+            format!("`{command}` failed ({}): {said}", out.status),
+            kdc_unreachable(said),
+        );
     }
-    obtained.get_or_insert_with(HashMap::new).insert(key, Instant::now());
     Ok(())
 }
 

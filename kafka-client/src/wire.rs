@@ -579,20 +579,45 @@ impl Connection {
     /// then the security context's tokens and the security-layer answer, each in a
     /// SaslAuthenticate round. The GSS-API calls block (the first asks the KDC for the broker's
     /// service ticket): off the async worker where the runtime allows it.
+    ///
+    /// A `kinit` that failed is not the end: tickets obtained before (by this client or by
+    /// librdkafka's clients, into the same cache) may still be valid, as they are when a KDC is
+    /// briefly down. Only when the context cannot be established either is it an error, naming
+    /// both; one that says no KDC answered is a transport error (retried, as a broker that does
+    /// not answer), any other an authentication error (the job stops).
     async fn authenticate_gssapi(&mut self, security: &KafkaSecurity) -> Result<(), WireError> {
         let addr = self.addr.clone();
-        let failed = |what: String| WireError::Authentication {
-            addr: addr.clone(),
-            what: format!("GSSAPI: {what}"),
+        let kinit = crate::kerberos::ensure_tickets(security).await.err();
+        if let Some(f) = &kinit {
+            tracing::warn!(broker = %addr, error = %f.message, "Kerberos: kinit failed; trying the tickets in the credential cache.");
+        }
+        let failed = |what: String| {
+            let (what, unreachable) = match &kinit {
+                Some(f) => (format!("{}; with the cached tickets: {what}", f.message), f.unreachable),
+                None => {
+                    let unreachable = crate::kerberos::kdc_unreachable(&what);
+                    (what, unreachable)
+                }
+            };
+            if unreachable {
+                WireError::Transport {
+                    addr: addr.clone(),
+                    what: format!("GSSAPI: {what}"),
+                }
+            } else {
+                WireError::Authentication {
+                    addr: addr.clone(),
+                    what: format!("GSSAPI: {what}"),
+                }
+            }
         };
-        crate::kerberos::ensure_tickets(security).await.map_err(failed)?;
         let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
         let host = host.trim_start_matches('[').trim_end_matches(']');
         let service = security.kerberos_service();
-        let mut gss = blocking(|| crate::kerberos::Gssapi::new(service, host)).map_err(failed)?;
+        let mut gss = blocking(|| crate::kerberos::Gssapi::new(service, host)).map_err(&failed)?;
         let mut challenge: Option<Vec<u8>> = None;
         loop {
-            let (message, last) = blocking(|| gss.step(challenge.as_deref())).map_err(failed)?;
+            let (message, last) = blocking(|| gss.step(challenge.as_deref())).map_err(&failed)?;
             let resp = self
                 .request(
                     &SaslAuthenticateRequest::default().with_auth_bytes(bytes::Bytes::from(message)),
