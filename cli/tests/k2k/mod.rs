@@ -267,6 +267,36 @@ pub(crate) fn exactly_verify(job_file: &str, extra: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// For `rounds` rounds: waits `pause`, then for the output to grow (30 s at most); returns the
+/// records committed. The job's log must then say no attempt restarted and no authentication
+/// failed: for jobs that must run through a change of credentials (expiring tokens and tickets,
+/// an identity provider's outage) without noticing.
+pub(crate) async fn keeps_committing(
+    env: &TestEnv,
+    output: &str,
+    job: &mut ChildJob,
+    committed: usize,
+    rounds: usize,
+    pause: Duration,
+) -> Result<usize> {
+    let mut committed = committed;
+    for _ in 0..rounds {
+        tokio::time::sleep(pause).await;
+        committed = wait_for_more_output(env, output, committed, job, Duration::from_secs(30))
+            .await?
+            .0;
+    }
+    Ok(committed)
+}
+
+/// Fails if the job's log shows an attempt restarted or an authentication that failed.
+pub(crate) fn assert_no_restart(job: &ChildJob) {
+    let log = job.tail(100_000);
+    for sign in ["restarting", "uthentication failed", "Task failed"] {
+        assert!(!log.contains(sign), "{sign:?} in the job's log:\n{log}");
+    }
+}
+
 /// Waits until the read_committed output holds more than `before` records; returns how many and
 /// how long it took. Fails if the job exits or `timeout` passes.
 pub(crate) async fn wait_for_more_output(
