@@ -5,13 +5,10 @@
 
 mod k2k;
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use anyhow::{Context, Result};
 use exactly_integration_tests::acls::{allow, Allow, Operation, Resource};
-use exactly_integration_tests::{create_topic, fails_at_start, unique, ChildJob, TestEnv};
-use k2k::{drain_and_verify, exactly, feed, Job, KEYS};
+use exactly_integration_tests::{create_topic, fails_at_start, unique, TestEnv};
+use k2k::{drain_and_verify, exactly, killed_before_its_commits, Job};
 
 fn acl(resource: Resource, name: &str, prefixed: bool, operation: Operation) -> Allow {
     Allow {
@@ -79,12 +76,7 @@ async fn a_job_with_only_the_documented_acls_is_exactly_once_and_a_missing_one_f
     .await?;
     let dir = tempfile::tempdir()?;
     let args = spec.write(env, dir.path(), "k2k");
-    let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
-    let feeder = feed(env, &input, next.clone());
-    let mut job = ChildJob::spawn(exactly(), &args, "checkpoint.after_durable=freeze@4")?;
-    job.wait_for_failpoint("checkpoint.after_durable", Duration::from_secs(60))?;
-    job.kill();
-    feeder.finish()?;
+    let (next, _) = killed_before_its_commits(env, &input, &args)?;
     let out = drain_and_verify(env, &args, &output, &next).await?;
     eprintln!("{out} records as {principal} with only the documented ACLs, exactly once");
 

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use exactly_integration_tests::{create_topic, unique, ChildJob, TestEnv};
-use k2k::{assert_no_restart, drain_and_verify, exactly, feed, keeps_committing, Job, KEYS};
+use exactly_integration_tests::{create_topic, fails_at_start_env, unique, ChildJob, TestEnv};
+use k2k::{assert_no_restart, drain_and_verify, exactly, feed, keeps_committing, killed_before_its_commits, Job, KEYS};
 
 struct Kerberos {
     sasl_ssl: String,
@@ -135,12 +135,7 @@ async fn gssapi_job_is_exactly_once_across_a_sigkill_before_its_commits() -> Res
     let (tickets_before, delegations_before) = kdc_counts(&k)?;
     let (input, output, _dir, args) = krb_job(env, &k, "krb", 2, settings(&k, Some(&k.keytab))).await?;
 
-    let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
-    let feeder = feed(env, &input, next.clone());
-    let mut job = ChildJob::spawn(exactly(), &args, "checkpoint.after_durable=freeze@4")?;
-    job.wait_for_failpoint("checkpoint.after_durable", Duration::from_secs(60))?;
-    job.kill();
-    feeder.finish()?;
+    let (next, _) = killed_before_its_commits(env, &input, &args)?;
     // The restart commits what the killed job pre-committed (over SASL_SSL with a Kerberos
     // service ticket, by the wire client), then drains the input.
     let out = drain_and_verify(env, &args, &output, &next).await?;
@@ -210,21 +205,7 @@ async fn a_stale_keytab_or_no_tickets_fails_at_start_naming_it() -> Result<()> {
     let fails_with_no_tickets = |args: &[String], expected: &[&str]| -> Result<()> {
         let empty = tempfile::tempdir()?;
         let cache = format!("FILE:{}", empty.path().join("none").display());
-        let mut child = ChildJob::spawn_env(exactly(), args, "", &[("KRB5CCNAME", Some(cache.as_str()))])?;
-        let deadline = std::time::Instant::now() + Duration::from_secs(90);
-        while child.running() {
-            anyhow::ensure!(
-                std::time::Instant::now() < deadline,
-                "still running after 90 s (expected a failure at start):\n{}",
-                child.tail(20)
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let log = child.log(30);
-        assert_eq!(child.exit_code(), Some(1), "{log}");
-        for e in expected {
-            assert!(log.contains(e), "expected {e:?} in:\n{log}");
-        }
+        fails_at_start_env(exactly(), args, &[("KRB5CCNAME", Some(cache.as_str()))], expected)?;
         Ok(())
     };
     // A key the KDC has since replaced: kinit is refused, and there are no tickets from before.

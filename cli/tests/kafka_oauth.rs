@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use exactly_integration_tests::{create_topic, fails_at_start, unique, ChildJob, TestEnv};
-use k2k::{assert_no_restart, drain_and_verify, exactly, feed, keeps_committing, Job, KEYS};
+use k2k::{assert_no_restart, drain_and_verify, exactly, feed, keeps_committing, killed_before_its_commits, Job, KEYS};
 
 struct OAuth {
     sasl_ssl: String,
@@ -117,13 +117,7 @@ async fn oauthbearer_job_is_exactly_once_across_a_sigkill_before_its_commits() -
         "the job file references the secret, never holds it"
     );
 
-    let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
-    let feeder = feed(env, &input, next.clone());
-    let mut job = ChildJob::spawn(exactly(), &args, "checkpoint.after_durable=freeze@4")?;
-    job.wait_for_failpoint("checkpoint.after_durable", Duration::from_secs(60))?;
-    let log = job.tail(100_000);
-    job.kill();
-    feeder.finish()?;
+    let (next, log) = killed_before_its_commits(env, &input, &args)?;
     assert!(!log.contains(&secret), "the log never shows the secret");
     // The restart commits what the killed job pre-committed (over SASL_SSL with a bearer token,
     // by the wire client), then drains the input.

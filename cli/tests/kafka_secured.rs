@@ -9,12 +9,11 @@
 
 mod k2k;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use exactly_integration_tests::{create_topic, fails_at_start, read_committed, unique, ChildJob, TestEnv};
-use k2k::{drain_and_verify, exactly, feed, wait_for_more_output, Job, KEYS};
+use k2k::{drain_and_verify, exactly, killed_before_its_commits, wait_for_more_output, Job};
 
 struct Secured {
     sasl_ssl: String,
@@ -87,13 +86,7 @@ async fn sasl_ssl_scram_sha_512_job_is_exactly_once_across_a_sigkill_before_its_
         "the job file references the password, never holds it"
     );
 
-    let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
-    let feeder = feed(env, &input, next.clone());
-    let mut job = ChildJob::spawn(exactly(), &args, "checkpoint.after_durable=freeze@4")?;
-    job.wait_for_failpoint("checkpoint.after_durable", Duration::from_secs(60))?;
-    let log = job.tail(100_000);
-    job.kill();
-    feeder.finish()?;
+    let (next, log) = killed_before_its_commits(env, &input, &args)?;
     assert!(!log.contains(&password), "the log never shows the password");
     // The transaction tool reaches the secured listener with the job file's [kafka] settings and
     // sees the transactions the killed job left.

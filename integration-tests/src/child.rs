@@ -156,7 +156,17 @@ impl Drop for ChildJob {
 /// Runs `program args` and expects it to fail at start: exit code 1 within 90 s, with every one
 /// of `expected` in its log. Returns the log (without backtraces).
 pub fn fails_at_start(program: &str, args: &[String], expected: &[&str]) -> Result<String> {
-    let mut job = ChildJob::spawn(program, args, "")?;
+    fails_at_start_env(program, args, &[], expected)
+}
+
+/// [`fails_at_start`] with `env` set (or, for `None`, removed) in the child's environment.
+pub fn fails_at_start_env(
+    program: &str,
+    args: &[String],
+    env: &[(&str, Option<&str>)],
+    expected: &[&str],
+) -> Result<String> {
+    let mut job = ChildJob::spawn_env(program, args, "", env)?;
     let deadline = Instant::now() + Duration::from_secs(90);
     while job.running() {
         if Instant::now() > deadline {

@@ -267,6 +267,24 @@ pub(crate) fn exactly_verify(job_file: &str, extra: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// Feeds `input` and runs the job of `args` until a checkpoint (its fourth) is durable, then
+/// SIGKILLs it before its commits. Returns what was fed (per key, for [`drain_and_verify`]) and
+/// the killed job's log.
+pub(crate) fn killed_before_its_commits(
+    env: &TestEnv,
+    input: &str,
+    args: &[String],
+) -> Result<(Arc<std::sync::Mutex<Vec<usize>>>, String)> {
+    let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
+    let feeder = feed(env, input, next.clone());
+    let mut job = ChildJob::spawn(exactly(), args, "checkpoint.after_durable=freeze@4")?;
+    job.wait_for_failpoint("checkpoint.after_durable", Duration::from_secs(60))?;
+    let log = job.tail(100_000);
+    job.kill();
+    feeder.finish()?;
+    Ok((next, log))
+}
+
 /// For `rounds` rounds: waits `pause`, then for the output to grow (30 s at most); returns the
 /// records committed. The job's log must then say no attempt restarted and no authentication
 /// failed: for jobs that must run through a change of credentials (expiring tokens and tickets,
