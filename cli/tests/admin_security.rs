@@ -6,7 +6,9 @@
 //! HTTPS only, and the commands reach it trusting the CA in `$EXACTLY_ADMIN_CA`; a renewed
 //! certificate is served without a restart, and a renewal that does not load is logged while the
 //! served certificate stays; with a client CA only clients with its certificates get more than
-//! `/healthz`, and a CRL that revokes one is obeyed from the moment it is replaced.
+//! `/healthz`, and a CRL that revokes one is obeyed from the moment it is replaced; a CRL past its
+//! nextUpdate is refused at start, and one that expires while the job runs refuses the certificates
+//! until a newer one replaces it.
 
 mod common;
 
@@ -490,6 +492,86 @@ fn openssl(dir: &std::path::Path, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// A CA database of a test's own for `openssl ca`, signing with the broker test CA's key: CRLs
+/// of that CA, revoking its certificates.
+struct TestCa {
+    dir: std::path::PathBuf,
+    ca: String,
+    key: String,
+}
+
+impl TestCa {
+    fn new(under: &std::path::Path, tls: &std::path::Path) -> Result<Self> {
+        let dir = under.join("ca");
+        std::fs::create_dir(&dir)?;
+        std::fs::write(
+            dir.join("openssl.cnf"),
+            "[ca]\ndefault_ca = test\n[test]\ndatabase = index.txt\ncrlnumber = crlnumber\ndefault_md = sha256\ndefault_crl_days = 30\n",
+        )?;
+        std::fs::write(dir.join("index.txt"), "")?;
+        std::fs::write(dir.join("crlnumber"), "01\n")?;
+        Ok(TestCa {
+            dir,
+            ca: tls.join("ca.pem").display().to_string(),
+            key: tls.join("ca.key").display().to_string(),
+        })
+    }
+
+    /// A CRL of the certificates revoked so far into `out`, valid 30 days unless `extra` sets
+    /// `-crl_lastupdate` / `-crl_nextupdate`.
+    fn crl(&self, out: &std::path::Path, extra: &[&str]) -> Result<()> {
+        let out = out.display().to_string();
+        let mut args = vec![
+            "ca",
+            "-config",
+            "openssl.cnf",
+            "-gencrl",
+            "-keyfile",
+            &self.key,
+            "-cert",
+            &self.ca,
+            "-out",
+            &out,
+        ];
+        args.extend_from_slice(extra);
+        openssl(&self.dir, &args)
+    }
+
+    fn revoke(&self, cert: &std::path::Path) -> Result<()> {
+        let cert = cert.display().to_string();
+        openssl(
+            &self.dir,
+            &[
+                "ca",
+                "-config",
+                "openssl.cnf",
+                "-revoke",
+                &cert,
+                "-keyfile",
+                &self.key,
+                "-cert",
+                &self.ca,
+            ],
+        )
+    }
+
+    /// A CRL, written beside `file` and renamed over it, as a CRL distributor replaces one.
+    fn replace_crl(&self, file: &std::path::Path, extra: &[&str]) -> Result<()> {
+        let new = file.with_extension("new");
+        self.crl(&new, extra)?;
+        Ok(std::fs::rename(&new, file)?)
+    }
+}
+
+/// `t` as `openssl ca` takes times (YYYYMMDDHHMMSSZ).
+fn openssl_time(t: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t)
+        .to_string()
+        .chars()
+        .filter(|c| c.is_ascii_digit() || *c == 'Z')
+        .collect()
+}
+
 /// With `admin_tls_client_crl` a client certificate its CA revoked ends the handshake — from the
 /// moment the CRL file is replaced, without a restart: the broker test CA's client certificate
 /// gets status until a new CRL (made here by `openssl ca` with the test CA's key, in a database of
@@ -500,37 +582,10 @@ async fn a_client_certificate_revoked_by_a_new_crl_is_refused_without_a_restart(
     let env = TestEnv::get().await?;
     let tls = from_services("EXACTLY_KAFKA_TLS_DIR")?;
     let (dir, file, port) = job_with_admin(env, "adm-crl").await?;
-    let ca_dir = dir.path().join("ca");
-    std::fs::create_dir(&ca_dir)?;
-    std::fs::write(
-        ca_dir.join("openssl.cnf"),
-        "[ca]\ndefault_ca = test\n[test]\ndatabase = index.txt\ncrlnumber = crlnumber\ndefault_md = sha256\ndefault_crl_days = 30\n",
-    )?;
-    std::fs::write(ca_dir.join("index.txt"), "")?;
-    std::fs::write(ca_dir.join("crlnumber"), "01\n")?;
-    let (ca, ca_key) = (
-        tls.join("ca.pem").display().to_string(),
-        tls.join("ca.key").display().to_string(),
-    );
+    let test_ca = TestCa::new(dir.path(), &tls)?;
+    let ca = &test_ca.ca;
     let crl = dir.path().join("client.crl");
-    let gencrl = |out: &std::path::Path| {
-        openssl(
-            &ca_dir,
-            &[
-                "ca",
-                "-config",
-                "openssl.cnf",
-                "-gencrl",
-                "-keyfile",
-                &ca_key,
-                "-cert",
-                &ca,
-                "-out",
-                &out.display().to_string(),
-            ],
-        )
-    };
-    gencrl(&crl)?;
+    test_ca.crl(&crl, &[])?;
 
     let with = job_lines(&file, port)?;
     let server = admin_tls_lines(&tls.join("broker.pem"), &tls.join("broker-pkcs8.key"));
@@ -567,23 +622,8 @@ async fn a_client_certificate_revoked_by_a_new_crl_is_refused_without_a_restart(
     })?;
 
     // The certificate revoked: a new CRL renamed over the old one, as a CRL distributor would.
-    openssl(
-        &ca_dir,
-        &[
-            "ca",
-            "-config",
-            "openssl.cnf",
-            "-revoke",
-            &client_cert.display().to_string(),
-            "-keyfile",
-            &ca_key,
-            "-cert",
-            &ca,
-        ],
-    )?;
-    let renewed = dir.path().join("client.crl.new");
-    gencrl(&renewed)?;
-    std::fs::rename(&renewed, &crl)?;
+    test_ca.revoke(&client_cert)?;
+    test_ca.replace_crl(&crl, &[])?;
     let mut said = String::new();
     until(&mut job, "the revoked certificate refused", |_| {
         let (ok, s) = status_with(port, &ca_path, &certified)?;
@@ -596,6 +636,84 @@ async fn a_client_certificate_revoked_by_a_new_crl_is_refused_without_a_restart(
         "{}",
         job.tail(40)
     );
+    job.kill();
+    Ok(())
+}
+
+/// A CRL is trusted until its nextUpdate only: one already expired is refused at start naming the
+/// file and the time; one that expires while the job runs ends the handshakes of its CA's client
+/// certificates (the log says why) until a newer CRL replaces the file — without a restart. The
+/// certificate is revoked by none of these CRLs: only their age refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_crl_refuses_client_certificates_until_a_newer_one_replaces_it() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let tls = from_services("EXACTLY_KAFKA_TLS_DIR")?;
+    let (dir, file, port) = job_with_admin(env, "adm-crl-exp").await?;
+    let test_ca = TestCa::new(dir.path(), &tls)?;
+    let ca = test_ca.ca.clone();
+    let now = std::time::SystemTime::now();
+    let at = |t: std::time::SystemTime| openssl_time(t);
+    let (last, next) = (at(now - Duration::from_secs(7200)), at(now - Duration::from_secs(3600)));
+    let expired = ["-crl_lastupdate", last.as_str(), "-crl_nextupdate", next.as_str()];
+    let crl = dir.path().join("client.crl");
+    test_ca.crl(&crl, &expired)?;
+
+    let with = job_lines(&file, port)?;
+    let server = admin_tls_lines(&tls.join("broker.pem"), &tls.join("broker-pkcs8.key"));
+    let text = with(&format!(
+        "{server}\nadmin_tls_client_ca = \"{ca}\"\nadmin_tls_client_crl = \"{}\"",
+        crl.display()
+    ));
+    let next_rfc = humantime::format_rfc3339_seconds(now - Duration::from_secs(3600)).to_string();
+    check_refuses(
+        &file,
+        &text,
+        &[
+            "job.admin_tls_client_crl",
+            "expired at",
+            &next_rfc,
+            "publish a newer one",
+        ],
+    )?;
+
+    // A CRL valid for another hour: the job starts, warning that it expires within a day.
+    let hour = at(std::time::SystemTime::now() + Duration::from_secs(3600));
+    test_ca.crl(&crl, &["-crl_nextupdate", hour.as_str()])?;
+    std::fs::write(&file, &text)?;
+    let mut job = spawn_run(&file, &[], "")?;
+    let (client_cert, client_key) = (tls.join("client.pem"), tls.join("client.key"));
+    let certified = [
+        ("EXACTLY_ADMIN_CLIENT_CERT", client_cert.as_path()),
+        ("EXACTLY_ADMIN_CLIENT_KEY", client_key.as_path()),
+    ];
+    let ca_path = tls.join("ca.pem");
+    until(&mut job, "status with the client certificate", |_| {
+        Ok(status_with(port, &ca_path, &certified)?.0)
+    })?;
+    assert!(job.tail(100_000).contains("expires within a day"), "{}", job.tail(40));
+
+    // Replaced by one that expires two seconds on (a distributor that stopped renewing): from
+    // then on the certificate is refused, and the log says why.
+    let soon = at(std::time::SystemTime::now() + Duration::from_secs(2));
+    test_ca.replace_crl(&crl, &["-crl_nextupdate", soon.as_str()])?;
+    let mut said = String::new();
+    until(&mut job, "the certificate refused under the expired CRL", |_| {
+        let (ok, s) = status_with(port, &ca_path, &certified)?;
+        said = s;
+        Ok(!ok)
+    })?;
+    until(&mut job, "the expired CRL logged", |j| {
+        Ok(j.tail(100_000).contains("its CA's CRL has expired"))
+    })?;
+    assert!(!said.is_empty(), "the refused client said nothing");
+
+    // A newer CRL (30 days) renamed over the file: certificates pass again, same process.
+    test_ca.replace_crl(&crl, &[])?;
+    until(
+        &mut job,
+        "status with the client certificate after the newer CRL",
+        |_| Ok(status_with(port, &ca_path, &certified)?.0),
+    )?;
     job.kill();
     Ok(())
 }
