@@ -75,6 +75,24 @@ impl TestEnv {
         ENV.get_or_try_init(find).await
     }
 
+    /// The three-node Kafka cluster of `scripts/services up cluster` (`EXACTLY_KAFKA_CLUSTER`), as
+    /// an environment whose Kafka it is (the same database, object store and services script):
+    /// the helpers that take a `TestEnv` then create topics (three replicas), feed and read there.
+    /// Fails, saying how to start it, when it is not set or does not answer.
+    pub fn cluster(&self) -> Result<TestEnv> {
+        let how = "the three-node Kafka cluster is needed by this test: start it and export its address with\n\n    \
+             scripts/services up cluster && eval \"$(scripts/services env)\"\n\n(`scripts/test` does both)";
+        let bootstrap =
+            std::env::var("EXACTLY_KAFKA_CLUSTER").map_err(|_| anyhow!("EXACTLY_KAFKA_CLUSTER is not set: {how}"))?;
+        check_reachable("the Kafka cluster", &bootstrap).with_context(|| how.to_owned())?;
+        Ok(TestEnv {
+            kafka_bootstrap: bootstrap,
+            kafka_log: None,
+            kafka_proxied: None,
+            ..self.clone()
+        })
+    }
+
     /// Runs `scripts/services COMMAND` (kill, pause, restart a service); fails when the services
     /// were not started by the scripts (containers cannot be signalled so).
     pub fn services(&self, command: &str) -> Result<()> {

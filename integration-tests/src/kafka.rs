@@ -81,7 +81,8 @@ pub async fn create_topic_with(env: &TestEnv, topic: &str, partitions: i32, conf
         .create()
         .context("creating an admin client")?;
     let new = config.iter().fold(
-        NewTopic::new(topic, partitions, TopicReplication::Fixed(1)),
+        // The broker's default.replication.factor: 1 on the single broker, 3 on the cluster.
+        NewTopic::new(topic, partitions, TopicReplication::Fixed(-1)),
         |t, (k, v)| t.set(k, v),
     );
     let results = admin

@@ -348,18 +348,30 @@ impl TopicAccess {
 pub async fn topic_access(cluster: &crate::Cluster, topic: &str) -> Result<TopicAccess, WireError> {
     use kafka_protocol::messages::metadata_request::{MetadataRequest, MetadataRequestTopic};
     use kafka_protocol::messages::TopicName;
-    let addr = cluster
-        .addresses()
-        .next()
-        .ok_or_else(|| WireError::Config("no bootstrap server".into()))?;
-    let mut conn = connect(addr, &cluster.security, "exactly").await?;
     let req = MetadataRequest::default()
         .with_topics(Some(vec![
             MetadataRequestTopic::default().with_name(Some(TopicName(StrBytes::from_string(topic.to_owned()))))
         ]))
         .with_allow_auto_topic_creation(false)
         .with_include_topic_authorized_operations(true);
-    let resp = conn.request(&req, 10).await?;
+    // The first bootstrap server that answers (the first one may be down: a failover).
+    let mut last = WireError::Config("no bootstrap server".into());
+    let mut answer = None;
+    for addr in cluster.addresses() {
+        let attempt = async {
+            let mut conn = connect(addr, &cluster.security, "exactly").await?;
+            conn.request(&req, 10).await
+        };
+        match attempt.await {
+            Ok(resp) => {
+                answer = Some(resp);
+                break;
+            }
+            Err(e) if e.is_permanent() => return Err(e),
+            Err(e) => last = e,
+        }
+    }
+    let resp = answer.ok_or(last)?;
     let Some(t) = resp.topics.first() else {
         return Ok(TopicAccess::Unknown);
     };

@@ -11,6 +11,8 @@ use crate::error::{Result, SinkError};
 use crate::partitioner::{FixedPartitioner, KeyHashPartitioner, Partitioner, RoundRobinPartitioner};
 
 pub(crate) const TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one broker may take to describe its configuration before the next is asked.
+const DESCRIBE_CONFIG_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(crate) fn partitioner_for(kind: PartitionerKind) -> Box<dyn Partitioner> {
     match kind {
@@ -77,22 +79,41 @@ pub(crate) async fn broker_facts(config: &KafkaSinkConfig, starting: bool) -> Re
         .iter()
         .map(|b| format!("{}:{}", b.host(), b.port()))
         .collect();
+    // From the first broker that answers (one that just died may still be listed: a failover).
     let mut max_transaction_timeout = None;
-    if let Some(b) = md.brokers().first() {
+    let mut failures = Vec::new();
+    let ids: Vec<i32> = md.brokers().iter().map(|b| b.id()).collect();
+    for id in ids {
         let results = admin
             .describe_configs(
-                &[ResourceSpecifier::Broker(b.id())],
-                &AdminOptions::new().request_timeout(Some(TIMEOUT)),
+                &[ResourceSpecifier::Broker(id)],
+                &AdminOptions::new().request_timeout(Some(DESCRIBE_CONFIG_TIMEOUT)),
             )
-            .await
-            .map_err(|e| SinkError::kafka("describing broker configuration", e))?;
-        if let Some(Ok(resource)) = results.first() {
-            max_transaction_timeout = resource
-                .get("transaction.max.timeout.ms")
-                .and_then(|e| e.value.as_deref())
-                .and_then(|v| v.parse::<u64>().ok())
-                .map(Duration::from_millis);
+            .await;
+        match results.as_deref() {
+            Ok([Ok(resource), ..]) => {
+                max_transaction_timeout = resource
+                    .get("transaction.max.timeout.ms")
+                    .and_then(|e| e.value.as_deref())
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .map(Duration::from_millis);
+                failures.clear();
+                break;
+            }
+            // Refused (no DescribeConfigs right on the cluster): the limit stays unknown, as the
+            // broker's own check of the transaction timeout remains.
+            Ok(_) => {
+                failures.clear();
+                break;
+            }
+            Err(e) => failures.push(format!("broker {id}: {e}")),
         }
+    }
+    if !failures.is_empty() {
+        return Err(SinkError::Protocol(format!(
+            "describing the brokers' configuration (transaction.max.timeout.ms): {}",
+            failures.join("; ")
+        )));
     }
     Ok(BrokerFacts {
         partitions,

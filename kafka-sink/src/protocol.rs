@@ -3,18 +3,33 @@
 //! epoch). Requests and responses are encoded by the `kafka-protocol` crate and sent over
 //! connections secured like every other client of the job (`exactly_kafka_client::wire`). One
 //! short-lived connection per request: these run at checkpoints and recovery, never per record.
+//!
+//! A coordinator or broker that dies moves its role to another broker once the controller fences
+//! it (`broker.session.timeout.ms`, 9 s by default) and the new leader has loaded the transaction
+//! log. Meanwhile the dead one refuses connections, or FindCoordinator still names it, or the new
+//! one answers NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS: requests to a coordinator, and the
+//! listing of every broker's transactions, try again (the coordinator found again, the brokers
+//! read again from the cluster's metadata) for up to [`FAILOVER`] before they fail.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use exactly_kafka_client::Cluster;
 use kafka_protocol::messages::{
     api_versions_request::ApiVersionsRequest, describe_transactions_request::DescribeTransactionsRequest,
     end_txn_request::EndTxnRequest, find_coordinator_request::FindCoordinatorRequest,
-    list_transactions_request::ListTransactionsRequest, ApiKey, ProducerId, TransactionalId,
+    list_transactions_request::ListTransactionsRequest, metadata_request::MetadataRequest, ApiKey, ProducerId,
+    TransactionalId,
 };
 use kafka_protocol::protocol::{Request, StrBytes};
+use tracing::warn;
 
 use crate::error::{Result, SinkError};
+
+/// How long a request keeps trying while its coordinator or a broker is unreachable or moving.
+pub(crate) const FAILOVER: Duration = Duration::from_secs(60);
+/// The first pause between tries, doubled up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Kafka error codes this module interprets (from the protocol guide).
 pub(crate) mod code {
@@ -28,6 +43,14 @@ pub(crate) mod code {
     /// The coordinator does not know the id: it never existed, or it expired after
     /// `transactional.id.expiration.ms` without a transaction.
     pub(crate) const TRANSACTIONAL_ID_NOT_FOUND: i16 = 105;
+
+    /// The coordinator moved, or is still loading its state: find it again and retry.
+    pub(crate) fn coordinator_moving(c: i16) -> bool {
+        matches!(
+            c,
+            COORDINATOR_LOAD_IN_PROGRESS | COORDINATOR_NOT_AVAILABLE | NOT_COORDINATOR
+        )
+    }
 
     /// Worth retrying after finding the coordinator again.
     pub(crate) fn retriable(c: i16) -> bool {
@@ -54,6 +77,8 @@ pub const END_TXN_VERSION: i16 = 3;
 pub(crate) const FIND_COORDINATOR_VERSION: i16 = 3;
 pub(crate) const DESCRIBE_TRANSACTIONS_VERSION: i16 = 0;
 pub(crate) const LIST_TRANSACTIONS_VERSION: i16 = 0;
+/// Metadata without topics: the brokers the cluster lists now.
+pub(crate) const METADATA_VERSION: i16 = 9;
 /// The first EndTxn version of transaction version 2 (KIP-890): a recovery EndTxn must stay below
 /// it while the producer speaks transaction version 1.
 pub const END_TXN_TV2_VERSION: i16 = 5;
@@ -158,6 +183,7 @@ impl Wire {
                 (ApiKey::DescribeTransactions, DESCRIBE_TRANSACTIONS_VERSION),
                 (ApiKey::ListTransactions, LIST_TRANSACTIONS_VERSION),
                 (ApiKey::EndTxn, END_TXN_VERSION),
+                (ApiKey::Metadata, METADATA_VERSION),
             ];
             for (api, version) in needed {
                 let supported = resp.api_keys.iter().find(|k| k.api_key == api as i16);
@@ -208,11 +234,18 @@ impl Wire {
     /// Describes `transactional_id` at its coordinator; `None` when the coordinator does not know
     /// the id (never used, or expired after `transactional.id.expiration.ms`).
     pub(crate) async fn describe_known(&self, transactional_id: &str) -> Result<Option<TxnDescription>> {
-        let coordinator = self.coordinator(transactional_id).await?;
         let req = DescribeTransactionsRequest::default().with_transactional_ids(vec![TransactionalId(
             StrBytes::from_string(transactional_id.to_owned()),
         )]);
-        let resp = self.send(&coordinator, &req, DESCRIBE_TRANSACTIONS_VERSION).await?;
+        let resp = self
+            .at_coordinator(
+                transactional_id,
+                "DescribeTransactions",
+                &req,
+                DESCRIBE_TRANSACTIONS_VERSION,
+                |r| r.transaction_states.first().map_or(code::NONE, |s| s.error_code),
+            )
+            .await?;
         let s =
             resp.transaction_states.into_iter().next().ok_or_else(|| {
                 SinkError::Protocol(format!("DescribeTransactions of {transactional_id}: empty answer"))
@@ -249,27 +282,130 @@ impl Wire {
         epoch: i16,
         commit: bool,
     ) -> Result<i16> {
-        let coordinator = self.coordinator(transactional_id).await?;
         let req = EndTxnRequest::default()
             .with_transactional_id(TransactionalId(StrBytes::from_string(transactional_id.to_owned())))
             .with_producer_id(ProducerId(producer_id))
             .with_producer_epoch(epoch)
             .with_committed(commit);
-        Ok(self.send(&coordinator, &req, END_TXN_VERSION).await?.error_code)
+        Ok(self
+            .at_coordinator(transactional_id, "EndTxn", &req, END_TXN_VERSION, |r| r.error_code)
+            .await?
+            .error_code)
     }
 
-    /// Every transaction every broker in `brokers` coordinates.
+    /// Sends `req` to the coordinator of `transactional_id`, finding it again and retrying while it
+    /// is unreachable or answers that it moved or is loading (`error_code` of the answer), for up
+    /// to [`FAILOVER`]. Other answers, and configuration errors (credentials, certificates), are
+    /// returned at once.
+    async fn at_coordinator<R: Request>(
+        &self,
+        transactional_id: &str,
+        what: &str,
+        req: &R,
+        version: i16,
+        error_code: impl Fn(&R::Response) -> i16,
+    ) -> Result<R::Response> {
+        let deadline = Instant::now() + FAILOVER;
+        let mut backoff = FIRST_BACKOFF;
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            let failure = match self.coordinator(transactional_id).await {
+                Ok(coordinator) => match self.send(&coordinator, req, version).await {
+                    Ok(resp) if code::coordinator_moving(error_code(&resp)) => {
+                        format!("{coordinator} answered error code {}", error_code(&resp))
+                    }
+                    Ok(resp) => return Ok(resp),
+                    Err(SinkError::Protocol(e)) => e,
+                    Err(e) => return Err(e),
+                },
+                Err(SinkError::Protocol(e)) => e,
+                Err(e) => return Err(e),
+            };
+            if Instant::now() + backoff >= deadline {
+                return Err(SinkError::Protocol(format!(
+                    "{what} of {transactional_id}: no coordinator answered within {FAILOVER:?} ({tries} tries; last: {failure})"
+                )));
+            }
+            if tries == 1 {
+                warn!(transactional_id, request = what, error = %failure, "The transaction coordinator did not answer; finding it again (a broker failing over?) for up to {FAILOVER:?}.");
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// `host:port` of every broker the cluster lists now (Metadata without topics), from the
+    /// first bootstrap server that answers.
+    pub(crate) async fn live_brokers(&self) -> Result<Vec<String>> {
+        let req = MetadataRequest::default().with_topics(Some(Vec::new()));
+        let mut last = String::from("no bootstrap server");
+        for addr in &self.bootstrap {
+            match self.send(addr, &req, METADATA_VERSION).await {
+                Ok(r) => {
+                    return Ok(r
+                        .brokers
+                        .iter()
+                        .map(|b| format!("{}:{}", b.host.as_str(), b.port))
+                        .collect())
+                }
+                Err(e @ SinkError::Config(_)) => return Err(e),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(SinkError::Protocol(format!("asking for the cluster's brokers: {last}")))
+    }
+
+    /// Every transaction every broker of the cluster coordinates, starting from `brokers`. While a
+    /// broker does not answer (or is still loading its transactions), the listing starts again
+    /// after a pause at the brokers the cluster's metadata lists then — a dead broker drops out of
+    /// it once fenced, and the one that took over its transactions is listed afresh — for up to
+    /// [`FAILOVER`].
     pub(crate) async fn list(&self, brokers: &[String]) -> Result<Vec<ListedTxn>> {
+        let deadline = Instant::now() + FAILOVER;
+        let mut backoff = FIRST_BACKOFF;
+        let mut brokers = brokers.to_vec();
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            let failure = match self.list_once(&brokers).await {
+                Ok(listed) => return Ok(listed),
+                Err((SinkError::Protocol(e), true)) => e,
+                Err((e, _)) => return Err(e),
+            };
+            if Instant::now() + backoff >= deadline {
+                return Err(SinkError::Protocol(format!(
+                    "listing transactions: not every broker answered within {FAILOVER:?} ({tries} tries; last: {failure})"
+                )));
+            }
+            if tries == 1 {
+                warn!(error = %failure, "Listing the brokers' transactions failed; listing again at the brokers the cluster lists now (a broker failing over?) for up to {FAILOVER:?}.");
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+            match self.live_brokers().await {
+                Ok(now) if !now.is_empty() => brokers = now,
+                Ok(_) => {}
+                Err(e @ SinkError::Config(_)) => return Err(e),
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// One ListTransactions at each of `brokers`; a failure says whether trying again may help
+    /// (an unreachable broker, one loading its transactions).
+    async fn list_once(&self, brokers: &[String]) -> std::result::Result<Vec<ListedTxn>, (SinkError, bool)> {
         let mut out = Vec::new();
         for addr in brokers {
             let resp = self
                 .send(addr, &ListTransactionsRequest::default(), LIST_TRANSACTIONS_VERSION)
-                .await?;
+                .await
+                .map_err(|e| (e, true))?;
             if resp.error_code != code::NONE {
-                return Err(SinkError::Protocol(format!(
-                    "ListTransactions at {addr}: error code {}",
-                    resp.error_code
-                )));
+                return Err((
+                    SinkError::Protocol(format!("ListTransactions at {addr}: error code {}", resp.error_code)),
+                    code::coordinator_moving(resp.error_code),
+                ));
             }
             out.extend(resp.transaction_states.into_iter().map(|s| ListedTxn {
                 transactional_id: s.transactional_id.0.as_str().to_owned(),

@@ -1,0 +1,162 @@
+//! Kafka-to-Kafka exactly-once jobs against a cluster of three brokers, as production runs Kafka
+//! (`scripts/services up cluster`: every topic with three replicas, two in sync required, one
+//! partition for the group offsets and one for the transaction log, so one node coordinates every
+//! transactional id): partition leaders and coordinators move when a node dies, which a single
+//! broker never shows.
+//!
+//! - Each node SIGKILLed in turn while the job runs with input arriving (the partitions it led,
+//!   the transaction coordinator and the group coordinator move to the others, then some back):
+//!   the job goes on committing while a node is down, and the read_committed output ends with
+//!   every record exactly once, in order per key (`drain_and_verify`, then `exactly verify`).
+//! - The job SIGKILLed after a durable checkpoint, before its commits, and then the node that
+//!   coordinates its transactions: the restart commits the checkpoint's transactions through the
+//!   node that took over (the output grows while the old coordinator is still down), exactly once.
+//!
+//! The two tests take turns (`ONE_AT_A_TIME`): each kills nodes the other's job uses.
+
+mod k2k;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use exactly_integration_tests::{create_topic, read_committed, unique, ChildJob, TestEnv};
+use k2k::{drain_and_verify, exactly, feed, killed_before_its_commits, wait_for_more_output, Job, KEYS};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::ClientConfig;
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A cluster node SIGKILLed by a test, started again when dropped — also when the test fails, so
+/// the next test finds three nodes.
+struct Killed<'a> {
+    env: &'a TestEnv,
+    node: i32,
+}
+
+impl<'a> Killed<'a> {
+    fn node(env: &'a TestEnv, node: i32) -> Result<Self> {
+        env.services(&format!("kill-cluster-{node}"))?;
+        Ok(Killed { env, node })
+    }
+}
+
+impl Drop for Killed<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.env.services(&format!("start-cluster-{}", self.node)) {
+            eprintln!("starting cluster node {} again failed: {e:#}", self.node);
+        }
+    }
+}
+
+/// The transaction log: with one partition, its leader coordinates every transactional id.
+const TRANSACTION_LOG: &str = "__transaction_state";
+
+/// The node leading partition 0 of `topic`.
+fn leader_of(env: &TestEnv, topic: &str) -> Result<i32> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &env.kafka_bootstrap)
+        .create()
+        .context("creating a metadata client")?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        let leader = metadata
+            .topics()
+            .first()
+            .and_then(|t| t.partitions().first())
+            .map(|p| p.leader());
+        match leader {
+            Some(l) if l >= 0 => return Ok(l),
+            _ if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(500)),
+            _ => anyhow::bail!("{topic}/0 has no leader after 60 s: {leader:?}"),
+        }
+    }
+}
+
+/// The job file of these tests: two subtasks, checkpoints every 500 ms that may take 20 s (a
+/// failover stalls writes for seconds; the tests are about failover, not checkpoint timeouts).
+fn job_args(env: &TestEnv, input: &str, output: &str, dir: &std::path::Path) -> Vec<String> {
+    Job {
+        interval: "500ms",
+        checkpoint_timeout: "20s",
+        ..Job::new(input, output)
+    }
+    .write(env, dir, "k2k")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_broker_of_three_killed_in_turn_loses_and_doubles_nothing() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let env = &TestEnv::get().await?.cluster()?;
+    let (input, output) = (unique("cl-in"), unique("cl-out"));
+    create_topic(env, &input, 3).await?;
+    create_topic(env, &output, 3).await?;
+    let dir = tempfile::tempdir()?;
+    let args = job_args(env, &input, &output, dir.path());
+    let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
+    let feeder = feed(env, &input, next.clone());
+    let mut job = ChildJob::spawn(exactly(), &args, "")?;
+    let wait = Duration::from_secs(90);
+    let mut committed = wait_for_more_output(env, &output, 0, &mut job, wait).await?.0;
+    for node in 1..=3 {
+        let coordinator = leader_of(env, TRANSACTION_LOG)?;
+        let killed = Killed::node(env, node)?;
+        // Two nodes left: the job goes on committing.
+        let (n, took) = wait_for_more_output(env, &output, committed, &mut job, wait).await?;
+        eprintln!("node {node} down (transaction coordinator: node {coordinator}): output grew to {n} after {took:?}");
+        drop(killed);
+        committed = wait_for_more_output(env, &output, n, &mut job, wait).await?.0;
+    }
+    let fed = feeder.finish()?;
+    assert!(
+        job.running(),
+        "the job exited (code {:?}):\n{}",
+        job.exit_code(),
+        job.log(40)
+    );
+    let restarts = job.tail(1_000_000).matches("restarting").count();
+    job.kill();
+    let out = drain_and_verify(env, &args, &output, &next).await?;
+    eprintln!(
+        "3 nodes killed in turn; {fed} records fed, {out} out, 0 duplicates, 0 missing; {restarts} attempt restarts"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_commits_through_the_node_that_took_over_the_transactions() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let env = &TestEnv::get().await?.cluster()?;
+    let (input, output) = (unique("clc-in"), unique("clc-out"));
+    create_topic(env, &input, 3).await?;
+    create_topic(env, &output, 3).await?;
+    let dir = tempfile::tempdir()?;
+    let args = job_args(env, &input, &output, dir.path());
+
+    // Checkpoint 4 durable, its transactions pre-committed and not committed: SIGKILL.
+    let (next, _) = killed_before_its_commits(env, &input, &args)?;
+    let before = read_committed(env, &output, Duration::from_secs(30))?.len();
+    let coordinator = leader_of(env, TRANSACTION_LOG)?;
+    let killed = Killed::node(env, coordinator)?;
+    // Restarted at once, as a supervisor would: the coordinator is dead and not yet replaced.
+    let mut job = ChildJob::spawn(exactly(), &args, "")?;
+    let (n, took) = wait_for_more_output(env, &output, before, &mut job, Duration::from_secs(120)).await?;
+    let now = leader_of(env, TRANSACTION_LOG)?;
+    assert_ne!(now, coordinator, "the transaction log's leader did not move");
+    let log = job.tail(1_000_000);
+    assert!(
+        log.contains("Committed a restored transaction"),
+        "the restart did not commit the checkpoint's transactions:\n{}",
+        job.log(40)
+    );
+    eprintln!(
+        "coordinator node {coordinator} killed, node {now} took over; {before} → {n} records committed after {took:?}; {} attempt restarts",
+        log.matches("restarting").count()
+    );
+    job.kill();
+    drop(killed);
+    let out = drain_and_verify(env, &args, &output, &next).await?;
+    eprintln!("{out} records out, 0 duplicates, 0 missing");
+    Ok(())
+}
