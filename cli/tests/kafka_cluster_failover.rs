@@ -11,8 +11,10 @@
 //! - The job SIGKILLed after a durable checkpoint, before its commits, and then the node that
 //!   coordinates its transactions: the restart commits the checkpoint's transactions through the
 //!   node that took over (the output grows while the old coordinator is still down), exactly once.
+//! - Two nodes down at once for 20 s (no controller quorum, no partition writable): the job
+//!   stalls and, once they return, goes on; exactly once.
 //!
-//! The two tests take turns (`ONE_AT_A_TIME`): each kills nodes the other's job uses.
+//! The tests take turns (`ONE_AT_A_TIME`): each kills nodes the others' jobs use.
 
 mod k2k;
 
@@ -158,5 +160,50 @@ async fn a_restart_commits_through_the_node_that_took_over_the_transactions() ->
     drop(killed);
     let out = drain_and_verify(env, &args, &output, &next).await?;
     eprintln!("{out} records out, 0 duplicates, 0 missing");
+    Ok(())
+}
+
+/// Two nodes of three down at once: no quorum of controllers, no partition with two replicas in
+/// sync — nothing can be written or committed. The job waits (or restarts its attempts) through
+/// 20 s of that, and when the nodes return it goes on: every record exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_brokers_of_three_down_at_once_stall_the_job_and_lose_nothing() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let env = &TestEnv::get().await?.cluster()?;
+    let (input, output) = (unique("cl2-in"), unique("cl2-out"));
+    create_topic(env, &input, 3).await?;
+    create_topic(env, &output, 3).await?;
+    let dir = tempfile::tempdir()?;
+    let args = job_args(env, &input, &output, dir.path());
+    let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
+    let feeder = feed(env, &input, next.clone());
+    let mut job = ChildJob::spawn(exactly(), &args, "")?;
+    let wait = Duration::from_secs(90);
+    let committed = wait_for_more_output(env, &output, 0, &mut job, wait).await?.0;
+    let coordinator = leader_of(env, TRANSACTION_LOG)?;
+    let (a, b) = (coordinator, coordinator % 3 + 1);
+    {
+        let _first = Killed::node(env, a)?;
+        let _second = Killed::node(env, b)?;
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert!(
+            job.running(),
+            "the job exited while two nodes were down:\n{}",
+            job.log(40)
+        );
+    }
+    let (n, took) = wait_for_more_output(env, &output, committed, &mut job, Duration::from_secs(180)).await?;
+    eprintln!("nodes {a} and {b} down 20 s; output grew to {n} within {took:?} of their return");
+    let fed = feeder.finish()?;
+    assert!(
+        job.running(),
+        "the job exited (code {:?}):\n{}",
+        job.exit_code(),
+        job.log(40)
+    );
+    let restarts = job.tail(1_000_000).matches("restarting").count();
+    job.kill();
+    let out = drain_and_verify(env, &args, &output, &next).await?;
+    eprintln!("{fed} records fed, {out} out, 0 duplicates, 0 missing; {restarts} attempt restarts");
     Ok(())
 }
