@@ -120,6 +120,14 @@ pub(crate) fn wire_error(e: exactly_kafka_client::wire::WireError) -> SinkError 
     }
 }
 
+/// How a request failed: before it was sent (no connection), or after (the broker may have acted
+/// on it, and its answer was lost).
+enum SendFailure {
+    Unsent(SinkError),
+    MaybeSent(SinkError),
+}
+use SendFailure::{MaybeSent, Unsent};
+
 /// A minimal client for the requests above.
 #[derive(Debug, Clone)]
 pub(crate) struct Wire {
@@ -143,19 +151,32 @@ impl Wire {
     }
 
     async fn send<R: Request>(&self, addr: &str, req: &R, version: i16) -> Result<R::Response> {
-        let fut = self.send_inner(addr, req, version);
-        tokio::time::timeout(self.timeout, fut)
-            .await
-            .map_err(|_| SinkError::Protocol(format!("{addr}: no answer within {:?}", self.timeout)))?
+        self.send_tracked(addr, req, version).await.map_err(|f| match f {
+            Unsent(e) | MaybeSent(e) => e,
+        })
     }
 
-    async fn send_inner<R: Request>(&self, addr: &str, req: &R, version: i16) -> Result<R::Response> {
+    /// [`Wire::send`], telling a failure before the request left (no connection) from one after
+    /// (the broker may have acted on it).
+    async fn send_tracked<R: Request>(
+        &self,
+        addr: &str,
+        req: &R,
+        version: i16,
+    ) -> std::result::Result<R::Response, SendFailure> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let no_answer = || SinkError::Protocol(format!("{addr}: no answer within {:?}", self.timeout));
         // One connection per request (these run at checkpoints and recovery, not per record),
         // secured as the cluster's settings say.
-        let mut conn = exactly_kafka_client::wire::connect(addr, &self.cluster.security, "exactly-kafka-sink")
+        let connect = exactly_kafka_client::wire::connect(addr, &self.cluster.security, "exactly-kafka-sink");
+        let mut conn = tokio::time::timeout_at(deadline, connect)
             .await
-            .map_err(wire_error)?;
-        conn.request(req, version).await.map_err(wire_error)
+            .map_err(|_| Unsent(no_answer()))?
+            .map_err(|e| Unsent(wire_error(e)))?;
+        tokio::time::timeout_at(deadline, conn.request(req, version))
+            .await
+            .map_err(|_| MaybeSent(no_answer()))?
+            .map_err(|e| MaybeSent(wire_error(e)))
     }
 
     /// Asks a bootstrap broker which request versions it supports (ApiVersions) and fails, naming
@@ -243,6 +264,7 @@ impl Wire {
                 "DescribeTransactions",
                 &req,
                 DESCRIBE_TRANSACTIONS_VERSION,
+                true,
                 |r| r.transaction_states.first().map_or(code::NONE, |s| s.error_code),
             )
             .await?;
@@ -288,7 +310,9 @@ impl Wire {
             .with_producer_epoch(epoch)
             .with_committed(commit);
         Ok(self
-            .at_coordinator(transactional_id, "EndTxn", &req, END_TXN_VERSION, |r| r.error_code)
+            .at_coordinator(transactional_id, "EndTxn", &req, END_TXN_VERSION, false, |r| {
+                r.error_code
+            })
             .await?
             .error_code)
     }
@@ -296,13 +320,17 @@ impl Wire {
     /// Sends `req` to the coordinator of `transactional_id`, finding it again and retrying while it
     /// is unreachable or answers that it moved or is loading (`error_code` of the answer), for up
     /// to [`FAILOVER`]. Other answers, and configuration errors (credentials, certificates), are
-    /// returned at once.
+    /// returned at once. A request that is not `repeatable` (EndTxn: the coordinator may have
+    /// ended the transaction and the id may have a new one since) is sent again only when the
+    /// coordinator cannot have acted on it (no connection, or it answered that it is not the
+    /// coordinator); otherwise the failure returns to the caller, which describes the id first.
     async fn at_coordinator<R: Request>(
         &self,
         transactional_id: &str,
         what: &str,
         req: &R,
         version: i16,
+        repeatable: bool,
         error_code: impl Fn(&R::Response) -> i16,
     ) -> Result<R::Response> {
         let deadline = Instant::now() + FAILOVER;
@@ -311,13 +339,14 @@ impl Wire {
         loop {
             tries += 1;
             let failure = match self.coordinator(transactional_id).await {
-                Ok(coordinator) => match self.send(&coordinator, req, version).await {
+                Ok(coordinator) => match self.send_tracked(&coordinator, req, version).await {
                     Ok(resp) if code::coordinator_moving(error_code(&resp)) => {
                         format!("{coordinator} answered error code {}", error_code(&resp))
                     }
                     Ok(resp) => return Ok(resp),
-                    Err(SinkError::Protocol(e)) => e,
-                    Err(e) => return Err(e),
+                    Err(Unsent(SinkError::Protocol(e))) => e,
+                    Err(MaybeSent(SinkError::Protocol(e))) if repeatable => e,
+                    Err(Unsent(e) | MaybeSent(e)) => return Err(e),
                 },
                 Err(SinkError::Protocol(e)) => e,
                 Err(e) => return Err(e),
