@@ -572,6 +572,44 @@ fn openssl_time(t: std::time::SystemTime) -> String {
         .collect()
 }
 
+/// The broker test CA's client certificate and key, as `exactly` commands present them.
+struct ClientCert {
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+    ca: std::path::PathBuf,
+}
+
+impl ClientCert {
+    fn of(tls: &std::path::Path) -> Self {
+        ClientCert {
+            cert: tls.join("client.pem"),
+            key: tls.join("client.key"),
+            ca: tls.join("ca.pem"),
+        }
+    }
+
+    /// `exactly status` at `port` presenting the certificate: whether it succeeded, and stderr.
+    fn status(&self, port: u16) -> Result<(bool, String)> {
+        status_with(
+            port,
+            &self.ca,
+            &[
+                ("EXACTLY_ADMIN_CLIENT_CERT", self.cert.as_path()),
+                ("EXACTLY_ADMIN_CLIENT_KEY", self.key.as_path()),
+            ],
+        )
+    }
+
+    /// Starts the job of `file` and waits until the certificate gets its status.
+    fn run_until_served(&self, file: &std::path::Path, port: u16) -> Result<exactly_integration_tests::ChildJob> {
+        let mut job = spawn_run(file, &[], "")?;
+        until(&mut job, "status with the client certificate", |_| {
+            Ok(self.status(port)?.0)
+        })?;
+        Ok(job)
+    }
+}
+
 /// With `admin_tls_client_crl` a client certificate its CA revoked ends the handshake — from the
 /// moment the CRL file is replaced, without a restart: the broker test CA's client certificate
 /// gets status until a new CRL (made here by `openssl ca` with the test CA's key, in a database of
@@ -610,23 +648,15 @@ async fn a_client_certificate_revoked_by_a_new_crl_is_refused_without_a_restart(
             crl.display()
         )),
     )?;
-    let mut job = spawn_run(&file, &[], "")?;
-    let (client_cert, client_key) = (tls.join("client.pem"), tls.join("client.key"));
-    let certified = [
-        ("EXACTLY_ADMIN_CLIENT_CERT", client_cert.as_path()),
-        ("EXACTLY_ADMIN_CLIENT_KEY", client_key.as_path()),
-    ];
-    let ca_path = tls.join("ca.pem");
-    until(&mut job, "status with the client certificate", |_| {
-        Ok(status_with(port, &ca_path, &certified)?.0)
-    })?;
+    let client = ClientCert::of(&tls);
+    let mut job = client.run_until_served(&file, port)?;
 
     // The certificate revoked: a new CRL renamed over the old one, as a CRL distributor would.
-    test_ca.revoke(&client_cert)?;
+    test_ca.revoke(&client.cert)?;
     test_ca.replace_crl(&crl, &[])?;
     let mut said = String::new();
     until(&mut job, "the revoked certificate refused", |_| {
-        let (ok, s) = status_with(port, &ca_path, &certified)?;
+        let (ok, s) = client.status(port)?;
         said = s;
         Ok(!ok)
     })?;
@@ -680,16 +710,8 @@ async fn an_expired_crl_refuses_client_certificates_until_a_newer_one_replaces_i
     let hour = at(std::time::SystemTime::now() + Duration::from_secs(3600));
     test_ca.crl(&crl, &["-crl_nextupdate", hour.as_str()])?;
     std::fs::write(&file, &text)?;
-    let mut job = spawn_run(&file, &[], "")?;
-    let (client_cert, client_key) = (tls.join("client.pem"), tls.join("client.key"));
-    let certified = [
-        ("EXACTLY_ADMIN_CLIENT_CERT", client_cert.as_path()),
-        ("EXACTLY_ADMIN_CLIENT_KEY", client_key.as_path()),
-    ];
-    let ca_path = tls.join("ca.pem");
-    until(&mut job, "status with the client certificate", |_| {
-        Ok(status_with(port, &ca_path, &certified)?.0)
-    })?;
+    let client = ClientCert::of(&tls);
+    let mut job = client.run_until_served(&file, port)?;
     assert!(job.tail(100_000).contains("expires within a day"), "{}", job.tail(40));
 
     // Replaced by one that expires two seconds on (a distributor that stopped renewing): from
@@ -698,7 +720,7 @@ async fn an_expired_crl_refuses_client_certificates_until_a_newer_one_replaces_i
     test_ca.replace_crl(&crl, &["-crl_nextupdate", soon.as_str()])?;
     let mut said = String::new();
     until(&mut job, "the certificate refused under the expired CRL", |_| {
-        let (ok, s) = status_with(port, &ca_path, &certified)?;
+        let (ok, s) = client.status(port)?;
         said = s;
         Ok(!ok)
     })?;
@@ -712,7 +734,7 @@ async fn an_expired_crl_refuses_client_certificates_until_a_newer_one_replaces_i
     until(
         &mut job,
         "status with the client certificate after the newer CRL",
-        |_| Ok(status_with(port, &ca_path, &certified)?.0),
+        |_| Ok(client.status(port)?.0),
     )?;
     job.kill();
     Ok(())
