@@ -11,8 +11,9 @@ use crate::error::{Result, SinkError};
 use crate::partitioner::{FixedPartitioner, KeyHashPartitioner, Partitioner, RoundRobinPartitioner};
 
 pub(crate) const TIMEOUT: Duration = Duration::from_secs(30);
-/// How long one broker may take to describe its configuration before the next is asked.
-const DESCRIBE_CONFIG_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one broker may take to describe its configuration before the next is asked (the
+/// last one asked gets [`TIMEOUT`], as the only one of a single-broker cluster always did).
+const DESCRIBE_CONFIG_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(crate) fn partitioner_for(kind: PartitionerKind) -> Box<dyn Partitioner> {
     match kind {
@@ -83,11 +84,13 @@ pub(crate) async fn broker_facts(config: &KafkaSinkConfig, starting: bool) -> Re
     let mut max_transaction_timeout = None;
     let mut failures = Vec::new();
     let ids: Vec<i32> = md.brokers().iter().map(|b| b.id()).collect();
-    for id in ids {
+    let last = ids.len().saturating_sub(1);
+    for (i, id) in ids.into_iter().enumerate() {
+        let timeout = if i == last { TIMEOUT } else { DESCRIBE_CONFIG_TIMEOUT };
         let results = admin
             .describe_configs(
                 &[ResourceSpecifier::Broker(id)],
-                &AdminOptions::new().request_timeout(Some(DESCRIBE_CONFIG_TIMEOUT)),
+                &AdminOptions::new().request_timeout(Some(timeout)),
             )
             .await;
         match results.as_deref() {
