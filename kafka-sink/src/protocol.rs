@@ -120,6 +120,49 @@ pub(crate) fn wire_error(e: exactly_kafka_client::wire::WireError) -> SinkError 
     }
 }
 
+/// The tries of one request through a failover: pauses from [`FIRST_BACKOFF`], doubling up to
+/// [`MAX_BACKOFF`], until [`FAILOVER`] has passed.
+struct Failover {
+    deadline: Instant,
+    backoff: Duration,
+    tries: u32,
+}
+
+impl Failover {
+    fn new() -> Self {
+        Failover {
+            deadline: Instant::now() + FAILOVER,
+            backoff: FIRST_BACKOFF,
+            tries: 0,
+        }
+    }
+
+    /// After a try that failed with `failure`: the error (`gave_up`, then how long and how many
+    /// tries) once the next pause would pass the deadline; otherwise `first` on the first failure
+    /// (a warning) and the pause.
+    async fn pause(
+        &mut self,
+        failure: String,
+        gave_up: impl FnOnce() -> String,
+        first: impl FnOnce(&str),
+    ) -> Result<()> {
+        self.tries += 1;
+        if Instant::now() + self.backoff >= self.deadline {
+            return Err(SinkError::Protocol(format!(
+                "{} within {FAILOVER:?} ({} tries; last: {failure})",
+                gave_up(),
+                self.tries
+            )));
+        }
+        if self.tries == 1 {
+            first(&failure);
+        }
+        tokio::time::sleep(self.backoff).await;
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        Ok(())
+    }
+}
+
 /// How a request failed: before it was sent (no connection), or after (the broker may have acted
 /// on it, and its answer was lost).
 enum SendFailure {
@@ -333,11 +376,8 @@ impl Wire {
         repeatable: bool,
         error_code: impl Fn(&R::Response) -> i16,
     ) -> Result<R::Response> {
-        let deadline = Instant::now() + FAILOVER;
-        let mut backoff = FIRST_BACKOFF;
-        let mut tries = 0u32;
+        let mut failover = Failover::new();
         loop {
-            tries += 1;
             let failure = match self.coordinator(transactional_id).await {
                 Ok(coordinator) => match self.send_tracked(&coordinator, req, version).await {
                     Ok(resp) if code::coordinator_moving(error_code(&resp)) => {
@@ -351,16 +391,11 @@ impl Wire {
                 Err(SinkError::Protocol(e)) => e,
                 Err(e) => return Err(e),
             };
-            if Instant::now() + backoff >= deadline {
-                return Err(SinkError::Protocol(format!(
-                    "{what} of {transactional_id}: no coordinator answered within {FAILOVER:?} ({tries} tries; last: {failure})"
-                )));
-            }
-            if tries == 1 {
-                warn!(transactional_id, request = what, error = %failure, "The transaction coordinator did not answer; finding it again (a broker failing over?) for up to {FAILOVER:?}.");
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(MAX_BACKOFF);
+            failover
+                .pause(failure, || format!("{what} of {transactional_id}: no coordinator answered"), |failure| {
+                    warn!(transactional_id, request = what, error = %failure, "The transaction coordinator did not answer; finding it again (a broker failing over?) for up to {FAILOVER:?}.")
+                })
+                .await?;
         }
     }
 
@@ -391,27 +426,19 @@ impl Wire {
     /// it once fenced, and the one that took over its transactions is listed afresh — for up to
     /// [`FAILOVER`].
     pub(crate) async fn list(&self, brokers: &[String]) -> Result<Vec<ListedTxn>> {
-        let deadline = Instant::now() + FAILOVER;
-        let mut backoff = FIRST_BACKOFF;
+        let mut failover = Failover::new();
         let mut brokers = brokers.to_vec();
-        let mut tries = 0u32;
         loop {
-            tries += 1;
             let failure = match self.list_once(&brokers).await {
                 Ok(listed) => return Ok(listed),
                 Err((SinkError::Protocol(e), true)) => e,
                 Err((e, _)) => return Err(e),
             };
-            if Instant::now() + backoff >= deadline {
-                return Err(SinkError::Protocol(format!(
-                    "listing transactions: not every broker answered within {FAILOVER:?} ({tries} tries; last: {failure})"
-                )));
-            }
-            if tries == 1 {
-                warn!(error = %failure, "Listing the brokers' transactions failed; listing again at the brokers the cluster lists now (a broker failing over?) for up to {FAILOVER:?}.");
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(MAX_BACKOFF);
+            failover
+                .pause(failure, || "listing transactions: not every broker answered".to_owned(), |failure| {
+                    warn!(error = %failure, "Listing the brokers' transactions failed; listing again at the brokers the cluster lists now (a broker failing over?) for up to {FAILOVER:?}.")
+                })
+                .await?;
             match self.live_brokers().await {
                 Ok(now) if !now.is_empty() => brokers = now,
                 Ok(_) => {}
