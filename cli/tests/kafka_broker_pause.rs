@@ -6,46 +6,32 @@
 
 mod k2k;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use exactly_integration_tests::{create_topic, read_committed, unique, ChildJob, TestEnv};
-use k2k::{drain_and_verify, exactly, feed, job_args, wait_for_more_output, KEYS};
+use exactly_integration_tests::{read_committed, TestEnv};
+use k2k::{job_args, wait_for_more_output, Running};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_paused_beyond_the_client_timeouts_loses_and_doubles_nothing() -> Result<()> {
     let env = TestEnv::get().await?;
-    let input = unique("bp-in");
-    let output = unique("bp-out");
-    create_topic(env, &input, 3).await?;
-    create_topic(env, &output, 3).await?;
-    let dir = tempfile::tempdir()?;
-    let args = job_args(env, &input, &output, dir.path());
-    let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
-
-    let feeder = feed(env, &input, next.clone());
-    let mut job = ChildJob::spawn(exactly(), &args, "")?;
-    wait_for_more_output(env, &output, 0, &mut job, Duration::from_secs(60)).await?;
+    let mut run = Running::on_new_topics(env, "bp", |i, o, d| job_args(env, i, o, d)).await?;
     // The feeder cannot produce while the broker hangs: stop it first.
-    feeder.finish()?;
-    let before = read_committed(env, &output, Duration::from_secs(30))?.len();
+    run.stop_feeding()?;
+    let before = read_committed(env, &run.output, Duration::from_secs(30))?.len();
 
     env.services("pause-kafka")?;
     // Longer than librdkafka's session (45 s) and request (30 s) timeouts.
     tokio::time::sleep(Duration::from_secs(50)).await;
     env.services("resume-kafka")?;
-    let feeder = feed(env, &input, next.clone());
-    let (n, after) = wait_for_more_output(env, &output, before, &mut job, Duration::from_secs(180)).await?;
+    run.feed_again(env)?;
+    let (n, after) = wait_for_more_output(env, &run.output, before, &mut run.job, Duration::from_secs(180)).await?;
     eprintln!("commits resumed {after:?} after SIGCONT ({n} records)");
     if after > Duration::from_secs(10) {
         // Not a failure (no timing thresholds in tests), but the slow path is worth reading.
-        eprintln!("slow resume; the job's log:\n{}", job.log(300));
+        eprintln!("slow resume; the job's log:\n{}", run.job.log(300));
     }
-    feeder.finish()?;
-    job.kill();
-
-    let out = drain_and_verify(env, &args, &output, &next).await?;
-    eprintln!("{out} records out, 0 duplicates, 0 missing");
+    let (_, out, restarts) = run.finish(env).await?;
+    eprintln!("{out} records out, 0 duplicates, 0 missing; {restarts} attempt restarts");
     Ok(())
 }

@@ -18,12 +18,11 @@
 
 mod k2k;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use exactly_integration_tests::{create_topic, read_committed, unique, ChildJob, TestEnv};
-use k2k::{drain_and_verify, exactly, feed, killed_before_its_commits, wait_for_more_output, Job, KEYS};
+use k2k::{drain_and_verify, exactly, killed_before_its_commits, wait_for_more_output, Job, Running};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 
@@ -87,66 +86,11 @@ fn job_args(env: &TestEnv, input: &str, output: &str, dir: &std::path::Path) -> 
     .write(env, dir, "k2k")
 }
 
-/// A job of [`job_args`] on fresh topics of three partitions, fed from the start, once its first
-/// records are committed.
-struct Running {
-    _dir: tempfile::TempDir,
-    args: Vec<String>,
-    output: String,
-    next: Arc<std::sync::Mutex<Vec<usize>>>,
-    feeder: k2k::Feeder,
-    job: ChildJob,
-    /// Records committed when it was returned.
-    committed: usize,
-}
-
-impl Running {
-    async fn start(env: &TestEnv, name: &str) -> Result<Running> {
-        let (input, output) = (unique(&format!("{name}-in")), unique(&format!("{name}-out")));
-        create_topic(env, &input, 3).await?;
-        create_topic(env, &output, 3).await?;
-        let dir = tempfile::tempdir()?;
-        let args = job_args(env, &input, &output, dir.path());
-        let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
-        let feeder = feed(env, &input, next.clone());
-        let mut job = ChildJob::spawn(exactly(), &args, "")?;
-        let committed = wait_for_more_output(env, &output, 0, &mut job, Duration::from_secs(90))
-            .await?
-            .0;
-        Ok(Running {
-            _dir: dir,
-            args,
-            output,
-            next,
-            feeder,
-            job,
-            committed,
-        })
-    }
-
-    /// Stops feeding; the job must still run. SIGKILLs it, then drains and checks the output
-    /// (every record once, in order per key, and `exactly verify`). Returns the records fed and
-    /// out, and how many times the job restarted an attempt.
-    async fn finish(mut self, env: &TestEnv) -> Result<(usize, usize, usize)> {
-        let fed = self.feeder.finish()?;
-        assert!(
-            self.job.running(),
-            "the job exited (code {:?}):\n{}",
-            self.job.exit_code(),
-            self.job.log(40)
-        );
-        let restarts = self.job.tail(1_000_000).matches("restarting").count();
-        self.job.kill();
-        let out = drain_and_verify(env, &self.args, &self.output, &self.next).await?;
-        Ok((fed, out, restarts))
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_broker_of_three_killed_in_turn_loses_and_doubles_nothing() -> Result<()> {
     let _turn = ONE_AT_A_TIME.lock().await;
     let env = &TestEnv::get().await?.cluster()?;
-    let mut run = Running::start(env, "cl").await?;
+    let mut run = Running::on_new_topics(env, "cl", |i, o, d| job_args(env, i, o, d)).await?;
     let wait = Duration::from_secs(90);
     let mut committed = run.committed;
     for node in 1..=3 {
@@ -209,7 +153,7 @@ async fn a_restart_commits_through_the_node_that_took_over_the_transactions() ->
 async fn two_brokers_of_three_down_at_once_stall_the_job_and_lose_nothing() -> Result<()> {
     let _turn = ONE_AT_A_TIME.lock().await;
     let env = &TestEnv::get().await?.cluster()?;
-    let mut run = Running::start(env, "cl2").await?;
+    let mut run = Running::on_new_topics(env, "cl2", |i, o, d| job_args(env, i, o, d)).await?;
     let coordinator = leader_of(env, TRANSACTION_LOG)?;
     let (a, b) = (coordinator, coordinator % 3 + 1);
     {

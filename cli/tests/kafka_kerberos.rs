@@ -12,12 +12,11 @@
 
 mod k2k;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use exactly_integration_tests::{create_topic, fails_at_start_env, unique, ChildJob, TestEnv};
-use k2k::{assert_no_restart, drain_and_verify, exactly, feed, keeps_committing, killed_before_its_commits, Job, KEYS};
+use exactly_integration_tests::{create_topic, fails_at_start_env, unique, TestEnv};
+use k2k::{assert_no_restart, drain_and_verify, exactly, keeps_committing, killed_before_its_commits, Job, Running};
 
 struct Kerberos {
     sasl_ssl: String,
@@ -169,14 +168,10 @@ async fn a_job_outlives_its_tickets_without_a_restart() -> Result<()> {
     let env = TestEnv::get().await?;
     let k = kerberos()?;
     let (input, output, _dir, args) = krb_job(env, &k, "krb3", 2, settings(&k, Some(&k.keytab))).await?;
-    let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
-    let feeder = feed(env, &input, next.clone());
-    let mut job = ChildJob::spawn(exactly(), &args, "")?;
-    keeps_committing(env, &output, &mut job, 0, 15, Duration::from_secs(10)).await?;
-    assert_no_restart(&job);
-    job.kill();
-    feeder.finish()?;
-    let out = drain_and_verify(env, &args, &output, &next).await?;
+    let mut run = Running::spawn(env, &input, &output, args, &[]).await?;
+    keeps_committing(env, &output, &mut run.job, run.committed, 15, Duration::from_secs(10)).await?;
+    assert_no_restart(&run.job);
+    let (_, out, _) = run.finish(env).await?;
     eprintln!(
         "{out} records over 150 s of 2-minute tickets and 45-second sessions, no restart, 0 duplicates, 0 missing"
     );

@@ -10,12 +10,11 @@
 
 mod k2k;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use exactly_integration_tests::{create_topic, unique, ChildJob, TestEnv};
-use k2k::{assert_no_restart, drain_and_verify, exactly, feed, keeps_committing, wait_for_more_output, Job, KEYS};
+use exactly_integration_tests::{create_topic, unique, TestEnv};
+use k2k::{assert_no_restart, keeps_committing, Job, Running};
 
 fn var(name: &str) -> Result<String> {
     std::env::var(name).with_context(|| {
@@ -77,28 +76,23 @@ async fn a_job_runs_through_a_kdc_outage_on_its_tickets() -> Result<()> {
         ("KRB5_CONFIG", Some(krb5_conf.as_str())),
         ("KRB5CCNAME", Some(cache_name.as_str())),
     ];
-    let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
-    let feeder = feed(env, &input, next.clone());
-    let mut job = ChildJob::spawn_env(exactly(), &args, "", &job_env)?;
-    let (committed, _) = wait_for_more_output(env, &output, 0, &mut job, Duration::from_secs(60)).await?;
+    let mut run = Running::spawn(env, &input, &output, args, &job_env).await?;
 
     services("kill-kdc")?;
     let back = KdcBack;
-    let committed = keeps_committing(env, &output, &mut job, committed, 5, Duration::from_secs(15)).await?;
+    let committed = keeps_committing(env, &output, &mut run.job, run.committed, 5, Duration::from_secs(15)).await?;
     drop(back);
-    keeps_committing(env, &output, &mut job, committed, 2, Duration::from_secs(10)).await?;
-    let log = job.tail(100_000);
+    keeps_committing(env, &output, &mut run.job, committed, 2, Duration::from_secs(10)).await?;
+    let log = run.job.tail(100_000);
     assert!(
         log.contains("kinit failed"),
         "the job never ran kinit while the KDC was down:\n{log}"
     );
-    assert_no_restart(&job);
-    job.kill();
-    feeder.finish()?;
+    assert_no_restart(&run.job);
     // The last run (drain_and_verify's) reads the realm from the environment too.
     std::env::set_var("KRB5_CONFIG", &krb5_conf);
     std::env::set_var("KRB5CCNAME", &cache_name);
-    let out = drain_and_verify(env, &args, &output, &next).await?;
+    let (_, out, _) = run.finish(env).await?;
     eprintln!("{out} records through a 75 s KDC outage, no restart, 0 duplicates, 0 missing");
     Ok(())
 }

@@ -17,30 +17,23 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use exactly_integration_tests::{create_topic, read_committed, signal, unique, ChildJob, TestEnv};
-use k2k::{drain_and_verify, exactly, feed, wait_for_more_output, Job, KEYS};
+use k2k::{drain_and_verify, exactly, feed, wait_for_more_output, Job, Running, KEYS};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn network_partitions_and_resets_lose_and_double_nothing() -> Result<()> {
     let env = TestEnv::get().await?;
     let (proxy, via_proxy) = env.kafka_proxy().await?;
-    let input = unique("net-in");
-    let output = unique("net-out");
-    create_topic(env, &input, 3).await?;
-    create_topic(env, &output, 3).await?;
-    let dir = tempfile::tempdir()?;
-    let args = Job {
-        bootstrap: Some(via_proxy),
-        // Checkpoints may wait out a partition instead of failing after 500 ms.
-        checkpoint_timeout: "10s",
-        ..Job::new(&input, &output)
-    }
-    .write(env, dir.path(), "k2k");
-    let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
-    let feeder = feed(env, &input, next.clone());
-    let mut job = ChildJob::spawn(exactly(), &args, "")?;
-    let mut seen = wait_for_more_output(env, &output, 0, &mut job, Duration::from_secs(60))
-        .await?
-        .0;
+    let mut run = Running::on_new_topics(env, "net", |input, output, dir| {
+        Job {
+            bootstrap: Some(via_proxy),
+            // Checkpoints may wait out a partition instead of failing after 500 ms.
+            checkpoint_timeout: "10s",
+            ..Job::new(input, output)
+        }
+        .write(env, dir, "k2k")
+    })
+    .await?;
+    let mut seen = run.committed;
 
     let faults: [(&str, Duration); 3] = [
         ("partition", Duration::from_secs(8)),
@@ -54,15 +47,13 @@ async fn network_partitions_and_resets_lose_and_double_nothing() -> Result<()> {
             _ => proxy.reset(),
         }
         tokio::time::sleep(length).await;
-        let before = read_committed(env, &output, Duration::from_secs(30))?.len();
+        let before = read_committed(env, &run.output, Duration::from_secs(30))?.len();
         proxy.heal();
-        let (n, after) = wait_for_more_output(env, &output, before, &mut job, Duration::from_secs(120)).await?;
+        let (n, after) = wait_for_more_output(env, &run.output, before, &mut run.job, Duration::from_secs(120)).await?;
         eprintln!("{fault} of {length:?}: commits resumed {after:?} after it healed ({n} records)");
         seen = n;
     }
-    feeder.finish()?;
-    job.kill();
-    let out = drain_and_verify(env, &args, &output, &next).await?;
+    let (_, out, _) = run.finish(env).await?;
     assert!(out >= seen);
     eprintln!("{out} records out, 0 duplicates, 0 missing");
     Ok(())

@@ -12,12 +12,11 @@
 
 mod k2k;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use exactly_integration_tests::{create_topic, fails_at_start, unique, ChildJob, TestEnv};
-use k2k::{assert_no_restart, drain_and_verify, exactly, feed, keeps_committing, killed_before_its_commits, Job, KEYS};
+use exactly_integration_tests::{create_topic, fails_at_start, unique, TestEnv};
+use k2k::{assert_no_restart, drain_and_verify, exactly, keeps_committing, killed_before_its_commits, Job, Running};
 
 struct OAuth {
     sasl_ssl: String,
@@ -135,14 +134,10 @@ async fn a_job_outlives_its_tokens_without_a_restart() -> Result<()> {
     let env = TestEnv::get().await?;
     let o = oauth()?;
     let (input, output, _dir, args) = oauth_job(env, &o, "oauth3").await?;
-    let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
-    let feeder = feed(env, &input, next.clone());
-    let mut job = ChildJob::spawn(exactly(), &args, "")?;
-    keeps_committing(env, &output, &mut job, 0, 8, Duration::from_secs(10)).await?;
-    assert_no_restart(&job);
-    job.kill();
-    feeder.finish()?;
-    let out = drain_and_verify(env, &args, &output, &next).await?;
+    let mut run = Running::spawn(env, &input, &output, args, &[]).await?;
+    keeps_committing(env, &output, &mut run.job, run.committed, 8, Duration::from_secs(10)).await?;
+    assert_no_restart(&run.job);
+    let (_, out, _) = run.finish(env).await?;
     eprintln!("{out} records over 80 s of 30-second tokens, no restart, 0 duplicates, 0 missing");
     Ok(())
 }

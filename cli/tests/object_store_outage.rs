@@ -6,47 +6,39 @@
 
 mod k2k;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use exactly_integration_tests::{create_topic, read_committed, unique, ChildJob, TestEnv};
-use k2k::{drain_and_verify, exactly, feed, wait_for_more_output, Job, KEYS};
+use exactly_integration_tests::{read_committed, unique, TestEnv};
+use k2k::{wait_for_more_output, Job, Running};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_object_store_killed_mid_run_fails_checkpoints_not_the_job() -> Result<()> {
     let env = TestEnv::get().await?;
     let s3 = env.s3()?;
-    let input = unique("s3o-in");
-    let output = unique("s3o-out");
-    create_topic(env, &input, 3).await?;
-    create_topic(env, &output, 3).await?;
-    let dir = tempfile::tempdir()?;
-    let args = Job {
-        checkpoints: Some(s3.url(&unique("k2k-outage"))),
-        ..Job::new(&input, &output)
-    }
-    .write(env, dir.path(), "k2k");
-    let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
-
-    let feeder = feed(env, &input, next.clone());
-    let mut job = ChildJob::spawn(exactly(), &args, "")?;
-    wait_for_more_output(env, &output, 0, &mut job, Duration::from_secs(60)).await?;
-    let before = read_committed(env, &output, Duration::from_secs(30))?.len();
+    let mut run = Running::on_new_topics(env, "s3o", |input, output, dir| {
+        Job {
+            checkpoints: Some(s3.url(&unique("k2k-outage"))),
+            ..Job::new(input, output)
+        }
+        .write(env, dir, "k2k")
+    })
+    .await?;
+    let before = read_committed(env, &run.output, Duration::from_secs(30))?.len();
 
     env.services("kill-s3")?;
     // Checkpoints cannot become durable while the store is gone: output stays uncommitted.
     tokio::time::sleep(Duration::from_secs(8)).await;
-    let during = read_committed(env, &output, Duration::from_secs(30))?.len();
+    let during = read_committed(env, &run.output, Duration::from_secs(30))?.len();
     env.services("start-s3")?;
-    let (after, took) = wait_for_more_output(env, &output, during, &mut job, Duration::from_secs(120)).await?;
-    feeder.finish()?;
+    let (after, took) = wait_for_more_output(env, &run.output, during, &mut run.job, Duration::from_secs(120)).await?;
+    run.stop_feeding()?;
     if took > Duration::from_secs(10) {
         // Not a failure (no timing thresholds in tests), but the slow path is worth reading.
-        eprintln!("slow resume; the job's log:\n{}", job.log(200));
+        eprintln!("slow resume; the job's log:\n{}", run.job.log(200));
     }
-    assert!(job.running(), "the job went on:\n{}", job.log(40));
-    let log = job.log(usize::MAX);
+    assert!(run.job.running(), "the job went on:\n{}", run.job.log(40));
+    let log = run.job.log(usize::MAX);
     // Failed checkpoints are not a reason to restart: a restart cannot even list the store while
     // it is gone (the Kafka sink's pool grows instead of declining; it declined at twice its size
     // before, and every run restarted 11-20 times).
@@ -63,12 +55,10 @@ async fn the_object_store_killed_mid_run_fails_checkpoints_not_the_job() -> Resu
         log.contains("18333") || log.contains("s3://"),
         "the job's log names the failing store:\n{log}"
     );
-    job.kill();
     eprintln!(
         "store down 8 s: committed records {before} before, {during} at the end of the outage, {after} {took:?} after it was back"
     );
-
-    let out = drain_and_verify(env, &args, &output, &next).await?;
+    let (_, out, _) = run.finish(env).await?;
     eprintln!("{out} records out, 0 duplicates, 0 missing");
     Ok(())
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use exactly_integration_tests::{read_committed, unique, ChildJob, Feed, TestEnv};
+use exactly_integration_tests::{create_topic, read_committed, unique, ChildJob, Feed, TestEnv};
 
 pub(crate) const KEYS: usize = 20;
 
@@ -283,6 +283,103 @@ pub(crate) fn killed_before_its_commits(
     job.kill();
     feeder.finish()?;
     Ok((next, log))
+}
+
+/// A job run by the binary while [`feed`] writes its input, returned once its first records are
+/// committed: the scenarios that fault a service under a running job start with it and end with
+/// [`Running::finish`].
+pub(crate) struct Running {
+    /// The job's directory (its job file and checkpoints), when [`Running::on_new_topics`] made it.
+    _dir: Option<tempfile::TempDir>,
+    pub(crate) args: Vec<String>,
+    input: String,
+    pub(crate) output: String,
+    next: Arc<std::sync::Mutex<Vec<usize>>>,
+    feeder: Option<Feeder>,
+    /// Records fed by feeders already stopped.
+    fed: usize,
+    pub(crate) job: ChildJob,
+    /// Records committed when it was returned.
+    pub(crate) committed: usize,
+}
+
+impl Running {
+    /// On fresh topics `NAME-in` and `NAME-out` of three partitions, the job whose file `job`
+    /// writes (given the input, the output and a directory of its own).
+    pub(crate) async fn on_new_topics(
+        env: &TestEnv,
+        name: &str,
+        job: impl FnOnce(&str, &str, &Path) -> Vec<String>,
+    ) -> Result<Running> {
+        let (input, output) = (unique(&format!("{name}-in")), unique(&format!("{name}-out")));
+        create_topic(env, &input, 3).await?;
+        create_topic(env, &output, 3).await?;
+        let dir = tempfile::tempdir()?;
+        let args = job(&input, &output, dir.path());
+        let mut run = Running::spawn(env, &input, &output, args, &[]).await?;
+        run._dir = Some(dir);
+        Ok(run)
+    }
+
+    /// Feeds `input` and runs the job of `args` (reading `input`, writing `output`), with `job_env`
+    /// set or removed in its environment; waits (90 s at most) for its first commit.
+    pub(crate) async fn spawn(
+        env: &TestEnv,
+        input: &str,
+        output: &str,
+        args: Vec<String>,
+        job_env: &[(&str, Option<&str>)],
+    ) -> Result<Running> {
+        let next = Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
+        let feeder = feed(env, input, next.clone());
+        let mut job = ChildJob::spawn_env(exactly(), &args, "", job_env)?;
+        let committed = wait_for_more_output(env, output, 0, &mut job, Duration::from_secs(90))
+            .await?
+            .0;
+        Ok(Running {
+            _dir: None,
+            args,
+            input: input.to_owned(),
+            output: output.to_owned(),
+            next,
+            feeder: Some(feeder),
+            fed: 0,
+            job,
+            committed,
+        })
+    }
+
+    /// Stops feeding (a feeder cannot produce while the broker hangs).
+    pub(crate) fn stop_feeding(&mut self) -> Result<()> {
+        if let Some(feeder) = self.feeder.take() {
+            self.fed += feeder.finish()?;
+        }
+        Ok(())
+    }
+
+    /// Feeds the input again after [`Running::stop_feeding`].
+    pub(crate) fn feed_again(&mut self, env: &TestEnv) -> Result<()> {
+        self.stop_feeding()?;
+        self.feeder = Some(feed(env, &self.input, self.next.clone()));
+        Ok(())
+    }
+
+    /// Stops feeding; the job must still run. SIGKILLs it, then drains and checks the output
+    /// (every record once, in order per key, and `exactly verify`). Returns the records fed and
+    /// out, and how many times the job restarted an attempt.
+    pub(crate) async fn finish(mut self, env: &TestEnv) -> Result<(usize, usize, usize)> {
+        self.stop_feeding()?;
+        assert!(
+            self.job.running(),
+            "the job exited (code {:?}):\n{}",
+            self.job.exit_code(),
+            self.job.log(40)
+        );
+        let restarts = self.job.tail(1_000_000).matches("restarting").count();
+        self.job.kill();
+        let out = drain_and_verify(env, &self.args, &self.output, &self.next).await?;
+        Ok((self.fed, out, restarts))
+    }
 }
 
 /// For `rounds` rounds: waits `pause`, then for the output to grow (30 s at most); returns the
