@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod bench;
 pub mod checkpoints;
+pub mod credential_cache;
 pub mod datagen;
 pub mod jobfile;
 pub mod logging;

@@ -627,7 +627,26 @@ fn encode(s: &str) -> String {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before any other thread starts: it may set KRB5CCNAME.
+    let credential_cache = match &cli.command {
+        Command::Run { job, .. } => exactly_cli::credential_cache::own_credential_cache_of(job),
+        _ => Ok(None),
+    };
     logging::init(cli.log_format);
+    let _credential_cache = match credential_cache {
+        Ok(Some(cache)) => {
+            tracing::info!(
+                cache = %cache.name(),
+                "Kerberos: the tickets from the keytab go to a credential cache of this process's own (set KRB5CCNAME to choose one)."
+            );
+            Some(cache)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            eprintln!("error: cannot make a Kerberos credential cache in the temporary directory: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -6,7 +6,8 @@
 //! SIGKILLed after a checkpoint became durable and before its commits: its restart commits through
 //! the wire client. A job running through several ticket lifetimes (the realm's tickets last 2
 //! minutes) and re-authentications (the listener ends a session after 45 s) without a restart.
-//! Then a stale keytab (a key the KDC replaced) and an empty credential cache
+//! A job with a keytab and no `KRB5CCNAME`, which keeps its tickets out of the OS user's default
+//! credential cache (in one of its own). Then a stale keytab (a key the KDC replaced) and an empty credential cache
 //! without a keytab, each failing at start naming what is wrong. The test feeds and checks through
 //! the plaintext listener of the same broker.
 
@@ -175,6 +176,55 @@ async fn a_job_outlives_its_tickets_without_a_restart() -> Result<()> {
     eprintln!(
         "{out} records over 150 s of 2-minute tickets and 45-second sessions, no restart, 0 duplicates, 0 missing"
     );
+    Ok(())
+}
+
+/// A job with a keytab, started without `KRB5CCNAME`, keeps its tickets in a credential cache of
+/// its own: the OS user's default cache (here the realm's `default_ccache_name`, a file the test
+/// watches) is never written, so two jobs of one user cannot replace each other's tickets, nor a
+/// job the operator's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_with_a_keytab_keeps_its_tickets_in_a_cache_of_its_own() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let k = kerberos()?;
+    let (input, output, _dir, args) = krb_job(env, &k, "krb4", 1, settings(&k, Some(&k.keytab))).await?;
+    let realm = tempfile::tempdir()?;
+    let default_cache = realm.path().join("default-cache");
+    let krb5_conf = realm.path().join("krb5.conf");
+    let text =
+        std::fs::read_to_string(std::env::var("EXACTLY_KAFKA_KRB5_CONFIG").context("EXACTLY_KAFKA_KRB5_CONFIG")?)?;
+    assert!(
+        text.contains("[libdefaults]\n"),
+        "no [libdefaults] in the realm's krb5.conf:\n{text}"
+    );
+    std::fs::write(
+        &krb5_conf,
+        text.replacen(
+            "[libdefaults]\n",
+            &format!(
+                "[libdefaults]\n  default_ccache_name = FILE:{}\n",
+                default_cache.display()
+            ),
+            1,
+        ),
+    )?;
+    let krb5_conf = krb5_conf.display().to_string();
+    let job_env = [("KRB5_CONFIG", Some(krb5_conf.as_str())), ("KRB5CCNAME", None)];
+    // Committed: its clients authenticated with tickets kinit obtained from the keytab.
+    let run = Running::spawn(env, &input, &output, args, &job_env).await?;
+    let log = run.job.tail(100_000);
+    assert!(
+        log.contains("a credential cache of this process's own"),
+        "the job did not say where its tickets go:\n{log}"
+    );
+    assert!(
+        !default_cache.exists(),
+        "the job wrote the OS user's default credential cache {}",
+        default_cache.display()
+    );
+    assert_no_restart(&run.job);
+    let (_, out, _) = run.finish(env).await?;
+    eprintln!("{out} records with tickets in a cache of the job's own, 0 duplicates, 0 missing");
     Ok(())
 }
 

@@ -241,6 +241,14 @@ pub struct Job {
     pub sinks: Vec<JobSink>,
 }
 
+/// The principal a GSSAPI client of `security` authenticates as, when it names one.
+fn kerberos_principal(security: &KafkaSecurity) -> Option<&str> {
+    if security.sasl.mechanism != Some(exactly_kafka_client::SaslMechanism::Gssapi) {
+        return None;
+    }
+    security.sasl.kerberos.as_ref()?.principal.as_deref()
+}
+
 impl JobSection {
     /// The admin endpoint's client-certificate settings (`admin_tls_client_ca`, `_crl`).
     fn client_auth(&self) -> Option<crate::admin::ClientAuth<'_>> {
@@ -497,6 +505,9 @@ impl Job {
         let mut prefixes = std::collections::BTreeMap::new();
         let mut xa_ids = std::collections::BTreeMap::new();
         let mut pg_ids = std::collections::BTreeMap::new();
+        // The first Kerberos principal named: every other Kafka client must use it too.
+        let mut principal: Option<(String, String)> =
+            kerberos_principal(&file.source.security).map(|p| ("the source".to_owned(), p.to_owned()));
         for s in &sinks {
             let at = &s.field;
             if matches!(file.sink, Sinks::Many(_)) {
@@ -530,6 +541,20 @@ impl Job {
                 SinkKind::Kafka(k) => {
                     if let Err(e) = k.validate() {
                         return Err(err(&format!("{at}.kafka"), e.to_string()));
+                    }
+                    // A process has one Kerberos credential cache, whose principal librdkafka's
+                    // clients authenticate as (crate::credential_cache).
+                    if let Some(sink) = kerberos_principal(&k.security) {
+                        match &principal {
+                            Some((who, first)) if first != sink => {
+                                return Err(err(
+                                    &format!("{at}.kafka.security"),
+                                    format!("{who} authenticates as {first:?} with Kerberos and this sink as {sink:?}: a job's Kafka clients share one credential cache, so they must use one principal (a [kafka] section gives them the same)"),
+                                ));
+                            }
+                            Some(_) => {}
+                            None => principal = Some((format!("{at}.kafka"), sink.to_owned())),
+                        }
                     }
                     if let DeliveryGuarantee::ExactlyOnce {
                         transactional_id_prefix,

@@ -213,6 +213,37 @@ mapping = {{ format = {{ type = "json" }}, columns = [{{ name = "id", type = "bi
     assert!(e.line.is_some(), "{e}");
 }
 
+#[test]
+fn kafka_clients_of_one_job_must_use_one_kerberos_principal() {
+    let gssapi = |principal: &str| {
+        format!(
+            "security.protocol = \"SASL_PLAINTEXT\"\nsasl.mechanism = \"GSSAPI\"\nsasl.kerberos.principal = \"{principal}\"\n"
+        )
+    };
+    let with = |source: &str, sink: &str| {
+        GOOD.replace(
+            "group_id = \"g\"\n",
+            &format!("group_id = \"g\"\n\n[source.security]\n{}", gssapi(source)),
+        )
+        .replace(
+            "transactional_id_prefix = \"orders\" }\n",
+            &format!(
+                "transactional_id_prefix = \"orders\" }}\n\n[sink.kafka.security]\n{}",
+                gssapi(sink)
+            ),
+        )
+    };
+    parse(&with("job@R", "job@R")).unwrap();
+    let e = parse(&with("job@R", "other@R")).unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("sink.kafka.security"), "{e}");
+    assert!(
+        e.message.contains("\"job@R\"")
+            && e.message.contains("\"other@R\"")
+            && e.message.contains("one credential cache"),
+        "{e}"
+    );
+}
+
 /// The 1-based line of the first line of `src` that contains `needle`.
 fn line(src: &str, needle: &str) -> usize {
     src.lines().position(|l| l.contains(needle)).unwrap() + 1

@@ -1,0 +1,66 @@
+//! Kerberos tickets of a running job. librdkafka's clients and the wire client obtain tickets
+//! from a keytab with `kinit`, which writes them into the credential cache of the process's
+//! environment (`KRB5CCNAME`, else the OS user's default, e.g. `/tmp/krb5cc_UID`), and the
+//! GSS-API library reads them from there. Two jobs of one OS user sharing that cache would
+//! replace each other's tickets every minute — another principal's, or a cache half rewritten
+//! while the other reads it — and a job would replace the operator's own. Kafka's Java clients
+//! keep a keytab's tickets in memory; the nearest here is a cache of the process's own.
+
+use std::path::Path;
+
+use crate::jobfile::{Job, SinkKind};
+
+/// A credential cache of this process's own: a file in a directory only this OS user can read,
+/// both removed when this is dropped (a SIGKILLed job leaves them in the temporary directory, as
+/// `kinit` leaves the default cache).
+#[derive(Debug)]
+pub struct OwnCredentialCache {
+    dir: tempfile::TempDir,
+}
+
+impl OwnCredentialCache {
+    /// The cache's name, as `KRB5CCNAME` holds it.
+    pub fn name(&self) -> String {
+        format!("FILE:{}", self.dir.path().join("krb5cc").display())
+    }
+}
+
+/// For a job whose Kafka clients obtain Kerberos tickets from a keytab, when `KRB5CCNAME` is not
+/// set (an operator who sets it chooses the cache): makes a credential cache of this process's
+/// own and sets `KRB5CCNAME` to it, which librdkafka's `kinit`, the wire client's and the
+/// GSS-API library then use. A job without a keytab uses the tickets the operator obtained, in
+/// the cache they are in.
+///
+/// Call it before the process starts another thread: it changes the process's environment.
+pub fn own_credential_cache(job: &Job) -> std::io::Result<Option<OwnCredentialCache>> {
+    if std::env::var_os("KRB5CCNAME").is_some() || !uses_a_keytab(job) {
+        return Ok(None);
+    }
+    let cache = OwnCredentialCache {
+        dir: tempfile::Builder::new()
+            .prefix("exactly-krb5cc-")
+            .tempdir_in(std::env::temp_dir())?,
+    };
+    std::env::set_var("KRB5CCNAME", cache.name());
+    Ok(Some(cache))
+}
+
+/// Whether the source or a Kafka sink of `job` obtains tickets from a keytab.
+fn uses_a_keytab(job: &Job) -> bool {
+    let sinks = job.sinks.iter().filter_map(|s| match &s.kind {
+        SinkKind::Kafka(k) => Some(&k.security),
+        _ => None,
+    });
+    std::iter::once(&job.file.source.security)
+        .chain(sinks)
+        .any(|s| s.kerberos_keytab().is_some())
+}
+
+/// [`own_credential_cache`] for the job file at `path`, if it loads (a job file that does not
+/// is reported by the command itself).
+pub fn own_credential_cache_of(path: &Path) -> std::io::Result<Option<OwnCredentialCache>> {
+    match Job::load(path) {
+        Ok(job) => own_credential_cache(&job),
+        Err(_) => Ok(None),
+    }
+}
