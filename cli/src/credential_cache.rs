@@ -41,6 +41,8 @@ pub fn own_credential_cache(job: &Job) -> std::io::Result<Option<OwnCredentialCa
             .prefix("exactly-krb5cc-")
             .tempdir_in(std::env::temp_dir())?,
     };
+    // kinit makes the cache itself readable by its owner only; the directory as well.
+    std::fs::set_permissions(cache.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
     std::env::set_var("KRB5CCNAME", cache.name());
     Ok(Some(cache))
 }

@@ -182,7 +182,7 @@ async fn a_job_outlives_its_tickets_without_a_restart() -> Result<()> {
 /// A job with a keytab, started without `KRB5CCNAME`, keeps its tickets in a credential cache of
 /// its own: the OS user's default cache (here the realm's `default_ccache_name`, a file the test
 /// watches) is never written, so two jobs of one user cannot replace each other's tickets, nor a
-/// job the operator's.
+/// job the operator's; the job's own cache is gone once it has stopped (SIGTERM).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_with_a_keytab_keeps_its_tickets_in_a_cache_of_its_own() -> Result<()> {
     let env = TestEnv::get().await?;
@@ -223,7 +223,19 @@ async fn a_job_with_a_keytab_keeps_its_tickets_in_a_cache_of_its_own() -> Result
         default_cache.display()
     );
     assert_no_restart(&run.job);
-    let (_, out, _) = run.finish(env).await?;
+    // Removed when the job ends.
+    let own = log
+        .split("cache=FILE:")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|cache| std::path::Path::new(cache).parent())
+        .map(std::path::Path::to_path_buf)
+        .with_context(|| format!("the job's log names no cache:\n{log}"))?;
+    assert!(own.exists(), "{} is not there while the job runs", own.display());
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&own)?.permissions());
+    assert_eq!(mode & 0o077, 0, "{} is open to others: {mode:o}", own.display());
+    let (_, out) = run.stop(env).await?;
+    assert!(!own.exists(), "{} is still there after the job ended", own.display());
     eprintln!("{out} records with tickets in a cache of the job's own, 0 duplicates, 0 missing");
     Ok(())
 }

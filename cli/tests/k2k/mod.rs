@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use exactly_integration_tests::{create_topic, read_committed, unique, ChildJob, Feed, TestEnv};
+use exactly_integration_tests::{create_topic, read_committed, signal, unique, ChildJob, Feed, TestEnv};
 
 pub(crate) const KEYS: usize = 20;
 
@@ -379,6 +379,25 @@ impl Running {
         self.job.kill();
         let out = drain_and_verify(env, &self.args, &self.output, &self.next).await?;
         Ok((self.fed, out, restarts))
+    }
+
+    /// Stops feeding, then the job with SIGTERM, as a service manager stops it, and waits (60 s at
+    /// most) for it to exit after its final checkpoint; then drains and checks the output as
+    /// [`Running::finish`] does. Returns the records fed and out.
+    pub(crate) async fn stop(mut self, env: &TestEnv) -> Result<(usize, usize)> {
+        self.stop_feeding()?;
+        signal(self.job.pid(), "TERM")?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.job.running() {
+            if Instant::now() > deadline {
+                bail!("the job did not exit within 60 s of SIGTERM:\n{}", self.job.log(40));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let log = self.job.tail(20);
+        assert!(log.contains("Final checkpoint complete."), "{log}");
+        let out = drain_and_verify(env, &self.args, &self.output, &self.next).await?;
+        Ok((self.fed, out))
     }
 }
 
