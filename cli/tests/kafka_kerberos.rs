@@ -7,8 +7,8 @@
 //! the wire client. A job running through several ticket lifetimes (the realm's tickets last 2
 //! minutes) and re-authentications (the listener ends a session after 45 s) without a restart.
 //! A job with a keytab and no `KRB5CCNAME`, which keeps its tickets out of the OS user's default
-//! credential cache (in one of its own). Then a stale keytab (a key the KDC replaced) and an empty credential cache
-//! without a keytab, each failing at start naming what is wrong. The test feeds and checks through
+//! credential cache (in one of its own). Then a stale keytab (a key the KDC replaced) and an
+//! empty credential cache without a keytab, each failing at start naming what is wrong. The test feeds and checks through
 //! the plaintext listener of the same broker.
 
 mod k2k;
