@@ -6,9 +6,7 @@
 //! while the other reads it — and a job would replace the operator's own. Kafka's Java clients
 //! keep a keytab's tickets in memory; the nearest here is a cache of the process's own.
 
-use std::path::Path;
-
-use crate::jobfile::{Job, SinkKind};
+use crate::jobfile::Job;
 
 /// A credential cache of this process's own: a file in a directory only this OS user can read,
 /// both removed when this is dropped (a SIGKILLed job leaves them in the temporary directory, as
@@ -33,7 +31,8 @@ impl OwnCredentialCache {
 ///
 /// Call it before the process starts another thread: it changes the process's environment.
 pub fn own_credential_cache(job: &Job) -> std::io::Result<Option<OwnCredentialCache>> {
-    if std::env::var_os("KRB5CCNAME").is_some() || !uses_a_keytab(job) {
+    let keytab = job.kafka_securities().any(|(_, s)| s.kerberos_keytab().is_some());
+    if std::env::var_os("KRB5CCNAME").is_some() || !keytab {
         return Ok(None);
     }
     let cache = OwnCredentialCache {
@@ -45,24 +44,4 @@ pub fn own_credential_cache(job: &Job) -> std::io::Result<Option<OwnCredentialCa
     std::fs::set_permissions(cache.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
     std::env::set_var("KRB5CCNAME", cache.name());
     Ok(Some(cache))
-}
-
-/// Whether the source or a Kafka sink of `job` obtains tickets from a keytab.
-fn uses_a_keytab(job: &Job) -> bool {
-    let sinks = job.sinks.iter().filter_map(|s| match &s.kind {
-        SinkKind::Kafka(k) => Some(&k.security),
-        _ => None,
-    });
-    std::iter::once(&job.file.source.security)
-        .chain(sinks)
-        .any(|s| s.kerberos_keytab().is_some())
-}
-
-/// [`own_credential_cache`] for the job file at `path`, if it loads (a job file that does not
-/// is reported by the command itself).
-pub fn own_credential_cache_of(path: &Path) -> std::io::Result<Option<OwnCredentialCache>> {
-    match Job::load(path) {
-        Ok(job) => own_credential_cache(&job),
-        Err(_) => Ok(None),
-    }
 }

@@ -334,10 +334,14 @@ fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
+/// `job`: `run`'s job file as [`main`] read it.
+async fn main_inner(
+    cli: Cli,
+    job: Option<Result<Job, exactly_cli::jobfile::JobFileError>>,
+) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run {
-            job,
+            job: _,
             from,
             accept_replay,
             subtasks,
@@ -345,7 +349,7 @@ async fn main_inner(cli: Cli) -> anyhow::Result<ExitCode> {
             admin,
             no_progress,
         } => {
-            let job = match Job::load(&job) {
+            let job = match job.expect("main reads run's job file") {
                 Ok(j) => j,
                 Err(e) => {
                     eprintln!("error: {e}");
@@ -627,9 +631,14 @@ fn encode(s: &str) -> String {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // Before any other thread starts: it may set KRB5CCNAME.
-    let credential_cache = match &cli.command {
-        Command::Run { job, .. } => exactly_cli::credential_cache::own_credential_cache_of(job),
+    // `run`'s job file, read before any other thread starts: a credential cache of the job's own
+    // sets KRB5CCNAME.
+    let job = match &cli.command {
+        Command::Run { job, .. } => Some(Job::load(job)),
+        _ => None,
+    };
+    let credential_cache = match &job {
+        Some(Ok(job)) => exactly_cli::credential_cache::own_credential_cache(job),
         _ => Ok(None),
     };
     logging::init(cli.log_format);
@@ -654,7 +663,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(main_inner(cli)) {
+    match rt.block_on(main_inner(cli, job)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {}", chain(&e));

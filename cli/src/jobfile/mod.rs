@@ -505,9 +505,6 @@ impl Job {
         let mut prefixes = std::collections::BTreeMap::new();
         let mut xa_ids = std::collections::BTreeMap::new();
         let mut pg_ids = std::collections::BTreeMap::new();
-        // The first Kerberos principal named: every other Kafka client must use it too.
-        let mut principal: Option<(String, String)> =
-            kerberos_principal(&file.source.security).map(|p| ("the source".to_owned(), p.to_owned()));
         for s in &sinks {
             let at = &s.field;
             if matches!(file.sink, Sinks::Many(_)) {
@@ -541,20 +538,6 @@ impl Job {
                 SinkKind::Kafka(k) => {
                     if let Err(e) = k.validate() {
                         return Err(err(&format!("{at}.kafka"), e.to_string()));
-                    }
-                    // A process has one Kerberos credential cache, whose principal librdkafka's
-                    // clients authenticate as (crate::credential_cache).
-                    if let Some(sink) = kerberos_principal(&k.security) {
-                        match &principal {
-                            Some((who, first)) if first != sink => {
-                                return Err(err(
-                                    &format!("{at}.kafka.security"),
-                                    format!("{who} authenticates as {first:?} with Kerberos and this sink as {sink:?}: a job's Kafka clients share one credential cache, so they must use one principal (a [kafka] section gives them the same)"),
-                                ));
-                            }
-                            Some(_) => {}
-                            None => principal = Some((format!("{at}.kafka"), sink.to_owned())),
-                        }
                     }
                     if let DeliveryGuarantee::ExactlyOnce {
                         transactional_id_prefix,
@@ -619,11 +602,41 @@ impl Job {
                 }
             }
         }
-        Ok(Job {
+        let job = Job {
             path: path.to_owned(),
             file,
             sinks,
-        })
+        };
+        // A process has one Kerberos credential cache, whose principal librdkafka's clients
+        // authenticate as (crate::credential_cache): every Kafka client names the same one.
+        {
+            let mut principals = job
+                .kafka_securities()
+                .filter_map(|(at, security)| Some((at, kerberos_principal(security)?)));
+            if let Some((first_at, first)) = principals.next() {
+                if let Some((at, sink)) = principals.find(|(_, p)| *p != first) {
+                    let who = match first_at {
+                        "source" => "the source".to_owned(),
+                        other => format!("{other}.kafka"),
+                    };
+                    return Err(err(
+                        &format!("{at}.kafka.security"),
+                        format!("{who} authenticates as {first:?} with Kerberos and this sink as {sink:?}: a job's Kafka clients share one credential cache, so they must use one principal (a [kafka] section gives them the same)"),
+                    ));
+                }
+            }
+        }
+        Ok(job)
+    }
+
+    /// The security settings of the job's Kafka clients, with where they are in the file:
+    /// `source`'s, then each Kafka sink's (`sink`, `sink[1]`, …).
+    pub fn kafka_securities(&self) -> impl Iterator<Item = (&str, &KafkaSecurity)> {
+        let sinks = self.sinks.iter().filter_map(|s| match &s.kind {
+            SinkKind::Kafka(k) => Some((s.field.as_str(), &k.security)),
+            _ => None,
+        });
+        std::iter::once(("source", &self.file.source.security)).chain(sinks)
     }
 
     /// Whether records are parsed as JSON (some transform needs it).
