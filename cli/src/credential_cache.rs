@@ -4,9 +4,11 @@
 //! GSS-API library reads them from there. Two jobs of one OS user sharing that cache would
 //! replace each other's tickets every minute — another principal's, or a cache half rewritten
 //! while the other reads it — and a job would replace the operator's own. Kafka's Java clients
-//! keep a keytab's tickets in memory; the nearest here is a cache of the process's own.
+//! keep a keytab's tickets in memory; the nearest here is a cache of the process's own. The
+//! short commands (`verify`, `txn`, `datagen`, `bench`) as well: one run with a keytab would
+//! replace the operator's tickets, or a job's sharing the default cache.
 
-use crate::jobfile::Job;
+use exactly_kafka_client::KafkaSecurity;
 
 /// A credential cache of this process's own: a file in a directory only this OS user can read,
 /// both removed when this is dropped (a SIGKILLed job leaves them in the temporary directory, as
@@ -23,15 +25,18 @@ impl OwnCredentialCache {
     }
 }
 
-/// For a job whose Kafka clients obtain Kerberos tickets from a keytab, when `KRB5CCNAME` is not
-/// set (an operator who sets it chooses the cache): makes a credential cache of this process's
-/// own and sets `KRB5CCNAME` to it, which librdkafka's `kinit`, the wire client's and the
-/// GSS-API library then use. A job without a keytab uses the tickets the operator obtained, in
-/// the cache they are in.
+/// When some of the process's Kafka clients (their `security`: a job's source and Kafka sinks, a
+/// command's `--kafka-config`) obtain Kerberos tickets from a keytab and `KRB5CCNAME` is not set
+/// (an operator who sets it chooses the cache): makes a credential cache of this process's own
+/// and sets `KRB5CCNAME` to it, which librdkafka's `kinit`, the wire client's and the GSS-API
+/// library then use. Clients without a keytab use the tickets the operator obtained, in the cache
+/// they are in.
 ///
 /// Call it before the process starts another thread: it changes the process's environment.
-pub fn own_credential_cache(job: &Job) -> std::io::Result<Option<OwnCredentialCache>> {
-    let keytab = job.kafka_securities().any(|(_, s)| s.kerberos_keytab().is_some());
+pub fn own_credential_cache<'a>(
+    security: impl IntoIterator<Item = &'a KafkaSecurity>,
+) -> std::io::Result<Option<OwnCredentialCache>> {
+    let keytab = security.into_iter().any(|s| s.kerberos_keytab().is_some());
     if std::env::var_os("KRB5CCNAME").is_some() || !keytab {
         return Ok(None);
     }

@@ -11,6 +11,7 @@ use exactly_cli::logging::{self, LogFormat};
 use exactly_cli::run::{self, RunOptions};
 use exactly_cli::{admin, checkpoints, txn};
 use exactly_core::runtime::SubtaskRange;
+use exactly_kafka_client::KafkaSecurity;
 
 /// Records are small owned buffers allocated and freed at high rates; mimalloc handles that
 /// better than the system allocator (measured with `exactly bench source`).
@@ -334,11 +335,57 @@ fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `job`: `run`'s job file as [`main`] read it.
-async fn main_inner(
-    cli: Cli,
+/// What [`main`] read before any other thread started, to know where the Kerberos tickets of the
+/// command's Kafka clients go: the job file of `run` and `verify --job`, a `--kafka-config` file.
+/// Read once: the command runs with what decided its credential cache.
+struct Loaded {
     job: Option<Result<Job, exactly_cli::jobfile::JobFileError>>,
-) -> anyhow::Result<ExitCode> {
+    kafka_config: Option<anyhow::Result<KafkaSecurity>>,
+}
+
+impl Loaded {
+    fn read(command: &Command) -> Self {
+        let job = match command {
+            Command::Run { job, .. } | Command::Verify { job: Some(job), .. } => Some(Job::load(job)),
+            _ => None,
+        };
+        let kafka_config = match command {
+            Command::Verify { kafka_config, .. }
+            | Command::Datagen { kafka_config, .. }
+            | Command::Bench { kafka_config, .. }
+            | Command::Txn {
+                command: TxnCommand::List { kafka_config, .. } | TxnCommand::Abort { kafka_config, .. },
+            } => kafka_config.as_deref().map(txn::kafka_config),
+            _ => None,
+        };
+        Loaded { job, kafka_config }
+    }
+
+    /// The security settings of the command's Kafka clients (of what was read without error).
+    fn kafka_clients(&self, command: &Command) -> Vec<&KafkaSecurity> {
+        let job = self.job.as_ref().and_then(|j| j.as_ref().ok());
+        let file = self.kafka_config.as_ref().and_then(|f| f.as_ref().ok());
+        match command {
+            Command::Run { .. } => job
+                .into_iter()
+                .flat_map(|j| j.kafka_securities().map(|(_, s)| s))
+                .collect(),
+            Command::Verify { bootstrap_servers, .. } => {
+                exactly_cli::verify::kafka_security(file, bootstrap_servers.as_deref(), job)
+                    .into_iter()
+                    .collect()
+            }
+            _ => file.into_iter().collect(),
+        }
+    }
+
+    /// `--kafka-config`'s settings; its error as the command's.
+    fn kafka_config(&mut self) -> anyhow::Result<Option<KafkaSecurity>> {
+        self.kafka_config.take().transpose()
+    }
+}
+
+async fn main_inner(cli: Cli, mut loaded: Loaded) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run {
             job: _,
@@ -349,7 +396,7 @@ async fn main_inner(
             admin,
             no_progress,
         } => {
-            let job = match job.expect("main reads run's job file") {
+            let job = match loaded.job.take().expect("main reads run's job file") {
                 Ok(j) => j,
                 Err(e) => {
                     eprintln!("error: {e}");
@@ -409,7 +456,7 @@ async fn main_inner(
             job,
             sink,
             bootstrap_servers,
-            kafka_config,
+            kafka_config: _,
             mysql_url,
             postgres_url,
             examples,
@@ -417,15 +464,20 @@ async fn main_inner(
             stall_timeout,
             json,
         } => {
-            let job = match job {
-                Some(path) => match Job::load(&path) {
-                    Ok(j) => Some(j),
-                    Err(e) => {
-                        eprintln!("error: {e}");
-                        return Ok(ExitCode::from(2));
-                    }
-                },
-                None => None,
+            let job = match (job, loaded.job.take()) {
+                (Some(_), Some(Ok(j))) => Some(j),
+                (Some(_), Some(Err(e))) => {
+                    eprintln!("error: {e}");
+                    return Ok(ExitCode::from(2));
+                }
+                _ => None,
+            };
+            let kafka_config = match loaded.kafka_config() {
+                Ok(k) => k,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    return Ok(ExitCode::from(2));
+                }
             };
             let args = exactly_cli::verify::VerifyArgs {
                 source,
@@ -493,11 +545,11 @@ async fn main_inner(
             TxnCommand::List {
                 prefix,
                 bootstrap,
-                kafka_config,
+                kafka_config: _,
                 checkpoints,
                 json,
             } => {
-                let cluster = txn::cluster(&bootstrap, kafka_config.as_deref())?;
+                let cluster = txn::cluster(&bootstrap, loaded.kafka_config()?.as_ref());
                 let l = txn::list(&cluster, &prefix, checkpoints.as_deref()).await?;
                 if json {
                     print_json(&l)?;
@@ -508,13 +560,13 @@ async fn main_inner(
             TxnCommand::Abort {
                 prefix,
                 bootstrap,
-                kafka_config,
+                kafka_config: _,
                 checkpoints,
                 force,
                 dry_run,
                 json,
             } => {
-                let cluster = txn::cluster(&bootstrap, kafka_config.as_deref())?;
+                let cluster = txn::cluster(&bootstrap, loaded.kafka_config()?.as_ref());
                 let results = txn::abort(&cluster, &prefix, checkpoints.as_deref(), force, dry_run).await?;
                 if json {
                     print_json(&results)?;
@@ -538,9 +590,9 @@ async fn main_inner(
             rate,
             create,
             bootstrap,
-            kafka_config,
+            kafka_config: _,
         } => {
-            let cluster = txn::cluster(&bootstrap, kafka_config.as_deref())?;
+            let cluster = txn::cluster(&bootstrap, loaded.kafka_config()?.as_ref());
             for t in &create {
                 exactly_cli::datagen::ensure_topic(&cluster, t, partitions).await?;
             }
@@ -553,7 +605,7 @@ async fn main_inner(
             sizes,
             rounds,
             bootstrap,
-            kafka_config,
+            kafka_config: _,
             mysql,
             postgres,
             checkpoints,
@@ -573,7 +625,7 @@ async fn main_inner(
                     sizes,
                     rounds,
                     bootstrap,
-                    kafka_config,
+                    kafka_config: loaded.kafka_config()?,
                     mysql,
                     postgres,
                     checkpoints,
@@ -631,16 +683,10 @@ fn encode(s: &str) -> String {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // `run`'s job file, read before any other thread starts: a credential cache of the job's own
-    // sets KRB5CCNAME.
-    let job = match &cli.command {
-        Command::Run { job, .. } => Some(Job::load(job)),
-        _ => None,
-    };
-    let credential_cache = match &job {
-        Some(Ok(job)) => exactly_cli::credential_cache::own_credential_cache(job),
-        _ => Ok(None),
-    };
+    // The command's job file and --kafka-config, read before any other thread starts: a
+    // credential cache of the process's own sets KRB5CCNAME.
+    let loaded = Loaded::read(&cli.command);
+    let credential_cache = exactly_cli::credential_cache::own_credential_cache(loaded.kafka_clients(&cli.command));
     logging::init(cli.log_format);
     let _credential_cache = match credential_cache {
         Ok(Some(cache)) => {
@@ -663,7 +709,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(main_inner(cli, job)) {
+    match rt.block_on(main_inner(cli, loaded)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {}", chain(&e));

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use exactly_core::storage::Storage;
+use exactly_kafka_client::KafkaSecurity;
 use exactly_kafka_sink::admin::{abort_transaction, list_transactions, Cluster, TransactionInfo};
 use exactly_kafka_sink::KafkaCommittable;
 use serde::Serialize;
@@ -86,13 +87,10 @@ fn is_needed(t: &TransactionInfo, needed: &[Needed]) -> Option<String> {
         .map(|n| n.snapshot.clone())
 }
 
-/// The cluster at `bootstrap`, secured as `kafka_config` says: a TOML file of Kafka security
-/// settings (`security.protocol`, `sasl.*`, `ssl.*`), or a job file, whose `[kafka]` section is
-/// used. Plaintext without a file.
-pub fn cluster(bootstrap: &str, kafka_config: Option<&Path>) -> Result<Cluster> {
-    let Some(path) = kafka_config else {
-        return Ok(Cluster::plaintext(bootstrap));
-    };
+/// Kafka security settings from `path`: a TOML file of them (`security.protocol`, `sasl.*`,
+/// `ssl.*`, at the top or in a `[kafka]` table), or a job file, whose `[kafka]` section is used
+/// (none: plaintext). Checked as a job's are.
+pub fn kafka_config(path: &Path) -> Result<KafkaSecurity> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let value: toml::Table = toml::from_str(&text).with_context(|| format!("{} is not TOML", path.display()))?;
     let section = match value.get("kafka") {
@@ -101,13 +99,22 @@ pub fn cluster(bootstrap: &str, kafka_config: Option<&Path>) -> Result<Cluster> 
         None if value.contains_key("job") => toml::Table::new(),
         None => value,
     };
-    let security: exactly_kafka_client::KafkaSecurity = toml::Value::Table(section)
+    let security: KafkaSecurity = toml::Value::Table(section)
         .try_into()
         .with_context(|| format!("{}: Kafka security settings", path.display()))?;
     security
         .validate()
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    Ok(Cluster::new(bootstrap, security))
+    Ok(security)
+}
+
+/// The cluster at `bootstrap`, secured as `security` (from `--kafka-config`, [`kafka_config`])
+/// says; plaintext without.
+pub fn cluster(bootstrap: &str, security: Option<&KafkaSecurity>) -> Cluster {
+    match security {
+        Some(s) => Cluster::new(bootstrap, s.clone()),
+        None => Cluster::plaintext(bootstrap),
+    }
 }
 
 /// Lists the transactions of `prefix`; `checkpoints` marks those a stored snapshot needs.

@@ -7,7 +7,7 @@
 //! the wire client. A job running through several ticket lifetimes (the realm's tickets last 2
 //! minutes) and re-authentications (the listener ends a session after 45 s) without a restart.
 //! A job with a keytab and no `KRB5CCNAME`, which keeps its tickets out of the OS user's default
-//! credential cache (in one of its own). Then a stale keytab (a key the KDC replaced) and an
+//! credential cache (in one of its own), as `exactly verify` and `exactly txn list` do. Then a stale keytab (a key the KDC replaced) and an
 //! empty credential cache without a keytab, each failing at start naming what is wrong. The test feeds and checks through
 //! the plaintext listener of the same broker.
 
@@ -182,7 +182,8 @@ async fn a_job_outlives_its_tickets_without_a_restart() -> Result<()> {
 /// A job with a keytab, started without `KRB5CCNAME`, keeps its tickets in a credential cache of
 /// its own: the OS user's default cache (here the realm's `default_ccache_name`, a file the test
 /// watches) is never written, so two jobs of one user cannot replace each other's tickets, nor a
-/// job the operator's; the job's own cache is gone once it has stopped (SIGTERM).
+/// job the operator's; the job's own cache is gone once it has stopped (SIGTERM). The same for
+/// the short commands: `verify` with the job file, `txn list` with it as `--kafka-config`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_with_a_keytab_keeps_its_tickets_in_a_cache_of_its_own() -> Result<()> {
     let env = TestEnv::get().await?;
@@ -210,6 +211,7 @@ async fn a_job_with_a_keytab_keeps_its_tickets_in_a_cache_of_its_own() -> Result
     )?;
     let krb5_conf = krb5_conf.display().to_string();
     let job_env = [("KRB5_CONFIG", Some(krb5_conf.as_str())), ("KRB5CCNAME", None)];
+    let job_file = args[1].clone();
     // Committed: its clients authenticated with tickets kinit obtained from the keytab.
     let run = Running::spawn(env, &input, &output, args, &job_env).await?;
     let log = run.job.tail(100_000);
@@ -224,20 +226,73 @@ async fn a_job_with_a_keytab_keeps_its_tickets_in_a_cache_of_its_own() -> Result
     );
     assert_no_restart(&run.job);
     // Removed when the job ends.
-    let own = log
-        .split("cache=FILE:")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|cache| std::path::Path::new(cache).parent())
-        .map(std::path::Path::to_path_buf)
-        .with_context(|| format!("the job's log names no cache:\n{log}"))?;
+    let own = own_cache_dir(&log).with_context(|| format!("the job's log names no cache:\n{log}"))?;
     assert!(own.exists(), "{} is not there while the job runs", own.display());
     let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&own)?.permissions());
     assert_eq!(mode & 0o077, 0, "{} is open to others: {mode:o}", own.display());
     let (_, out) = run.stop(env).await?;
     assert!(!own.exists(), "{} is still there after the job ended", own.display());
-    eprintln!("{out} records with tickets in a cache of the job's own, 0 duplicates, 0 missing");
+    // The short commands as well: `verify` with the job file, `txn list` with it as
+    // --kafka-config, each authenticating with tickets from the keytab.
+    let topic = format!("topic:{output}");
+    let commands: [(&str, &[&str]); 2] = [
+        (
+            "verify",
+            &[
+                "verify", "--source", &input, "--output", &topic, "--job", &job_file, "--id", "@value",
+            ],
+        ),
+        (
+            "txn list",
+            &[
+                "txn",
+                "list",
+                "--prefix",
+                "k2k",
+                "--bootstrap",
+                &k.sasl_ssl,
+                "--kafka-config",
+                &job_file,
+            ],
+        ),
+    ];
+    for (name, command) in commands {
+        let mut c = std::process::Command::new(exactly());
+        c.args(command).env("KRB5_CONFIG", &krb5_conf).env_remove("KRB5CCNAME");
+        let done = c.output()?;
+        let stderr = String::from_utf8_lossy(&done.stderr);
+        let stdout = String::from_utf8_lossy(&done.stdout);
+        assert!(
+            done.status.success(),
+            "exactly {name} failed ({}):\n{stdout}\n{stderr}",
+            done.status
+        );
+        assert!(
+            !default_cache.exists(),
+            "exactly {name} wrote the OS user's default credential cache {}",
+            default_cache.display()
+        );
+        let own =
+            own_cache_dir(&stderr).with_context(|| format!("exactly {name} names no cache of its own:\n{stderr}"))?;
+        assert!(
+            !own.exists(),
+            "{} is still there after exactly {name} ended",
+            own.display()
+        );
+    }
+    eprintln!(
+        "{out} records with tickets in a cache of the job's own, 0 duplicates, 0 missing; verify and txn list too"
+    );
     Ok(())
+}
+
+/// The directory of the credential cache of its own that a command's log names.
+fn own_cache_dir(log: &str) -> Option<std::path::PathBuf> {
+    log.split("cache=FILE:")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|cache| std::path::Path::new(cache).parent())
+        .map(std::path::Path::to_path_buf)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

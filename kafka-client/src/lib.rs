@@ -48,8 +48,8 @@
 //! With a keytab, tickets come from `kinit -k -t KEYTAB PRINCIPAL` (MIT Kerberos' `kinit`, which
 //! librdkafka runs at every client's start and every minute after, and the wire client before it
 //! authenticates, at most once a minute); without one they must already be in the credential cache
-//! (`kinit` by the operator). The cache is Kerberos' default or `$KRB5CCNAME` (`exactly run` sets
-//! one of the process's own for a job with a keytab), the realm's KDCs in
+//! (`kinit` by the operator). The cache is Kerberos' default or `$KRB5CCNAME` (the `exactly`
+//! commands set one of the process's own when a client has a keytab), the realm's KDCs in
 //! `/etc/krb5.conf` or `$KRB5_CONFIG`. The brokers' principal is `SERVICE/HOST@REALM` for the host
 //! name a client connects to (the bootstrap address, then the brokers' advertised ones).
 

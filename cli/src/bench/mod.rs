@@ -92,7 +92,7 @@ pub struct BenchOptions {
     /// Kafka bootstrap servers.
     pub bootstrap: Option<String>,
     /// TLS and SASL settings for them (a `[kafka]` table or a job file): every client of the run.
-    pub kafka_config: Option<std::path::PathBuf>,
+    pub kafka_config: Option<exactly_kafka_client::KafkaSecurity>,
     /// MySQL URL.
     pub mysql: Option<String>,
     /// PostgreSQL URL.
@@ -126,7 +126,7 @@ fn need<'a>(v: &'a Option<String>, what: &str, flag: &str, env: &str) -> Result<
 /// TLS and SASL settings when given.
 fn cluster(o: &BenchOptions, what: &str) -> Result<Cluster> {
     let b = need(&o.bootstrap, what, "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
-    crate::txn::cluster(b, o.kafka_config.as_deref())
+    Ok(crate::txn::cluster(b, o.kafka_config.as_ref()))
 }
 
 /// Runs `which`, printing as it goes.

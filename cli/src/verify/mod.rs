@@ -94,8 +94,8 @@ pub struct VerifyArgs {
     pub sink: Option<String>,
     /// Kafka bootstrap servers (default: the job's source).
     pub bootstrap: Option<String>,
-    /// Kafka security settings file (a `[kafka]` table, or a job file).
-    pub kafka_config: Option<PathBuf>,
+    /// Kafka security settings (`--kafka-config`: a `[kafka]` table, or a job file's).
+    pub kafka_config: Option<exactly_kafka_client::KafkaSecurity>,
     /// MySQL URL (default: the job's MySQL sink).
     pub mysql_url: Option<String>,
     /// PostgreSQL URL (default: the job's PostgreSQL sink).
@@ -188,7 +188,6 @@ struct FromJob {
     /// the input as the sink does.
     columns: Option<exactly_mysql_sink::Mapping>,
     bootstrap: Option<String>,
-    security: Option<exactly_kafka_client::KafkaSecurity>,
     /// The job's consumer group: its ACLs let the verifier read (it commits nothing).
     group: Option<String>,
     /// The database, URL and password file of the job's table sink.
@@ -204,7 +203,6 @@ fn from_job(args: &VerifyArgs) -> Result<FromJob> {
             transforms: Vec::new(),
             columns: None,
             bootstrap: None,
-            security: None,
             group: None,
             database: None,
             input_field: None,
@@ -249,7 +247,6 @@ fn from_job(args: &VerifyArgs) -> Result<FromJob> {
         },
         bootstrap: Some(job.file.source.bootstrap_servers.clone()),
         group: Some(job.file.source.group_id.clone()),
-        security: Some(job.file.source.security.clone()),
         database: match &sink.kind {
             SinkKind::Mysql(m) => Some((Database::Mysql, m.url.clone(), m.password_file.clone())),
             SinkKind::Postgres(p) => Some((Database::Postgres, p.url.clone(), p.password_file.clone())),
@@ -264,6 +261,21 @@ fn from_job(args: &VerifyArgs) -> Result<FromJob> {
             _ => None,
         },
     })
+}
+
+/// The security settings the audit reaches Kafka with: `--kafka-config`'s; plaintext (none) for
+/// servers named by `--bootstrap-servers` without it — not the job's credentials, meant for its
+/// own servers; else the job source's.
+pub fn kafka_security<'a>(
+    kafka_config: Option<&'a exactly_kafka_client::KafkaSecurity>,
+    bootstrap: Option<&str>,
+    job: Option<&'a Job>,
+) -> Option<&'a exactly_kafka_client::KafkaSecurity> {
+    match (kafka_config, bootstrap) {
+        (Some(s), _) => Some(s),
+        (None, Some(_)) => None,
+        (None, None) => job.map(|j| &j.file.source.security),
+    }
 }
 
 /// Runs the audit.
@@ -292,22 +304,15 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
             );
         }
     }
-    let cluster = match (&args.kafka_config, &args.bootstrap, &job.bootstrap) {
-        (Some(file), bootstrap, from_job) => {
-            let b = bootstrap
-                .clone()
-                .or(from_job.clone())
-                .context("--bootstrap-servers is required")?;
-            crate::txn::cluster(&b, Some(file))?
-        }
-        // Servers named on the command line are reached as the flags say (plaintext unless
-        // --kafka-config), not with the job's credentials meant for its own servers.
-        (None, Some(b), _) => exactly_kafka_client::Cluster::plaintext(b.clone()),
-        (None, None, Some(b)) => {
-            exactly_kafka_client::Cluster::new(b.clone(), job.security.clone().unwrap_or_default())
-        }
-        (None, None, None) => bail!("--bootstrap-servers is required (or --job, whose source names them)"),
-    };
+    let bootstrap = args
+        .bootstrap
+        .clone()
+        .or(job.bootstrap.clone())
+        .context("--bootstrap-servers is required (or --job, whose source names them)")?;
+    let cluster = crate::txn::cluster(
+        &bootstrap,
+        kafka_security(args.kafka_config.as_ref(), args.bootstrap.as_deref(), args.job.as_ref()),
+    );
     let group = job
         .group
         .clone()
