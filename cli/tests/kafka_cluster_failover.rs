@@ -2,7 +2,9 @@
 //! (`scripts/services up cluster`: every topic with three replicas, two in sync required, one
 //! partition for the group offsets and one for the transaction log, so one node coordinates every
 //! transactional id): partition leaders and coordinators move when a node dies, which a single
-//! broker never shows.
+//! broker never shows. The first two tests' jobs reach the cluster over SASL_SSL (SCRAM-SHA-512,
+//! the cluster's test CA), as production clusters are reached: their clients connect and
+//! authenticate anew at each node a leader or coordinator moves to; the third's in plaintext.
 //!
 //! - Each node SIGKILLed in turn while the job runs with input arriving (the partitions it led,
 //!   the transaction coordinator and the group coordinator move to the others, then some back):
@@ -86,11 +88,62 @@ fn job_args(env: &TestEnv, input: &str, output: &str, dir: &std::path::Path) -> 
     .write(env, dir, "k2k")
 }
 
+/// The cluster's SASL_SSL listeners (SCRAM-SHA-512, user `user`, the password in
+/// `EXACTLY_KAFKA_SCRAM_PASSWORD`; TLS certificates of the CA in `tls`).
+struct Secured {
+    sasl_ssl: String,
+    tls: String,
+    user: String,
+}
+
+fn secured() -> Result<Secured> {
+    let var = |name: &str| {
+        std::env::var(name).with_context(|| {
+            format!(
+                "{name} is not set: this test needs the cluster's SASL_SSL listeners, which \
+                 `scripts/services up cluster` configures (then `eval \"$(scripts/services env)\"`)"
+            )
+        })
+    };
+    var("EXACTLY_KAFKA_SCRAM_PASSWORD")?;
+    Ok(Secured {
+        sasl_ssl: var("EXACTLY_KAFKA_CLUSTER_SASL_SSL")?,
+        tls: var("EXACTLY_KAFKA_CLUSTER_TLS_DIR")?,
+        user: var("EXACTLY_KAFKA_SCRAM_USER")?,
+    })
+}
+
+/// [`job_args`] over the cluster's SASL_SSL listeners, as production clusters are reached (the
+/// password referenced from the environment, never in the file): every client of the job —
+/// librdkafka's, and the wire client that commits after a restart and checks topic IDs —
+/// connects and authenticates anew at whichever node a leader or a coordinator moves to. The
+/// tests feed and read through the plaintext listeners.
+fn secured_job_args(env: &TestEnv, s: &Secured, input: &str, output: &str, dir: &std::path::Path) -> Vec<String> {
+    Job {
+        interval: "500ms",
+        checkpoint_timeout: "20s",
+        bootstrap: Some(s.sasl_ssl.clone()),
+        kafka: Some(format!(
+            r#"security.protocol = "SASL_SSL"
+sasl.mechanism = "SCRAM-SHA-512"
+sasl.username = "{user}"
+sasl.password = "${{EXACTLY_KAFKA_SCRAM_PASSWORD}}"
+ssl.ca.location = "{tls}/ca.pem"
+"#,
+            user = s.user,
+            tls = s.tls,
+        )),
+        ..Job::new(input, output)
+    }
+    .write(env, dir, "k2k")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_broker_of_three_killed_in_turn_loses_and_doubles_nothing() -> Result<()> {
     let _turn = ONE_AT_A_TIME.lock().await;
     let env = &TestEnv::get().await?.cluster()?;
-    let mut run = Running::on_new_topics(env, "cl", |i, o, d| job_args(env, i, o, d)).await?;
+    let s = secured()?;
+    let mut run = Running::on_new_topics(env, "cl", |i, o, d| secured_job_args(env, &s, i, o, d)).await?;
     let wait = Duration::from_secs(90);
     let mut committed = run.committed;
     for node in 1..=3 {
@@ -117,7 +170,7 @@ async fn a_restart_commits_through_the_node_that_took_over_the_transactions() ->
     create_topic(env, &input, 3).await?;
     create_topic(env, &output, 3).await?;
     let dir = tempfile::tempdir()?;
-    let args = job_args(env, &input, &output, dir.path());
+    let args = secured_job_args(env, &secured()?, &input, &output, dir.path());
 
     // Checkpoint 4 durable, its transactions pre-committed and not committed: SIGKILL.
     let (next, _) = killed_before_its_commits(env, &input, &args)?;
