@@ -55,6 +55,7 @@
 
 pub mod https;
 mod kerberos;
+pub mod leader;
 pub mod oauth;
 pub mod wire;
 

@@ -12,6 +12,7 @@
 
 use std::time::{Duration, Instant};
 
+use exactly_kafka_client::leader::asking_again;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -218,9 +219,14 @@ fn read_at(
         .set("auto.offset.reset", "error")
         .create()
         .map_err(|e| SinkError::kafka("creating the probe consumer", e))?;
-    let (low, _) = consumer
-        .fetch_watermarks(&probe.topic, probe.partition, Duration::from_secs(10))
-        .map_err(|e| SinkError::kafka("probe watermarks", e))?;
+    let watermarks = || {
+        let what = format!("{}/{}", probe.topic, probe.partition);
+        asking_again(&what, Duration::from_secs(10), || {
+            consumer.fetch_watermarks(&probe.topic, probe.partition, Duration::from_secs(10))
+        })
+        .map_err(|e| SinkError::kafka("probe watermarks", e))
+    };
+    let (low, _) = watermarks()?;
     let removed = |low: i64| {
         Seen::Removed(format!(
             "{}/{}@{} is below the partition's first offset {low} (removed by retention)",
@@ -244,9 +250,7 @@ fn read_at(
             Some(Err(KafkaError::PartitionEOF(_))) => {
                 // At the end (for read_committed: the last stable offset) without the record:
                 // skipped if the end is past it; otherwise an open transaction pins it: wait.
-                let (_, end) = consumer
-                    .fetch_watermarks(&probe.topic, probe.partition, Duration::from_secs(10))
-                    .map_err(|e| SinkError::kafka("probe watermarks", e))?;
+                let (_, end) = watermarks()?;
                 if end > probe.offset {
                     return Ok(Seen::Skipped);
                 }
@@ -254,9 +258,7 @@ fn read_at(
             Some(Err(KafkaError::MessageConsumption(
                 RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange,
             ))) => {
-                let (low, _) = consumer
-                    .fetch_watermarks(&probe.topic, probe.partition, Duration::from_secs(10))
-                    .map_err(|e| SinkError::kafka("probe watermarks", e))?;
+                let (low, _) = watermarks()?;
                 if probe.offset < low {
                     return Ok(removed(low));
                 }

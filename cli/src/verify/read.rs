@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
+use exactly_kafka_client::leader::asking_again;
 use exactly_kafka_client::Cluster;
 use futures_util::TryStreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -149,18 +150,26 @@ fn offsets_at(
     parts: &[i32],
     ms: i64,
     ends: &BTreeMap<i32, i64>,
+    stall: Duration,
 ) -> Result<BTreeMap<i32, i64>> {
-    let mut tpl = TopicPartitionList::new();
-    for p in parts {
-        tpl.add_partition_offset(topic, *p, Offset::Offset(ms))?;
-    }
-    let found = c
-        .offsets_for_times(tpl, Duration::from_secs(30))
-        .with_context(|| format!("looking up the offsets of {topic} at a time"))?;
+    let found = asking_again(topic, stall, || {
+        let mut tpl = TopicPartitionList::new();
+        for p in parts {
+            tpl.add_partition_offset(topic, *p, Offset::Offset(ms))?;
+        }
+        let found = c.offsets_for_times(tpl, Duration::from_secs(30))?;
+        // A partition's own error, a moving leader's asked again like the call's.
+        match found.elements().iter().find_map(|e| e.error().err()) {
+            Some(e) => Err(e),
+            None => Ok(found),
+        }
+    })
+    .with_context(|| format!("looking up the offsets of {topic} at a time"))?;
     let mut out = BTreeMap::new();
     for e in found.elements() {
         let o = match e.offset() {
             Offset::Offset(o) => o,
+            // No record at or after the time.
             _ => ends[&e.partition()],
         };
         out.insert(e.partition(), o);
@@ -208,21 +217,23 @@ pub(super) fn read_topic(
     let mut lows = BTreeMap::new();
     let mut highs = BTreeMap::new();
     for p in &parts {
-        let (lo, hi) = c
-            .fetch_watermarks(topic, *p, Duration::from_secs(30))
-            .with_context(|| format!("reading the offsets of {topic}-{p}"))?;
+        // A partition without a leader for a moment (a broker failing over) is asked again.
+        let (lo, hi) = asking_again(&format!("{topic}/{p}"), stall, || {
+            c.fetch_watermarks(topic, *p, Duration::from_secs(30))
+        })
+        .with_context(|| format!("reading the offsets of {topic}-{p}"))?;
         lows.insert(*p, lo);
         highs.insert(*p, hi);
     }
     let starts = match range.from {
         Bound::Start | Bound::End => lows.clone(),
         Bound::Offset(o) => lows.iter().map(|(p, lo)| (*p, o.max(*lo))).collect(),
-        Bound::Time(ms) => offsets_at(&c, topic, &parts, ms, &highs)?,
+        Bound::Time(ms) => offsets_at(&c, topic, &parts, ms, &highs, stall)?,
     };
     let ends = match range.to {
         Bound::Start | Bound::End => highs.clone(),
         Bound::Offset(o) => highs.iter().map(|(p, hi)| (*p, o.min(*hi))).collect(),
-        Bound::Time(ms) => offsets_at(&c, topic, &parts, ms, &highs)?,
+        Bound::Time(ms) => offsets_at(&c, topic, &parts, ms, &highs, stall)?,
     };
     let mut tpl = TopicPartitionList::new();
     let mut open = BTreeSet::new();

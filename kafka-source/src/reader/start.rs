@@ -3,6 +3,7 @@
 //! before each snapshot.
 
 use super::*;
+use exactly_kafka_client::leader::{asking_again, leader_moving};
 
 /// The longest one request for the topics' IDs may take before a snapshot (`check_topic_ids`),
 /// and how long the snapshot retries before the attempt fails.
@@ -55,7 +56,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
 
     /// The partition's first and next offsets (`asking_again` while its leader moves).
     pub(super) fn watermarks(&self, tp: &TopicPartition) -> Result<(i64, i64)> {
-        asking_again(tp, || {
+        asking_again(&format!("{}/{}", tp.topic, tp.partition), TIMEOUT, || {
             self.consumer().fetch_watermarks(&tp.topic, tp.partition, TIMEOUT)
         })
         .map_err(|e| SourceError::kafka(format!("watermarks of {}/{}", tp.topic, tp.partition), e))
@@ -79,7 +80,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             StartPosition::Earliest => Ok(self.watermarks(tp)?.0),
             StartPosition::Latest => Ok(self.watermarks(tp)?.1),
             StartPosition::Timestamp { ms } => {
-                let found = asking_again(tp, || {
+                let found = asking_again(&format!("{}/{}", tp.topic, tp.partition), TIMEOUT, || {
                     let mut tpl = TopicPartitionList::new();
                     tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(*ms))?;
                     let found = self.consumer().offsets_for_times(tpl, TIMEOUT)?;
@@ -289,36 +290,6 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         }
         Ok(true)
     }
-}
-
-/// Runs `ask` again while it fails because `tp`'s leader is moving or not known yet, for up to
-/// `TIMEOUT`: librdkafka does not retry these in its lookups (seen: `NotLeaderForPartition` for
-/// the watermarks of a topic created a moment before, on a busy machine), and failing the
-/// attempt for them would restart the job — or, at its start, count against its start-up
-/// attempts. Called where blocking is allowed (`block_in_place`).
-fn asking_again<R>(
-    tp: &TopicPartition,
-    mut ask: impl FnMut() -> std::result::Result<R, rdkafka::error::KafkaError>,
-) -> std::result::Result<R, rdkafka::error::KafkaError> {
-    let until = Instant::now() + TIMEOUT;
-    loop {
-        match ask() {
-            Err(e) if leader_moving(&e) && Instant::now() < until => {
-                debug!(topic = %tp.topic, partition = tp.partition, error = %e, "The partition's leader is moving: asking again.");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            r => return r,
-        }
-    }
-}
-
-/// An error that says the partition's leader is moving or not known yet.
-fn leader_moving(e: &rdkafka::error::KafkaError) -> bool {
-    use rdkafka::types::RDKafkaErrorCode as C;
-    matches!(
-        e.rdkafka_error_code(),
-        Some(C::NotLeaderForPartition | C::LeaderNotAvailable | C::UnknownTopicOrPartition | C::FencedLeaderEpoch)
-    )
 }
 
 /// Where an offset to check against the log came from.
