@@ -123,15 +123,10 @@ fn secured_job_args(env: &TestEnv, s: &Secured, input: &str, output: &str, dir: 
         interval: "500ms",
         checkpoint_timeout: "20s",
         bootstrap: Some(s.sasl_ssl.clone()),
-        kafka: Some(format!(
-            r#"security.protocol = "SASL_SSL"
-sasl.mechanism = "SCRAM-SHA-512"
-sasl.username = "{user}"
-sasl.password = "${{EXACTLY_KAFKA_SCRAM_PASSWORD}}"
-ssl.ca.location = "{tls}/ca.pem"
-"#,
-            user = s.user,
-            tls = s.tls,
+        kafka: Some(k2k::scram_settings(
+            &s.user,
+            "EXACTLY_KAFKA_SCRAM_PASSWORD",
+            &format!("{}/ca.pem", s.tls),
         )),
         ..Job::new(input, output)
     }

@@ -40,16 +40,7 @@ fn secured() -> Result<Secured> {
 }
 
 fn scram(s: &Secured, password_var: &str, ca: &str) -> String {
-    format!(
-        r#"security.protocol = "SASL_SSL"
-sasl.mechanism = "SCRAM-SHA-512"
-sasl.username = "{user}"
-sasl.password = "${{{password_var}}}"
-ssl.ca.location = "{tls}/{ca}"
-"#,
-        user = s.user,
-        tls = s.tls,
-    )
+    k2k::scram_settings(&s.user, password_var, &format!("{}/{ca}", s.tls))
 }
 
 /// A `--kafka-config` file in `dir`: a `[kafka]` table of [`scram`] settings, the password from

@@ -241,6 +241,19 @@ pub(crate) async fn drain_and_verify(
     Ok(seen.len())
 }
 
+/// A `[kafka]` body for SASL_SSL with SCRAM-SHA-512 as `user`, the password referenced from the
+/// environment variable `password_var` (never in the file), trusting the CA certificate at `ca`.
+pub(crate) fn scram_settings(user: &str, password_var: &str, ca: &str) -> String {
+    format!(
+        r#"security.protocol = "SASL_SSL"
+sasl.mechanism = "SCRAM-SHA-512"
+sasl.username = "{user}"
+sasl.password = "${{{password_var}}}"
+ssl.ca.location = "{ca}"
+"#
+    )
+}
+
 /// `exactly verify` of the job in `job_file` (its source topic against its sink's output, with
 /// the job's servers and credentials) must find the output exactly once.
 pub(crate) fn exactly_verify(job_file: &str, extra: &[&str]) -> Result<()> {
