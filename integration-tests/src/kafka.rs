@@ -181,25 +181,37 @@ fn leader_moving(e: &KafkaError) -> bool {
     )
 }
 
+/// The high watermark of `topic`/`partition` now, asked again while its leader is not known or
+/// moving (right after a broker restart, seen under load in kafka_broker_restart; or while a
+/// single broker that fenced itself comes back: ≈150 ms without a leader), as a consumer would,
+/// for up to `timeout`.
+pub fn high_watermark(env: &TestEnv, topic: &str, partition: i32, timeout: Duration) -> Result<i64> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &env.kafka_bootstrap)
+        .create()
+        .context("creating a consumer for watermarks")?;
+    high_watermark_by(&consumer, topic, partition, Instant::now() + timeout)
+}
+
+fn high_watermark_by(consumer: &BaseConsumer, topic: &str, partition: i32, deadline: Instant) -> Result<i64> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match consumer.fetch_watermarks(topic, partition, left) {
+            Ok((_, high)) => return Ok(high),
+            Err(e) if leader_moving(&e) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => return Err(e).with_context(|| format!("the high watermark of {topic}/{partition}")),
+        }
+    }
+}
+
 fn read_to_end(env: &TestEnv, topic: &str, timeout: Duration, isolation: &str) -> Result<Vec<CommittedRecord>> {
     let deadline = Instant::now() + timeout;
     let (consumer, partitions) = verifying_consumer(env, topic, timeout, isolation)?;
     let mut ends = HashMap::new();
     for p in &partitions {
-        let high = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match consumer.fetch_watermarks(topic, *p, left) {
-                Ok((_, high)) => break high,
-                // Right after a broker restart the partition may have no leader yet (seen under
-                // load in kafka_broker_restart: NotLeaderForPartition): asked again, as a
-                // consumer would, until the deadline.
-                Err(e) if leader_moving(&e) && Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-                Err(e) => return Err(e).with_context(|| format!("the high watermark of {topic}/{p}")),
-            }
-        };
-        ends.insert(*p, high);
+        ends.insert(*p, high_watermark_by(&consumer, topic, *p, deadline)?);
     }
     let partitions = partitions.len();
     let mut at_end = HashSet::new();

@@ -24,8 +24,8 @@ pub use env::{TestEnv, HOW_TO_START, S3};
 pub use ids::unique;
 pub use jobs::{eventually, subtask_info, Committed, CommittingCollector};
 pub use kafka::{
-    create_topic, create_topic_with, delete_records_before, produce, read_committed, read_uncommitted, recreate_topic,
-    transactional_producer, wait_for_committed, wait_for_uncommitted, CommittedRecord, Feed,
+    create_topic, create_topic_with, delete_records_before, high_watermark, produce, read_committed, read_uncommitted,
+    recreate_topic, transactional_producer, wait_for_committed, wait_for_uncommitted, CommittedRecord, Feed,
 };
 pub use mysql::{connect_mysql, execute, query_i64, query_pairs};
 pub use postgres::{connect_postgres, pg_execute, pg_i64, postgres_url, HOW_TO_START_POSTGRES};

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use exactly_integration_tests::{connect_mysql, query_i64, unique, verify_job, ChildJob, Feed, TestEnv};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::ClientConfig;
+use exactly_integration_tests::{
+    connect_mysql, high_watermark, query_i64, unique, verify_job, ChildJob, Feed, TestEnv,
+};
 use sqlx::Row;
 
 /// The `exactly` binary under test.
@@ -224,11 +224,8 @@ pub(crate) async fn drain_and_verify(env: &TestEnv, s: &Setup) -> Result<()> {
             *e = (*e).max(o);
         }
     }
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &env.kafka_bootstrap)
-        .create()?;
     for p in 0..2 {
-        let (_, high) = consumer.fetch_watermarks(&s.input, p, Duration::from_secs(30))?;
+        let high = high_watermark(env, &s.input, p, Duration::from_secs(30))?;
         if high > 0 {
             assert_eq!(
                 recorded.get(&format!("{}:{p}", s.input)),
