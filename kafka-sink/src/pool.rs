@@ -92,6 +92,25 @@ pub(crate) type Producer_ = ThreadedProducer<SinkContext>;
 const QUEUE_CAP_KEY: &str = "queue.buffering.max.messages";
 const DEFAULT_QUEUE_CAP: usize = 20_000;
 
+const SOCKET_TIMEOUT_KEY: &str = "socket.timeout.ms";
+
+/// How long a transactional producer waits for the answer to one request (librdkafka's
+/// `socket.timeout.ms`, ours unless the job sets it): a quarter of the transaction timeout, at most
+/// 30 s (the Java client's `request.timeout.ms`). librdkafka's own default for a transactional
+/// producer is the transaction timeout less 100 ms, which loses data when the coordinator's node
+/// stalls (its connection open and silent: a network partition, a long pause): the cluster fences
+/// the node and another takes over the transaction log within seconds, but the EndTxn sent to the
+/// silent node is given up only after about the transaction timeout — and by then the new
+/// coordinator has aborted the transaction for having timed out, a transaction whose checkpoint
+/// had completed (seen in kafka_cluster_failover's stalled-coordinator test, in one run of three
+/// without this setting: "DATA LOST … aborted by the external system"; in the others a failed
+/// attempt's restart committed it first). Given up after a quarter of it, the EndTxn is sent
+/// again to the new coordinator in time. Produce requests time out the same way and are sent
+/// again (idempotent).
+fn request_timeout(transaction_timeout: Duration) -> Duration {
+    (transaction_timeout / 4).clamp(Duration::from_secs(1), Duration::from_secs(30))
+}
+
 /// How many records a producer of this `client` setting queues at most (librdkafka's
 /// `queue.buffering.max.messages`, ours unless the job sets it).
 pub(crate) fn queue_cap(client: &std::collections::BTreeMap<String, String>) -> usize {
@@ -129,6 +148,9 @@ pub(crate) fn create_producer(
         Some((id, timeout)) => {
             c.set("transactional.id", id)
                 .set("transaction.timeout.ms", timeout.as_millis().to_string());
+            if !client.contains_key(SOCKET_TIMEOUT_KEY) {
+                c.set(SOCKET_TIMEOUT_KEY, request_timeout(timeout).as_millis().to_string());
+            }
         }
         None => {
             c.set("enable.idempotence", "true");
