@@ -63,19 +63,12 @@ fn leader_of(env: &TestEnv, topic: &str) -> Result<i32> {
         .context("creating a metadata client")?;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
-        // A stopped node's answer never comes: asked again (the next request may go elsewhere).
-        let leader = match consumer.fetch_metadata(Some(topic), Duration::from_secs(10)) {
-            Ok(metadata) => metadata
-                .topics()
-                .first()
-                .and_then(|t| t.partitions().first())
-                .map(|p| p.leader()),
-            Err(e) if std::time::Instant::now() < deadline => {
-                eprintln!("metadata of {topic}: {e}; asking again");
-                None
-            }
-            Err(e) => return Err(e).with_context(|| format!("metadata of {topic}")),
-        };
+        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        let leader = metadata
+            .topics()
+            .first()
+            .and_then(|t| t.partitions().first())
+            .map(|p| p.leader());
         match leader {
             Some(l) if l >= 0 => return Ok(l),
             _ if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(500)),
