@@ -8,6 +8,11 @@
 //! queue in batches ([`Batch`]); the consumer's own queue still carries statistics, errors and
 //! logs, which the source serves through rdkafka as before.
 //!
+//! The group commit that does not wait ([`commit_without_waiting`]) is here too: rdkafka's
+//! asynchronous `commit` gets no result back for offsets it names (librdkafka posts one only to an
+//! `offset_commit_cb`, which rdkafka does not set), so the source asks librdkafka for the result
+//! on the consumer's own queue, where rdkafka's `poll` serves it.
+//!
 //! Safety rests on three rules, each kept by the types here:
 //! - a message pointer is used only while its [`Batch`] holds it and is destroyed exactly once,
 //!   when the batch is cleared or dropped;
@@ -90,6 +95,33 @@ impl Drop for FetchQueue {
             rd::rd_kafka_queue_cb_event_enable(self.ptr, None, std::ptr::null_mut());
             rd::rd_kafka_queue_destroy(self.ptr);
         }
+    }
+}
+
+/// Commits `offsets` for the group of `consumer` and returns at once. The result comes back on
+/// the consumer's own queue, which rdkafka's `poll` serves to the context's `commit_callback`
+/// (with the offsets, each with its own error if the coordinator refused it).
+pub(crate) fn commit_without_waiting<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &rdkafka::consumer::BaseConsumer<C>,
+    offsets: &rdkafka::TopicPartitionList,
+) -> Result<(), RDKafkaErrorCode> {
+    use rdkafka::consumer::Consumer;
+    let client = consumer.client().native_ptr();
+    // SAFETY: `client` is a live consumer handle; the queue handle it returns is a new reference,
+    // destroyed right after use (the commit's reply keeps its own reference to the queue).
+    // librdkafka copies `offsets`, and with no callback delivers the result as an event.
+    let err = unsafe {
+        let queue = rd::rd_kafka_queue_get_consumer(client);
+        if queue.is_null() {
+            return Err(RDKafkaErrorCode::UnknownGroup);
+        }
+        let err = rd::rd_kafka_commit_queue(client, offsets.ptr(), queue, None, std::ptr::null_mut());
+        rd::rd_kafka_queue_destroy(queue);
+        err
+    };
+    match RDKafkaErrorCode::from(err) {
+        RDKafkaErrorCode::NoError => Ok(()),
+        code => Err(code),
     }
 }
 

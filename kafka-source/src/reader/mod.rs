@@ -2,15 +2,16 @@
 //! once a checkpoint completes.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use exactly_core::runtime::{InitContext, SnapshotContext, Source, SourceStatus, SourceWatermark, SubtaskInfo};
 use exactly_core::CheckpointId;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::message::Message;
 
+use rdkafka::error::KafkaResult;
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use tracing::{debug, error, info, warn};
@@ -45,6 +46,9 @@ struct Position {
 /// Receives librdkafka's statistics and commit results.
 pub struct SourceContext {
     metrics: Arc<KafkaSourceMetrics>,
+    /// An offset commit is on its way (its result not served yet). One at a time: a later
+    /// commit never overtakes an earlier one, so the group's offsets never go back.
+    committing: AtomicBool,
 }
 
 impl ClientContext for SourceContext {
@@ -66,8 +70,34 @@ impl ClientContext for SourceContext {
 }
 
 impl ConsumerContext for SourceContext {
-    // Commits are synchronous (`commit_to_group`), which counts them and records the committed
-    // offsets; nothing to do here.
+    /// The result of `commit_to_group`'s commit, served on the source's task by
+    /// `serve_consumer_queue`: counted, and the offsets the group now holds recorded.
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        match result {
+            Ok(()) => {
+                self.metrics.commits_succeeded.fetch_add(1, Ordering::Relaxed);
+                self.metrics.with_partitions(|parts| {
+                    for e in offsets.elements() {
+                        let (Ok(()), Offset::Offset(o)) = (e.error(), e.offset()) else {
+                            continue;
+                        };
+                        let tp = TopicPartition {
+                            topic: e.topic().to_owned(),
+                            partition: e.partition(),
+                        };
+                        if let Some(m) = parts.get_mut(&tp) {
+                            m.committed = Some(o);
+                        }
+                    }
+                });
+            }
+            Err(error) => {
+                self.metrics.commits_failed.fetch_add(1, Ordering::Relaxed);
+                warn!(%error, "Committing offsets to the consumer group failed (monitoring only; the checkpoint holds the offsets).");
+            }
+        }
+        self.committing.store(false, Ordering::Release);
+    }
 }
 
 /// A Kafka source subtask: reads the partitions the assignment rule gives it, from the offsets
@@ -110,6 +140,8 @@ pub struct KafkaSource<T, D> {
     ids: exactly_kafka_client::wire::TopicIds,
     cluster: exactly_kafka_client::Cluster,
     pending: PendingOffsets,
+    /// Offsets of completed checkpoints (or periodic commits) waiting for the commit on its way.
+    deferred_commit: BTreeMap<TopicPartition, i64>,
     next_discovery: Option<Instant>,
     next_periodic_commit: Option<Instant>,
     /// Without checkpointing, when the topics' IDs are checked next (`ID_CHECK_EVERY`).
@@ -143,6 +175,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             ids: Default::default(),
             cluster,
             pending: PendingOffsets::default(),
+            deferred_commit: BTreeMap::new(),
             next_discovery: None,
             next_periodic_commit: None,
             next_id_check: None,
@@ -165,6 +198,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         consumer_config(&self.config)?
             .create_with_context(SourceContext {
                 metrics: self.metrics.clone(),
+                committing: AtomicBool::new(false),
             })
             .map_err(|e| SourceError::kafka("creating the consumer", e))
     }
@@ -232,37 +266,40 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         self.assign(new)
     }
 
-    fn commit_to_group(&self, offsets: &BTreeMap<TopicPartition, i64>) {
-        if offsets.is_empty() {
+    /// Commits `offsets` to the group, in the background: the commit's round trip to the group
+    /// coordinator never holds the records and barriers behind it (a coordinator that stops
+    /// answering would hold them for the whole request timeout, a minute: every checkpoint of
+    /// the job timed out meanwhile). A commit still on its way defers this one, merged with any
+    /// deferred before it, until its result is served (`send_deferred_commit`).
+    fn commit_to_group(&mut self, offsets: &BTreeMap<TopicPartition, i64>) {
+        self.deferred_commit
+            .extend(offsets.iter().map(|(tp, o)| (tp.clone(), *o)));
+        self.send_deferred_commit();
+    }
+
+    /// Sends the deferred commit, unless one is on its way.
+    fn send_deferred_commit(&mut self) {
+        let Some(consumer) = self.consumer.as_ref() else {
+            return;
+        };
+        if self.deferred_commit.is_empty() || consumer.context().committing.load(Ordering::Acquire) {
             return;
         }
         let mut tpl = TopicPartitionList::new();
-        for (tp, o) in offsets {
+        for (tp, o) in std::mem::take(&mut self.deferred_commit) {
             if tpl
-                .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(*o))
+                .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(o))
                 .is_err()
             {
                 return;
             }
         }
-        // Synchronous: one round trip per completed checkpoint, and an answer that says whether
-        // the group holds the offsets (the source's metrics report it). The asynchronous
-        // commit's callback is not served by the stream consumer's record polling.
-        match tokio::task::block_in_place(|| self.consumer().commit(&tpl, CommitMode::Sync)) {
-            Ok(()) => {
-                self.metrics.commits_succeeded.fetch_add(1, Ordering::Relaxed);
-                self.metrics.with_partitions(|parts| {
-                    for (tp, o) in offsets {
-                        if let Some(m) = parts.get_mut(tp) {
-                            m.committed = Some(*o);
-                        }
-                    }
-                });
-            }
-            Err(error) => {
-                self.metrics.commits_failed.fetch_add(1, Ordering::Relaxed);
-                warn!(%error, "Committing offsets to the consumer group failed (monitoring only; the checkpoint holds the offsets).");
-            }
+        consumer.context().committing.store(true, Ordering::Release);
+        if let Err(code) = crate::fetch::commit_without_waiting(consumer, &tpl) {
+            consumer.context().committing.store(false, Ordering::Release);
+            let error = rdkafka::error::KafkaError::ConsumerCommit(code);
+            self.metrics.commits_failed.fetch_add(1, Ordering::Relaxed);
+            warn!(%error, "Committing offsets to the consumer group failed (monitoring only; the checkpoint holds the offsets).");
         }
     }
 
@@ -376,10 +413,16 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         Ok(())
     }
 
-    /// Serves the consumer's own queue (statistics, errors, logs) without waiting. Records never
+    /// Serves the consumer's own queue (statistics, errors, logs, commit results) without
+    /// waiting, then sends a deferred commit whose predecessor's result came. Records never
     /// arrive there: every owned partition is routed to the fetch queue before it is assigned.
-    fn serve_consumer_queue(&self) -> Result<()> {
-        match self.consumer().poll(Duration::ZERO) {
+    fn serve_consumer_queue(&mut self) -> Result<()> {
+        let polled = self
+            .consumer()
+            .poll(Duration::ZERO)
+            .map(|r| r.map(|m| (m.topic().to_owned(), m.partition())));
+        self.send_deferred_commit();
+        match polled {
             None => Ok(()),
             Some(Err(error)) => {
                 if let Some(e) = error
@@ -393,10 +436,8 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             }
             // Its order relative to the fetch queue is unknown: restart from the checkpoint
             // rather than hand on records out of order.
-            Some(Ok(m)) => Err(SourceError::Routing(format!(
-                "a record of {}/{} arrived outside the source's fetch queue",
-                m.topic(),
-                m.partition()
+            Some(Ok((topic, partition))) => Err(SourceError::Routing(format!(
+                "a record of {topic}/{partition} arrived outside the source's fetch queue"
             ))),
         }
     }
@@ -560,7 +601,8 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
         }
         if let Some(interval) = commit_every {
             if checked {
-                self.commit_to_group(&self.position_map());
+                let offsets = self.position_map();
+                self.commit_to_group(&offsets);
                 self.next_periodic_commit = Some(now + interval);
             } else {
                 self.next_periodic_commit = Some(now + start::ID_CHECK_EVERY.min(interval));
