@@ -15,6 +15,13 @@
 //!   node that took over (the output grows while the old coordinator is still down), exactly once.
 //! - Two nodes down at once for 20 s (no controller quorum, no partition writable): the job
 //!   stalls and, once they return, goes on; exactly once.
+//! - The transaction coordinator's node stopped (SIGSTOP: a network stall, its connections open
+//!   and silent) until the cluster has fenced it and the job has committed through the node that
+//!   took over; then it answers again; exactly once. It found a loss (an EndTxn waited on the
+//!   silent node until the new coordinator had aborted its transaction) and stalls of a minute
+//!   and more (the source's group commit waited on the silent group coordinator; each producer
+//!   paid 30 s request timeouts in a row to find the moved coordinator): see
+//!   `kafka-sink`'s `pool::request_timeout` and `kafka-source`'s `commit_to_group`.
 //!
 //! The tests take turns (`ONE_AT_A_TIME`): each kills nodes the others' jobs use.
 
@@ -52,6 +59,28 @@ impl Drop for Killed<'_> {
     }
 }
 
+/// A cluster node SIGSTOPped by a test — it stops answering, its connections stay open, as when
+/// its network stalls — SIGCONTed when dropped, also when the test fails.
+struct Paused<'a> {
+    env: &'a TestEnv,
+    node: i32,
+}
+
+impl<'a> Paused<'a> {
+    fn node(env: &'a TestEnv, node: i32) -> Result<Self> {
+        env.services(&format!("pause-cluster-{node}"))?;
+        Ok(Paused { env, node })
+    }
+}
+
+impl Drop for Paused<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.env.services(&format!("resume-cluster-{}", self.node)) {
+            eprintln!("resuming cluster node {} failed: {e:#}", self.node);
+        }
+    }
+}
+
 /// The transaction log: with one partition, its leader coordinates every transactional id.
 const TRANSACTION_LOG: &str = "__transaction_state";
 
@@ -63,12 +92,19 @@ fn leader_of(env: &TestEnv, topic: &str) -> Result<i32> {
         .context("creating a metadata client")?;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-        let leader = metadata
-            .topics()
-            .first()
-            .and_then(|t| t.partitions().first())
-            .map(|p| p.leader());
+        // A stopped node's answer never comes: asked again (the next request may go elsewhere).
+        let leader = match consumer.fetch_metadata(Some(topic), Duration::from_secs(10)) {
+            Ok(metadata) => metadata
+                .topics()
+                .first()
+                .and_then(|t| t.partitions().first())
+                .map(|p| p.leader()),
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("metadata of {topic}: {e}; asking again");
+                None
+            }
+            Err(e) => return Err(e).with_context(|| format!("metadata of {topic}")),
+        };
         match leader {
             Some(l) if l >= 0 => return Ok(l),
             _ if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(500)),
@@ -220,4 +256,56 @@ async fn two_brokers_of_three_down_at_once_stall_the_job_and_lose_nothing() -> R
     let (fed, out, restarts) = run.finish(env).await?;
     eprintln!("{fed} records fed, {out} out, 0 duplicates, 0 missing; {restarts} attempt restarts");
     Ok(())
+}
+
+/// The node coordinating the job's transactions stops answering (SIGSTOP: nothing comes back on
+/// its open connections, unlike a killed node's refused ones — a network stall), past the
+/// cluster's 6 s session: the controllers fence it and give its partitions and the transaction log
+/// other leaders. The job's clients must give up on the requests they sent it and find the new
+/// leaders: the node stays stopped until output committed after the fence — through the new
+/// coordinator — is seen. Then it answers again, with requests sent long ago and a stale view of
+/// what it led, and rejoins as a follower. Every record exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_coordinator_node_is_fenced_and_the_job_goes_on_through_the_others() -> Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let env = &TestEnv::get().await?.cluster()?;
+    let mut run = Running::on_new_topics(env, "clp", |i, o, d| job_args(env, i, o, d)).await?;
+    let coordinator = leader_of(env, TRANSACTION_LOG)?;
+    let (fenced, n, took, now) = {
+        let _paused = Paused::node(env, coordinator)?;
+        // Past the session (6 s) and the leaders' move: what is committed from here on was
+        // committed without the stopped node (its EndTxn answers nothing).
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let now = leader_of(env, TRANSACTION_LOG)?;
+        assert_ne!(
+            now, coordinator,
+            "the transaction log's leader did not move off the stopped node"
+        );
+        let fenced = committed_now(env, &run.output)?;
+        let (n, took) = wait_for_more_output(env, &run.output, fenced, &mut run.job, Duration::from_secs(120)).await?;
+        (fenced, n, took, now)
+    };
+    eprintln!(
+        "node {coordinator} stopped (node {now} took the transaction log): output {fenced} → {n} within {took:?}, the node still stopped"
+    );
+    let (grown, _) = wait_for_more_output(env, &run.output, n, &mut run.job, Duration::from_secs(90)).await?;
+    eprintln!("node {coordinator} answers again: output grew to {grown}");
+    let (fed, out, restarts) = run.finish(env).await?;
+    eprintln!("{fed} records fed, {out} out, 0 duplicates, 0 missing; {restarts} attempt restarts");
+    Ok(())
+}
+
+/// The records of `output` committed now, asked again for up to a minute while the cluster moves
+/// leaders (a reader's requests to a stopped node time out).
+fn committed_now(env: &TestEnv, output: &str) -> Result<usize> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match read_committed(env, output, Duration::from_secs(30)) {
+            Ok(records) => return Ok(records.len()),
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("reading {output} failed, reading again: {e:#}");
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }

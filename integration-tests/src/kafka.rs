@@ -307,6 +307,10 @@ impl Feed {
             .set("bootstrap.servers", &env.kafka_bootstrap)
             .set("enable.idempotence", "true")
             .set("linger.ms", "5")
+            // A request to a node that stopped answering (kafka_cluster_failover stops one) is
+            // given up after 10 s and sent again to the partition's new leader, well within
+            // `send`'s 60 s (librdkafka's default: after 60 s).
+            .set("socket.timeout.ms", "10000")
             .create()
             .context("creating a producer")?;
         Ok(Feed { producer })

@@ -154,7 +154,7 @@ impl TransactionalKafkaSink {
                 "TransactionalKafkaSink needs delivery.type = \"exactly_once\"".into(),
             ));
         };
-        let wire = Wire::new(config.cluster(), TIMEOUT);
+        let wire = Wire::new(config.cluster(), crate::pool::request_timeout(transaction_timeout));
         let hold_limit = queue_cap(&config.client);
         Ok(TransactionalKafkaSink {
             config,

@@ -95,22 +95,32 @@ const DEFAULT_QUEUE_CAP: usize = 20_000;
 const SOCKET_TIMEOUT_KEY: &str = "socket.timeout.ms";
 
 /// How long a transactional producer waits for the answer to one request (librdkafka's
-/// `socket.timeout.ms`, ours unless the job sets it): a quarter of the transaction timeout, at most
-/// 30 s (the Java client's `request.timeout.ms`). librdkafka's own default for a transactional
-/// producer is the transaction timeout less 100 ms, which loses data when the coordinator's node
-/// stalls (its connection open and silent: a network partition, a long pause): the cluster fences
-/// the node and another takes over the transaction log within seconds, but the EndTxn sent to the
-/// silent node is given up only after about the transaction timeout — and by then the new
-/// coordinator has aborted the transaction for having timed out, a transaction whose checkpoint
-/// had completed (seen on the three-node cluster with the coordinator's node SIGSTOPped —
-/// `scripts/services pause-cluster-N` — in one run of three without this setting: "DATA LOST …
-/// aborted by the external system"; in the others a failed attempt's restart committed it
-/// first; that test is not in the suite yet: it also failed with this setting, its job stalled
-/// for two minutes under load). Given up after a quarter of it, the EndTxn is sent again to the
-/// new coordinator in time. Produce requests time out the same way and are sent again
-/// (idempotent).
-fn request_timeout(transaction_timeout: Duration) -> Duration {
-    (transaction_timeout / 4).clamp(Duration::from_secs(1), Duration::from_secs(30))
+/// `socket.timeout.ms`, ours unless the job sets it), and the sink's own protocol client too
+/// (DescribeTransactions at pre-commit, EndTxn after a restart): a quarter of the transaction
+/// timeout, at most 10 s — past the cluster's broker session (`broker.session.timeout.ms`, 9 s by
+/// default), after which a node that does not answer has been fenced and its partitions and
+/// coordinators have moved, so waiting longer only waits for a node that no longer leads.
+///
+/// librdkafka's own default for a transactional producer is the transaction timeout less 100 ms,
+/// which loses data when the coordinator's node stalls (its connection open and silent: a
+/// network partition, a long pause): the cluster fences the node and another takes over the
+/// transaction log within seconds, but the EndTxn sent to the silent node is given up only after
+/// about the transaction timeout — and by then the new coordinator has aborted the transaction
+/// for having timed out, a transaction whose checkpoint had completed (seen on the three-node
+/// cluster with the coordinator's node SIGSTOPped, in one run of three: "DATA LOST … aborted by
+/// the external system").
+///
+/// The Java client's 30 s was tried first and kept the loss away, but not the stall: each pooled
+/// producer learns of the move only from a request of its own timing out, and librdkafka then
+/// asks for the new coordinator at any connected node — the silent one too, whose connection is
+/// still open — so a producer paid two or three timeouts in a row (AddPartitionsToTxn, then
+/// FindCoordinator; seen with `debug=eos,broker`), 60–90 s in which no checkpoint completed and
+/// the attempt restarted (kafka_cluster_failover's stalled-coordinator test). With 10 s the job
+/// went on within 10–20 s. Produce requests are given up the same way and sent again
+/// (idempotent): a request a healthy cluster leaves unanswered for 10 s is rare, and costs a
+/// reconnect.
+pub(crate) fn request_timeout(transaction_timeout: Duration) -> Duration {
+    (transaction_timeout / 4).clamp(Duration::from_secs(1), Duration::from_secs(10))
 }
 
 /// How many records a producer of this `client` setting queues at most (librdkafka's
