@@ -516,7 +516,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             let probe = flushed
                 .await
                 .map_err(|e| SinkError::Protocol(format!("flushing {id}: {e}")))??;
-            let desc = wire.describe(&id).await?;
+            let desc = wire.describe_open(&id).await?;
             Ok(committable(id, desc, checkpoint_id, probe)?)
         })))
     }

@@ -10,7 +10,16 @@
 //! one answers NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS: requests to a coordinator, and the
 //! listing of every broker's transactions, try again (the coordinator found again, the brokers
 //! read again from the cluster's metadata) for up to [`FAILOVER`] before they fail.
+//!
+//! A node that stops answering with its connections open (a network stall, a long pause) costs a
+//! request timeout per request sent to it: the bootstrap server that answered last is asked
+//! first, so a silent one costs one timeout, not one per request. Back from such a stall, a node
+//! answers for a moment from its old view of the cluster: a transaction that a live producer has
+//! open is then asked about again when the answer says the id is unknown
+//! ([`Wire::describe_open`]).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use exactly_kafka_client::Cluster;
@@ -176,6 +185,9 @@ use SendFailure::{MaybeSent, Unsent};
 pub(crate) struct Wire {
     cluster: Cluster,
     bootstrap: Vec<String>,
+    /// The bootstrap server that answered last (an index into `bootstrap`), asked first; shared
+    /// by the clones (the sink's background pre-commits).
+    answered_last: Arc<AtomicUsize>,
     timeout: Duration,
 }
 
@@ -183,9 +195,26 @@ impl Wire {
     pub(crate) fn new(cluster: Cluster, timeout: Duration) -> Self {
         Wire {
             bootstrap: cluster.addresses().map(str::to_owned).collect(),
+            answered_last: Arc::default(),
             cluster,
             timeout,
         }
+    }
+
+    /// The bootstrap servers with their indexes, the one that answered last first, then the
+    /// others in their configured order from there.
+    fn bootstrap_servers(&self) -> impl Iterator<Item = (usize, &str)> {
+        let n = self.bootstrap.len();
+        let first = self.answered_last.load(Ordering::Relaxed);
+        (0..n).map(move |k| {
+            let i = (first + k) % n;
+            (i, self.bootstrap[i].as_str())
+        })
+    }
+
+    /// Bootstrap server `i` answered: asked first from now on.
+    fn answered(&self, i: usize) {
+        self.answered_last.store(i, Ordering::Relaxed);
     }
 
     /// The cluster this client reaches (and how).
@@ -230,9 +259,12 @@ impl Wire {
             .with_client_software_name(StrBytes::from_static_str("exactly"))
             .with_client_software_version(StrBytes::from_static_str(env!("CARGO_PKG_VERSION")));
         let mut last = String::from("no bootstrap server");
-        for addr in &self.bootstrap {
+        for (i, addr) in self.bootstrap_servers() {
             let resp = match self.send(addr, &req, 3).await {
-                Ok(r) if r.error_code == code::NONE => r,
+                Ok(r) if r.error_code == code::NONE => {
+                    self.answered(i);
+                    r
+                }
                 Ok(r) => {
                     last = format!("{addr}: ApiVersions error code {}", r.error_code);
                     continue;
@@ -273,9 +305,12 @@ impl Wire {
             .with_key(StrBytes::from_string(transactional_id.to_owned()))
             .with_key_type(1);
         let mut last = String::from("no bootstrap server");
-        for addr in &self.bootstrap {
+        for (i, addr) in self.bootstrap_servers() {
             match self.send(addr, &req, FIND_COORDINATOR_VERSION).await {
-                Ok(r) if r.error_code == code::NONE => return Ok(format!("{}:{}", r.host.as_str(), r.port)),
+                Ok(r) if r.error_code == code::NONE => {
+                    self.answered(i);
+                    return Ok(format!("{}:{}", r.host.as_str(), r.port));
+                }
                 Ok(r) => last = format!("FindCoordinator error code {}", r.error_code),
                 Err(e) => last = e.to_string(),
             }
@@ -293,6 +328,27 @@ impl Wire {
                 "DescribeTransactions of {transactional_id}: the coordinator does not know this id"
             ))
         })
+    }
+
+    /// Describes `transactional_id`, whose producer has a transaction open (pre-commit): an answer
+    /// that the coordinator does not know the id contradicts that, and comes from a node that no
+    /// longer coordinates it — back from a stall, answering from its old view of the cluster
+    /// (seen on the three-node cluster right after a SIGSTOPped node resumed: the attempt
+    /// restarted). Asked again, as while a coordinator moves, for up to [`FAILOVER`].
+    pub(crate) async fn describe_open(&self, transactional_id: &str) -> Result<TxnDescription> {
+        let mut failover = Failover::new();
+        loop {
+            if let Some(d) = self.describe_known(transactional_id).await? {
+                return Ok(d);
+            }
+            failover
+                .pause(
+                    "the coordinator does not know this id".into(),
+                    || format!("DescribeTransactions of {transactional_id} (a transaction open): every answer said the id is unknown"),
+                    |failure| warn!(transactional_id, error = %failure, "The coordinator does not know the id of an open transaction (a node back from a stall, answering from an old view?); asking again for up to {FAILOVER:?}."),
+                )
+                .await?;
+        }
     }
 
     /// Describes `transactional_id` at its coordinator; `None` when the coordinator does not know
@@ -404,14 +460,15 @@ impl Wire {
     pub(crate) async fn live_brokers(&self) -> Result<Vec<String>> {
         let req = MetadataRequest::default().with_topics(Some(Vec::new()));
         let mut last = String::from("no bootstrap server");
-        for addr in &self.bootstrap {
+        for (i, addr) in self.bootstrap_servers() {
             match self.send(addr, &req, METADATA_VERSION).await {
                 Ok(r) => {
+                    self.answered(i);
                     return Ok(r
                         .brokers
                         .iter()
                         .map(|b| format!("{}:{}", b.host.as_str(), b.port))
-                        .collect())
+                        .collect());
                 }
                 Err(e @ SinkError::Config(_)) => return Err(e),
                 Err(e) => last = e.to_string(),
@@ -470,5 +527,29 @@ impl Wire {
             }));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn order(w: &Wire) -> Vec<&str> {
+        w.bootstrap_servers().map(|(_, a)| a).collect()
+    }
+
+    /// The bootstrap server that answered last is asked first, by every clone; the others follow
+    /// in their configured order, each once.
+    #[test]
+    fn the_bootstrap_server_that_answered_last_is_asked_first() {
+        let w = Wire::new(Cluster::new("a:1, b:2,c:3", Default::default()), Duration::from_secs(1));
+        assert_eq!(order(&w), ["a:1", "b:2", "c:3"]);
+        let clone = w.clone();
+        clone.answered(1);
+        assert_eq!(order(&w), ["b:2", "c:3", "a:1"]);
+        w.answered(2);
+        assert_eq!(order(&clone), ["c:3", "a:1", "b:2"]);
+        let none = Wire::new(Cluster::new("", Default::default()), Duration::from_secs(1));
+        assert_eq!(order(&none), Vec::<&str>::new());
     }
 }

@@ -388,7 +388,13 @@ impl Running {
             self.job.exit_code(),
             self.job.log(40)
         );
-        let restarts = self.job.tail(1_000_000).matches("restarting").count();
+        let log = self.job.tail(1_000_000);
+        let restarts: Vec<&str> = log.lines().filter(|l| l.contains("restarting")).collect();
+        for line in &restarts {
+            // Why each attempt restarted (a restart is allowed; its cause tells whether it had to be).
+            eprintln!("restart: {}", line.chars().take(400).collect::<String>());
+        }
+        let restarts = restarts.len();
         self.job.kill();
         let out = drain_and_verify(env, &self.args, &self.output, &self.next).await?;
         Ok((self.fed, out, restarts))
