@@ -323,6 +323,24 @@ async fn group_offsets_follow_every_completed_checkpoint_one_commit_at_a_time() 
     commits += 2;
     wait_committed(env, &mut source, &group, &topic, 25, commits).await?;
     assert_eq!(metrics.commits_failed(), 0);
+    // Two completions again, and the source dropped at once (a job stopping after its final
+    // checkpoint): the waiting commit is sent then, and the group holds the last checkpoint's
+    // offsets.
+    // Both snapshots first, then both completions with no poll between: 7's commit waits.
+    produce(env, &topic, &labelled("r6-", 5))?;
+    assert_eq!(read_values(&mut source, 5).await?, values_of("r6-", 5));
+    let mut six = SnapshotContext::new(6, exactly_core::SnapshotKind::Checkpoint, 0);
+    source.snapshot_state(&mut six).await?;
+    six.finish_deferred().await?;
+    produce(env, &topic, &labelled("r7-", 5))?;
+    assert_eq!(read_values(&mut source, 5).await?, values_of("r7-", 5));
+    let mut seven = SnapshotContext::new(7, exactly_core::SnapshotKind::Checkpoint, 0);
+    source.snapshot_state(&mut seven).await?;
+    seven.finish_deferred().await?;
+    source.notify_checkpoint_complete(6).await?;
+    source.notify_checkpoint_complete(7).await?;
+    drop(source);
+    assert_eq!(group_offset(env, &group, &topic)?, Offset::Offset(35));
     Ok(())
 }
 
