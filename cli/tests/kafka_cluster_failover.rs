@@ -37,46 +37,35 @@ use rdkafka::ClientConfig;
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// A cluster node SIGKILLed by a test, started again when dropped — also when the test fails, so
-/// the next test finds three nodes.
-struct Killed<'a> {
+/// A cluster node a test stopped — SIGKILLed (started again when dropped), or SIGSTOPped (it
+/// stops answering, its connections stay open, as when its network stalls; SIGCONTed when
+/// dropped) — brought back also when the test fails, so the next test finds three nodes.
+struct Stopped<'a> {
     env: &'a TestEnv,
     node: i32,
+    /// The `scripts/services` command that brings it back (`start` or `resume`).
+    undo: &'static str,
 }
 
-impl<'a> Killed<'a> {
-    fn node(env: &'a TestEnv, node: i32) -> Result<Self> {
-        env.services(&format!("kill-cluster-{node}"))?;
-        Ok(Killed { env, node })
+impl<'a> Stopped<'a> {
+    fn killed(env: &'a TestEnv, node: i32) -> Result<Self> {
+        Self::by(env, node, "kill", "start")
+    }
+
+    fn paused(env: &'a TestEnv, node: i32) -> Result<Self> {
+        Self::by(env, node, "pause", "resume")
+    }
+
+    fn by(env: &'a TestEnv, node: i32, how: &str, undo: &'static str) -> Result<Self> {
+        env.services(&format!("{how}-cluster-{node}"))?;
+        Ok(Stopped { env, node, undo })
     }
 }
 
-impl Drop for Killed<'_> {
+impl Drop for Stopped<'_> {
     fn drop(&mut self) {
-        if let Err(e) = self.env.services(&format!("start-cluster-{}", self.node)) {
-            eprintln!("starting cluster node {} again failed: {e:#}", self.node);
-        }
-    }
-}
-
-/// A cluster node SIGSTOPped by a test — it stops answering, its connections stay open, as when
-/// its network stalls — SIGCONTed when dropped, also when the test fails.
-struct Paused<'a> {
-    env: &'a TestEnv,
-    node: i32,
-}
-
-impl<'a> Paused<'a> {
-    fn node(env: &'a TestEnv, node: i32) -> Result<Self> {
-        env.services(&format!("pause-cluster-{node}"))?;
-        Ok(Paused { env, node })
-    }
-}
-
-impl Drop for Paused<'_> {
-    fn drop(&mut self) {
-        if let Err(e) = self.env.services(&format!("resume-cluster-{}", self.node)) {
-            eprintln!("resuming cluster node {} failed: {e:#}", self.node);
+        if let Err(e) = self.env.services(&format!("{}-cluster-{}", self.undo, self.node)) {
+            eprintln!("{} cluster node {} failed: {e:#}", self.undo, self.node);
         }
     }
 }
@@ -179,7 +168,7 @@ async fn each_broker_of_three_killed_in_turn_loses_and_doubles_nothing() -> Resu
     let mut committed = run.committed;
     for node in 1..=3 {
         let coordinator = leader_of(env, TRANSACTION_LOG)?;
-        let killed = Killed::node(env, node)?;
+        let killed = Stopped::killed(env, node)?;
         // Two nodes left: the job goes on committing.
         let (n, took) = wait_for_more_output(env, &run.output, committed, &mut run.job, wait).await?;
         eprintln!("node {node} down (transaction coordinator: node {coordinator}): output grew to {n} after {took:?}");
@@ -207,7 +196,7 @@ async fn a_restart_commits_through_the_node_that_took_over_the_transactions() ->
     let (next, _) = killed_before_its_commits(env, &input, &args)?;
     let before = read_committed(env, &output, Duration::from_secs(30))?.len();
     let coordinator = leader_of(env, TRANSACTION_LOG)?;
-    let killed = Killed::node(env, coordinator)?;
+    let killed = Stopped::killed(env, coordinator)?;
     // Restarted at once, as a supervisor would: the coordinator is dead and not yet replaced.
     let mut job = ChildJob::spawn(exactly(), &args, "")?;
     let (n, took) = wait_for_more_output(env, &output, before, &mut job, Duration::from_secs(120)).await?;
@@ -241,8 +230,8 @@ async fn two_brokers_of_three_down_at_once_stall_the_job_and_lose_nothing() -> R
     let coordinator = leader_of(env, TRANSACTION_LOG)?;
     let (a, b) = (coordinator, coordinator % 3 + 1);
     {
-        let _first = Killed::node(env, a)?;
-        let _second = Killed::node(env, b)?;
+        let _first = Stopped::killed(env, a)?;
+        let _second = Stopped::killed(env, b)?;
         tokio::time::sleep(Duration::from_secs(20)).await;
         assert!(
             run.job.running(),
@@ -272,7 +261,7 @@ async fn a_stalled_coordinator_node_is_fenced_and_the_job_goes_on_through_the_ot
     let mut run = Running::on_new_topics(env, "clp", |i, o, d| job_args(env, i, o, d)).await?;
     let coordinator = leader_of(env, TRANSACTION_LOG)?;
     let (fenced, n, took, now) = {
-        let _paused = Paused::node(env, coordinator)?;
+        let _paused = Stopped::paused(env, coordinator)?;
         // Past the session (6 s) and the leaders' move: what is committed from here on was
         // committed without the stopped node (its EndTxn answers nothing).
         tokio::time::sleep(Duration::from_secs(10)).await;
