@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use exactly_integration_tests::{create_topic, read_committed, unique, ChildJob, TestEnv};
-use k2k::{drain_and_verify, exactly, killed_before_its_commits, wait_for_more_output, Job, Running};
+use k2k::{committed_count, drain_and_verify, exactly, killed_before_its_commits, wait_for_more_output, Job, Running};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 
@@ -270,7 +270,7 @@ async fn a_stalled_coordinator_node_is_fenced_and_the_job_goes_on_through_the_ot
             now, coordinator,
             "the transaction log's leader did not move off the stopped node"
         );
-        let fenced = committed_now(env, &run.output)?;
+        let fenced = committed_count(env, &run.output, std::time::Instant::now() + Duration::from_secs(60)).await?;
         // Each pooled producer (three per subtask, more if the pool grows meanwhile) learns of
         // the move only from a request of its own timing out (10 s), and may then ask the
         // silent node for the new coordinator (10 s more): 10–71 s seen, 180 s allowed.
@@ -285,19 +285,4 @@ async fn a_stalled_coordinator_node_is_fenced_and_the_job_goes_on_through_the_ot
     let (fed, out, restarts) = run.finish(env).await?;
     eprintln!("{fed} records fed, {out} out, 0 duplicates, 0 missing; {restarts} attempt restarts");
     Ok(())
-}
-
-/// The records of `output` committed now, asked again for up to a minute while the cluster moves
-/// leaders (a reader's requests to a stopped node time out).
-fn committed_now(env: &TestEnv, output: &str) -> Result<usize> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        match read_committed(env, output, Duration::from_secs(30)) {
-            Ok(records) => return Ok(records.len()),
-            Err(e) if std::time::Instant::now() < deadline => {
-                eprintln!("reading {output} failed, reading again: {e:#}");
-            }
-            Err(e) => return Err(e),
-        }
-    }
 }

@@ -450,6 +450,21 @@ pub(crate) fn assert_no_restart(job: &ChildJob) {
     }
 }
 
+/// How many records of `output` a read_committed reader sees now, read again (every 500 ms) while
+/// the reader itself fails — the brokers recovering from a fault — until `until`.
+pub(crate) async fn committed_count(env: &TestEnv, output: &str, until: Instant) -> Result<usize> {
+    loop {
+        match read_committed(env, output, Duration::from_secs(30)) {
+            Ok(records) => return Ok(records.len()),
+            Err(e) if Instant::now() < until => {
+                eprintln!("verifier: {e:#}; trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Waits until the read_committed output holds more than `before` records; returns how many and
 /// how long it took. Fails if the job exits or `timeout` passes.
 pub(crate) async fn wait_for_more_output(
@@ -461,16 +476,7 @@ pub(crate) async fn wait_for_more_output(
 ) -> Result<(usize, Duration)> {
     let start = Instant::now();
     loop {
-        // The verifier itself may fail while the broker recovers from a fault: try again.
-        let n = match read_committed(env, output, Duration::from_secs(30)) {
-            Ok(records) => records.len(),
-            Err(e) if start.elapsed() < timeout => {
-                eprintln!("verifier: {e:#}; trying again");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
+        let n = committed_count(env, output, start + timeout).await?;
         if n > before {
             return Ok((n, start.elapsed()));
         }
