@@ -214,6 +214,46 @@ impl TaskParts {
     }
 }
 
+/// How long a task runs before it lets its worker thread serve the runtime's other tasks.
+const TURN: Duration = Duration::from_millis(2);
+
+/// When a task gives its worker thread back.
+///
+/// Tokio's cooperative budget counts operations (128 per turn), and one poll of a source brings
+/// up to a batch of records (the Kafka source's `poll_batch`, 1 024): a source task reading a
+/// backlog kept its worker for ≈150 ms at a time. What it spawned meanwhile waited that long — a
+/// task spawned from a busy worker goes to that worker's LIFO slot, which no other worker takes
+/// from — and so did what other threads woke while every worker was busy: the deferred parts of
+/// its snapshots (the Kafka sink's background pre-commit: its checkpoint was acknowledged 100–280
+/// ms after the flush had ended, measured with `exactly bench k2k` at 100 ms checkpoints), the
+/// sinks' background commits, the coordinator and the admin endpoint.
+struct Turn(Instant);
+
+impl Turn {
+    fn new() -> Self {
+        Turn(Instant::now())
+    }
+
+    /// Ends the turn if the task has run for [`TURN`] since the last one ended.
+    async fn end_if_due(&mut self) {
+        if self.0.elapsed() >= TURN {
+            self.end().await;
+        }
+    }
+
+    /// Ends the turn now: what the task just spawned (a checkpoint's deferred parts, a commit in
+    /// the background) gets its first poll at once.
+    async fn end(&mut self) {
+        tokio::task::yield_now().await;
+        self.restart();
+    }
+
+    /// The task was suspended (it waited): a new turn starts.
+    fn restart(&mut self) {
+        self.0 = Instant::now();
+    }
+}
+
 /// A deferred part of an operator's snapshot (see `SnapshotContext::defer`).
 enum Part {
     Running(tokio::task::JoinHandle<Result<DeferredState>>),
@@ -328,12 +368,14 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
         // The last poll found nothing more to read (`Idle` or `CaughtUp`): wait for records in
         // `Source::available` before polling again, and meanwhile serve the coordinator.
         let mut waiting = false;
+        let mut turn = Turn::new();
         loop {
-            // A yield point, taken when the task's budget is spent: a source that never waits
-            // (a `poll_next` returning at once with nothing, the default `available`) would
-            // otherwise keep its worker thread forever, and the coordinator, other tasks and a
-            // cancellation could not run there.
+            // Yield points: a source that never waits (a `poll_next` returning at once with
+            // nothing, the default `available`) or one reading a backlog would otherwise keep its
+            // worker thread, and the coordinator, other tasks and a cancellation could not run
+            // there.
             tokio::task::coop::consume_budget().await;
+            turn.end_if_due().await;
             parts.send_ready(&mut acks).await?;
             // Ended, stopped or held, it only serves the coordinator; waiting, it also waits for
             // records.
@@ -344,6 +386,7 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
                     () = acks.oldest_ended(), if !acks.is_empty() => Woken::Acknowledgement,
                     () = source.available(), if !(ended || stopped || held) => Woken::Records,
                 };
+                turn.restart();
                 match woken {
                     Woken::Control(Some(c)) => Some(c),
                     Woken::Control(None) => return Ok(()),
@@ -388,6 +431,9 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
                     }
                     Control::Shutdown => return chain.close().await,
                 }
+                // A barrier or a completion may have spawned work (deferred snapshot parts,
+                // background commits): let it start.
+                turn.end().await;
                 continue;
             }
             let status = source.poll_next(&mut buf).await.map_err(|e| user_error(&info.uid, e))?;
@@ -516,18 +562,23 @@ pub(crate) fn input_task<T: Send + 'static>(
         let mut ended = false;
         let mut events = Vec::new();
         let mut acks = WaitingAcks::default();
+        let mut turn = Turn::new();
         loop {
             tokio::select! {
                 biased;
-                c = parts.control.recv() => match c {
-                    Some(Control::Notify(n)) => chain.notify(n).await?,
-                    Some(Control::SnapshotIfEnded(barrier)) if ended => {
-                        parts.checkpoint(&mut acks, &mut chain, barrier, TaskSnapshot::default(), false).await?;
+                c = parts.control.recv() => {
+                    match c {
+                        Some(Control::Notify(n)) => chain.notify(n).await?,
+                        Some(Control::SnapshotIfEnded(barrier)) if ended => {
+                            parts.checkpoint(&mut acks, &mut chain, barrier, TaskSnapshot::default(), false).await?;
+                        }
+                        Some(Control::SnapshotIfEnded(_) | Control::Trigger { .. }) => {}
+                        Some(Control::Shutdown) => return chain.close().await,
+                        None => return Ok(()),
                     }
-                    Some(Control::SnapshotIfEnded(_) | Control::Trigger { .. }) => {}
-                    Some(Control::Shutdown) => return chain.close().await,
-                    None => return Ok(()),
-                },
+                    // What a completion or a snapshot spawned starts at once.
+                    turn.end().await;
+                }
                 () = acks.oldest_ended(), if !acks.is_empty() => parts.send_ready(&mut acks).await?,
                 env = input.recv(), if !ended => {
                     let Some(env) = env else {
@@ -536,6 +587,7 @@ pub(crate) fn input_task<T: Send + 'static>(
                             reason: "an upstream task ended without end of stream".into(),
                         });
                     };
+                    let mut spawned = false;
                     if inputs == 1 {
                         // Single input: nothing to align.
                         events.push(match env.msg {
@@ -564,6 +616,7 @@ pub(crate) fn input_task<T: Send + 'static>(
                             AlignerEvent::Barrier { barrier, alignment } => {
                                 let snapshot = TaskSnapshot { operators: Vec::new(), alignment };
                                 parts.checkpoint(&mut acks, &mut chain, barrier, snapshot, true).await?;
+                                spawned = true;
                             }
                             AlignerEvent::Aborted { id, reason } => {
                                 chain.flush().await?;
@@ -580,6 +633,14 @@ pub(crate) fn input_task<T: Send + 'static>(
                         }
                     }
                     chain.flush().await?;
+                    if spawned {
+                        turn.end().await;
+                    } else if input.is_empty() {
+                        // The next receive likely waits: a new turn starts after it.
+                        turn.restart();
+                    } else {
+                        turn.end_if_due().await;
+                    }
                 }
             }
         }
