@@ -224,8 +224,9 @@ const TURN: Duration = Duration::from_millis(2);
 /// backlog kept its worker for ≈150 ms at a time. What it spawned meanwhile waited that long — a
 /// task spawned from a busy worker goes to that worker's LIFO slot, which no other worker takes
 /// from — and so did what other threads woke while every worker was busy: the deferred parts of
-/// its snapshots (the Kafka sink's background pre-commit: its checkpoint was acknowledged 100–280
-/// ms after the flush had ended, measured with `exactly bench k2k` at 100 ms checkpoints), the
+/// its snapshots (the Kafka sink's background pre-commit: its checkpoint was acknowledged 100 ms–1 s
+/// after the flush had ended, measured with `exactly bench k2k` at 100 ms checkpoints and two
+/// subtasks), the
 /// sinks' background commits, the coordinator and the admin endpoint.
 struct Turn(Instant);
 
