@@ -226,8 +226,7 @@ const TURN: Duration = Duration::from_millis(2);
 /// from — and so did what other threads woke while every worker was busy: the deferred parts of
 /// its snapshots (the Kafka sink's background pre-commit: its checkpoint was acknowledged 100 ms–1 s
 /// after the flush had ended, measured with `exactly bench k2k` at 100 ms checkpoints and two
-/// subtasks), the
-/// sinks' background commits, the coordinator and the admin endpoint.
+/// subtasks), the sinks' background commits, the coordinator and the admin endpoint.
 struct Turn(Instant);
 
 impl Turn {
