@@ -358,7 +358,7 @@ impl Sink<u64> for CountingSink {
 /// task's source: spawned from a busy worker, a task waits in that worker's LIFO slot, which no
 /// other worker takes from, until the spawning task yields — which a source task reading a
 /// backlog did only when tokio's budget of 128 operations was spent (1 024 records a poll: a
-/// Kafka sink's pre-commit was acknowledged 100–280 ms late, `exactly bench k2k`).
+/// Kafka sink's pre-commit was acknowledged 100 ms–1 s late, `exactly bench k2k`).
 async fn parts_start_at_once(chained: bool) {
     let dir = tempfile::tempdir().unwrap();
     let starts: Starts = Arc::default();
