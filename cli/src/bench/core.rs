@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::Report;
+use super::{median, Report};
 
 use exactly_core::coordinator::CheckpointConfig;
 use exactly_core::runtime::{
@@ -107,11 +107,6 @@ async fn run(
     (records as f64 / secs, metrics.checkpoints().durations)
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn quantile(d: &mut [Duration], q: f64) -> Duration {
     d.sort_unstable();
     d.get(((d.len().saturating_sub(1)) as f64 * q).round() as usize)
@@ -145,7 +140,7 @@ pub(crate) async fn overhead(records: u64, rounds: usize, report: &mut Report) -
             with[round]
         );
     }
-    let (on, off) = (median(&mut with), median(&mut without));
+    let (on, off) = (median(with), median(without));
     println!("records per run:            {records}");
     println!("checkpointing off:          {off:>12.0} records/s (median of {rounds})");
     println!("checkpoints every 100 ms:   {on:>12.0} records/s (median of {rounds})");
@@ -198,7 +193,7 @@ pub(crate) async fn storage(records: u64, rounds: usize, url: &str, report: &mut
             remote[round]
         );
     }
-    let (l, r) = (median(&mut local), median(&mut remote));
+    let (l, r) = (median(local), median(remote));
     println!("records per run:              {records} (RocksDB state, checkpoints every 1 s)");
     println!("local directory:              {l:>12.0} records/s (median of {rounds})");
     println!("object store ({url}): {r:>12.0} records/s");

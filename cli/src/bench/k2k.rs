@@ -9,7 +9,7 @@ use anyhow::Result;
 
 use super::cpu::{self, CpuClock, CpuPerRecord};
 use super::kafka::*;
-use super::{BenchOptions, Report};
+use super::{median, BenchOptions, Report};
 use exactly_core::coordinator::WhenCaughtUp;
 use exactly_core::runtime::{JobBuilder, JobHandle};
 use exactly_kafka_client::Cluster;

@@ -331,11 +331,6 @@ fn sample(cluster: &Cluster, topic: &str, stop: &AtomicBool) -> Result<Vec<Sampl
     Ok(samples)
 }
 
-pub(super) fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
 pub(super) fn job_config(dir: &std::path::Path) -> JobConfig {
     job_config_every(dir, Duration::from_secs(1))
 }

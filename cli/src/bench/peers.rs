@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use super::kafka::*;
-use super::Report;
+use super::{median, Report};
 use exactly_kafka_client::Cluster;
 
 /// A system measured by `bench peers`.
