@@ -80,6 +80,8 @@ pub struct CheckpointStatus {
     pub last_size_bytes: u64,
     /// Longest alignment of the latest (ms).
     pub last_alignment_ms: u64,
+    /// Retention passes that deleted nothing because a checkpoint could not be read.
+    pub retention_failures: u64,
 }
 
 /// The JSON status (`GET /status`), also the source of the Prometheus metrics.
@@ -305,6 +307,7 @@ impl Registry {
                 p99_ms: stats.duration_quantile(0.99).map(ms),
                 last_size_bytes: stats.last_state_size,
                 last_alignment_ms: ms(stats.last_alignment),
+                retention_failures: stats.retention_failures,
             },
             lag: (!lags.is_empty()).then(|| lags.iter().sum()),
             watermark_ms: sources.iter().filter_map(|s| s.watermark()).min(),
@@ -425,6 +428,11 @@ pub fn prometheus(s: &Status) -> String {
         "Restores from a checkpoint or savepoint.",
         one_u(c.restored),
     );
+    e.counter(
+        "exactly_checkpoint_retention_failures",
+        "Retention passes that deleted nothing because a checkpoint could not be read.",
+        one_u(c.retention_failures),
+    );
     e.gauge(
         "exactly_checkpoint_latest_id",
         "Latest completed checkpoint id.",
@@ -540,6 +548,7 @@ mod tests {
         "exactly_checkpoint_last_size_bytes",
         "exactly_checkpoint_latest_id",
         "exactly_checkpoint_restores_total",
+        "exactly_checkpoint_retention_failures_total",
         "exactly_checkpoints_total",
         "exactly_records_dead_lettered_total",
         "exactly_records_filtered_total",

@@ -88,6 +88,18 @@ pub enum CoreError {
          checkpoint explicitly (restore_from; `exactly run --from DIR`), or remove {0} to start over"
     )]
     CheckpointsVanished(PathBuf),
+    /// Another run of the job owns the checkpoint location (see `storage/owner.rs`).
+    #[error(
+        "{location} is the checkpoint location of another run of this job ({reason}): two runs on one \
+         location would write the same output twice. Stop the other run first; if it is gone and \
+         this is wrong, remove {location}/_owner"
+    )]
+    LocationOwned {
+        /// The checkpoint location.
+        location: PathBuf,
+        /// Who owns it, or what showed it.
+        reason: String,
+    },
     /// An explicit restore names a snapshot older than the newest completed checkpoint in the
     /// job's checkpoint directory, and replay was not accepted.
     #[error(
@@ -188,6 +200,7 @@ impl CoreError {
             | CoreError::NewestCheckpointUnusable { .. }
             | CoreError::CheckpointsVanished(_)
             | CoreError::RestoreOlderThanNewest { .. }
+            | CoreError::LocationOwned { .. }
             | CoreError::Serialization { .. }
             | CoreError::NoCheckpoint(_)
             | CoreError::UnknownOperatorState { .. }

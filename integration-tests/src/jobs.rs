@@ -16,6 +16,8 @@ pub fn subtask_info(uid: &str) -> SubtaskInfo {
         attempt: 0,
         starting: true,
         commit_window: None,
+        restored_checkpoint: None,
+        accept_replay: false,
     }
 }
 

@@ -30,6 +30,8 @@ fn info(index: u32, parallelism: u32) -> SubtaskInfo {
         attempt: 0,
         starting: true,
         commit_window: None,
+        restored_checkpoint: None,
+        accept_replay: false,
     }
 }
 
@@ -72,6 +74,7 @@ async fn start(s: &mut TransactionalKafkaSink, info: &SubtaskInfo, restored: &[(
         restored,
         all_restored: restored,
         is_restored: !restored.is_empty(),
+        restored_checkpoint: None,
     })
     .await?;
     Ok(())
@@ -90,6 +93,7 @@ async fn restore(
         restored,
         all_restored: restored,
         is_restored: true,
+        restored_checkpoint: None,
     };
     s.abort_unneeded(&ctx).await?;
     for (_, c) in restored {

@@ -23,6 +23,8 @@ fn info(index: u32, parallelism: u32) -> SubtaskInfo {
         attempt: 0,
         starting: true,
         commit_window: None,
+        restored_checkpoint: None,
+        accept_replay: false,
     }
 }
 
@@ -62,6 +64,7 @@ async fn start(s: &mut TwoPhasePostgresSink, me: &SubtaskInfo, restored: &[(u64,
         restored,
         all_restored: restored,
         is_restored: !restored.is_empty(),
+        restored_checkpoint: None,
     };
     s.abort_unneeded(&ctx).await?;
     for (_, c) in restored {

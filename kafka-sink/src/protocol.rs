@@ -9,7 +9,9 @@
 //! log. Meanwhile the dead one refuses connections, or FindCoordinator still names it, or the new
 //! one answers NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS: requests to a coordinator, and the
 //! listing of every broker's transactions, try again (the coordinator found again, the brokers
-//! read again from the cluster's metadata) for up to [`FAILOVER`] before they fail.
+//! read again from the cluster's metadata) for up to [`FAILOVER`] before they fail. EndTxn is the
+//! exception: sent again only while it cannot have left ([`send_again`]); its other failures
+//! return to the recovery, which describes the transaction before any other EndTxn.
 //!
 //! A node that stops answering with its connections open (a network stall, a long pause) costs a
 //! request timeout per request sent to it: the bootstrap server that answered last is asked
@@ -40,40 +42,7 @@ pub(crate) const FAILOVER: Duration = Duration::from_secs(60);
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
-/// Kafka error codes this module interprets (from the protocol guide).
-pub(crate) mod code {
-    pub(crate) const NONE: i16 = 0;
-    pub(crate) const REQUEST_TIMED_OUT: i16 = 7;
-    pub(crate) const NETWORK_EXCEPTION: i16 = 13;
-    pub(crate) const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
-    pub(crate) const COORDINATOR_NOT_AVAILABLE: i16 = 15;
-    pub(crate) const NOT_COORDINATOR: i16 = 16;
-    pub(crate) const CONCURRENT_TRANSACTIONS: i16 = 51;
-    /// The coordinator does not know the id: it never existed, or it expired after
-    /// `transactional.id.expiration.ms` without a transaction.
-    pub(crate) const TRANSACTIONAL_ID_NOT_FOUND: i16 = 105;
-
-    /// The coordinator moved, or is still loading its state: find it again and retry.
-    pub(crate) fn coordinator_moving(c: i16) -> bool {
-        matches!(
-            c,
-            COORDINATOR_LOAD_IN_PROGRESS | COORDINATOR_NOT_AVAILABLE | NOT_COORDINATOR
-        )
-    }
-
-    /// Worth retrying after finding the coordinator again.
-    pub(crate) fn retriable(c: i16) -> bool {
-        matches!(
-            c,
-            REQUEST_TIMED_OUT
-                | NETWORK_EXCEPTION
-                | COORDINATOR_LOAD_IN_PROGRESS
-                | COORDINATOR_NOT_AVAILABLE
-                | NOT_COORDINATOR
-                | CONCURRENT_TRANSACTIONS
-        )
-    }
-}
+pub(crate) mod code;
 
 /// EndTxn version used for recovery. librdkafka speaks transaction version 1, whose EndTxn
 /// versions are 0..=4 (version 5 marks transaction version 2, KIP-890); the broker infers the
@@ -169,6 +138,33 @@ impl Failover {
         tokio::time::sleep(self.backoff).await;
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
         Ok(())
+    }
+}
+
+/// How one try of a request at a coordinator went, as far as sending it again is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tried {
+    /// It never left: no connection to the coordinator.
+    Unsent,
+    /// The coordinator answered with this error code.
+    Answered(i16),
+    /// It left and its answer was lost (timeout, connection closed): the coordinator may have
+    /// acted on it.
+    AnswerLost,
+}
+
+/// Whether [`Wire::at_coordinator`] sends a request again itself after `tried`: while it never
+/// left, always; after an answer that the coordinator moved or is loading (NOT_COORDINATOR,
+/// COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS), or a lost answer, only a
+/// `repeatable` one. EndTxn is not: those answers can follow a transaction-log append that was
+/// written (Jepsen's Bufstream analysis reproduced in Kafka that such an EndTxn can still take
+/// effect), and sent again blind it can end a zombie's later transaction of the same producer id
+/// and epoch (transaction version 1). Its caller describes the transaction first.
+fn send_again(repeatable: bool, tried: Tried) -> bool {
+    match tried {
+        Tried::Unsent => true,
+        Tried::Answered(c) => repeatable && code::coordinator_moving(c),
+        Tried::AnswerLost => repeatable,
     }
 }
 
@@ -396,6 +392,10 @@ impl Wire {
     }
 
     /// Sends EndTxn (commit or abort) for the given producer id and epoch; returns the error code.
+    /// Sent again only while it cannot have left: an answer that the coordinator moved or is
+    /// loading is returned like any other (it may follow a transaction-log append that was
+    /// written), and a lost answer is an error; either way, describe the transaction before
+    /// sending another.
     pub(crate) async fn end_txn(
         &self,
         transactional_id: &str,
@@ -420,9 +420,9 @@ impl Wire {
     /// is unreachable or answers that it moved or is loading (`error_code` of the answer), for up
     /// to [`FAILOVER`]. Other answers, and configuration errors (credentials, certificates), are
     /// returned at once. A request that is not `repeatable` (EndTxn: the coordinator may have
-    /// ended the transaction and the id may have a new one since) is sent again only when the
-    /// coordinator cannot have acted on it (no connection, or it answered that it is not the
-    /// coordinator); otherwise the failure returns to the caller, which describes the id first.
+    /// ended the transaction and the id may have a new one since) is sent again only when it
+    /// cannot have left (no connection); an answer that the coordinator moved or is loading, and
+    /// a lost answer, return to the caller, which describes the id first ([`send_again`]).
     async fn at_coordinator<R: Request>(
         &self,
         transactional_id: &str,
@@ -436,12 +436,12 @@ impl Wire {
         loop {
             let failure = match self.coordinator(transactional_id).await {
                 Ok(coordinator) => match self.send_tracked(&coordinator, req, version).await {
-                    Ok(resp) if code::coordinator_moving(error_code(&resp)) => {
+                    Ok(resp) if send_again(repeatable, Tried::Answered(error_code(&resp))) => {
                         format!("{coordinator} answered error code {}", error_code(&resp))
                     }
                     Ok(resp) => return Ok(resp),
-                    Err(Unsent(SinkError::Protocol(e))) => e,
-                    Err(MaybeSent(SinkError::Protocol(e))) if repeatable => e,
+                    Err(Unsent(SinkError::Protocol(e))) if send_again(repeatable, Tried::Unsent) => e,
+                    Err(MaybeSent(SinkError::Protocol(e))) if send_again(repeatable, Tried::AnswerLost) => e,
                     Err(Unsent(e) | MaybeSent(e)) => return Err(e),
                 },
                 Err(SinkError::Protocol(e)) => e,
@@ -551,5 +551,39 @@ mod tests {
         assert_eq!(order(&clone), ["c:3", "a:1", "b:2"]);
         let none = Wire::new(Cluster::new("", Default::default()), Duration::from_secs(1));
         assert_eq!(order(&none), Vec::<&str>::new());
+    }
+
+    /// EndTxn (not repeatable) is not sent again by the client after an answer that the
+    /// coordinator moved or is loading, nor after a lost answer — it may have been applied, and
+    /// the recovery describes the transaction first — only when it never left. DescribeTransactions
+    /// (repeatable) is sent again after all three. Before, a coordinator-moving answer was retried
+    /// for every request, EndTxn included.
+    #[test]
+    fn end_txn_is_sent_again_only_when_it_never_left() {
+        let moving = [
+            code::NOT_COORDINATOR,
+            code::COORDINATOR_NOT_AVAILABLE,
+            code::COORDINATOR_LOAD_IN_PROGRESS,
+        ];
+        for c in moving {
+            assert!(!send_again(false, Tried::Answered(c)), "EndTxn after error code {c}");
+            assert!(
+                send_again(true, Tried::Answered(c)),
+                "a description after error code {c}"
+            );
+        }
+        assert!(!send_again(false, Tried::AnswerLost));
+        assert!(send_again(true, Tried::AnswerLost));
+        assert!(send_again(false, Tried::Unsent));
+        assert!(send_again(true, Tried::Unsent));
+        // Any other answer is the caller's.
+        for c in [
+            code::NONE,
+            code::CONCURRENT_TRANSACTIONS,
+            code::TRANSACTIONAL_ID_NOT_FOUND,
+        ] {
+            assert!(!send_again(false, Tried::Answered(c)), "{c}");
+            assert!(!send_again(true, Tried::Answered(c)), "{c}");
+        }
     }
 }

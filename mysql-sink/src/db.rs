@@ -379,6 +379,80 @@ pub(crate) fn summarise_progress<'a>(
     })
 }
 
+/// The newest checkpoint `subtask` of this sink committed (for subtask 0, also subtasks at or
+/// above `parallelism`: a job rescaled down), by its progress rows and summaries; `None` when
+/// there are none. Per subtask: the ranges of a job split over processes keep checkpoint ids of
+/// their own.
+pub(crate) fn committed_through<'a>(
+    conn: &'a mut MySqlConnection,
+    c: &'a MysqlSinkConfig,
+    subtask: u32,
+    parallelism: u32,
+) -> BoxFut<'a, Result<Option<u64>>> {
+    Box::pin(async move {
+        let beyond = if subtask == 0 { parallelism } else { u32::MAX };
+        let newest: Option<i64> = sqlx::query_scalar(&format!(
+            "SELECT GREATEST(COALESCE((SELECT MAX(checkpoint_id) FROM `{}` WHERE job = ? AND sink = ? AND (subtask = ? OR subtask >= ?)), 0), \
+             COALESCE((SELECT MAX(committed_through) FROM `{}` WHERE job = ? AND sink = ? AND (subtask = ? OR subtask >= ?)), 0))",
+            c.progress_table,
+            through_table(c)
+        ))
+        .bind(&c.job_id)
+        .bind(&c.sink_id)
+        .bind(subtask)
+        .bind(beyond)
+        .bind(&c.job_id)
+        .bind(&c.sink_id)
+        .bind(subtask)
+        .bind(beyond)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| MysqlSinkError::db("reading the progress table", e))?;
+        Ok(newest.filter(|n| *n > 0).map(|n| n as u64))
+    })
+}
+
+/// Forgets the commits of checkpoints after `id` of `subtask` (and, for subtask 0, of subtasks
+/// at or above `parallelism`: a job rescaled down): their progress rows go and the summaries
+/// come back to `id`.
+pub(crate) fn forget_after<'a>(
+    conn: &'a mut MySqlConnection,
+    c: &'a MysqlSinkConfig,
+    subtask: u32,
+    parallelism: u32,
+    id: u64,
+) -> BoxFut<'a, Result<()>> {
+    Box::pin(async move {
+        let beyond = if subtask == 0 { parallelism } else { u32::MAX };
+        sqlx::query(&format!(
+            "DELETE FROM `{}` WHERE job = ? AND sink = ? AND (subtask = ? OR subtask >= ?) AND checkpoint_id > ?",
+            c.progress_table
+        ))
+        .bind(&c.job_id)
+        .bind(&c.sink_id)
+        .bind(subtask)
+        .bind(beyond)
+        .bind(id)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| MysqlSinkError::db("forgetting progress rows", e))?;
+        sqlx::query(&format!(
+            "UPDATE `{}` SET committed_through = ? WHERE job = ? AND sink = ? AND (subtask = ? OR subtask >= ?) AND committed_through > ?",
+            through_table(c)
+        ))
+        .bind(id)
+        .bind(&c.job_id)
+        .bind(&c.sink_id)
+        .bind(subtask)
+        .bind(beyond)
+        .bind(id)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| MysqlSinkError::db("forgetting the progress summary", e))?;
+        Ok(())
+    })
+}
+
 /// Closes a connection, ignoring errors (the server may already be gone).
 pub(crate) fn close(conn: MySqlConnection) -> BoxFut<'static, ()> {
     Box::pin(async move {

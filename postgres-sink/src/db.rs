@@ -350,6 +350,74 @@ pub(crate) fn has_progress<'a>(
     })
 }
 
+/// The newest checkpoint `subtask` of this sink committed (for subtask 0, also subtasks at or
+/// above `parallelism`: a job rescaled down), by its progress rows and summaries; `None` when
+/// there are none. Per subtask: the ranges of a job split over processes keep checkpoint ids of
+/// their own.
+pub(crate) fn committed_through<'a>(
+    conn: &'a mut PgConnection,
+    c: &'a PostgresSinkConfig,
+    subtask: u32,
+    parallelism: u32,
+) -> BoxFut<'a, Result<Option<u64>>> {
+    Box::pin(async move {
+        let newest: Option<i64> = sqlx::query_scalar(&format!(
+            "SELECT GREATEST((SELECT MAX(checkpoint_id) FROM {} WHERE job = $1 AND sink = $2 AND (subtask = $3 OR subtask >= $4)), \
+             (SELECT MAX(committed_through) FROM {} WHERE job = $1 AND sink = $2 AND (subtask = $3 OR subtask >= $4)))",
+            progress_table(c),
+            through_table(c)
+        ))
+        .bind(&c.job_id)
+        .bind(&c.sink_id)
+        .bind(subtask as i32)
+        .bind(if subtask == 0 { parallelism as i64 } else { i64::MAX })
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| PostgresSinkError::db("reading the progress table", e))?;
+        Ok(newest.filter(|n| *n > 0).map(|n| n as u64))
+    })
+}
+
+/// Forgets the commits of checkpoints after `id` of `subtask` (and, for subtask 0, of subtasks
+/// at or above `parallelism`: a job rescaled down): their progress rows go and the summaries
+/// come back to `id`.
+pub(crate) fn forget_after<'a>(
+    conn: &'a mut PgConnection,
+    c: &'a PostgresSinkConfig,
+    subtask: u32,
+    parallelism: u32,
+    id: u64,
+) -> BoxFut<'a, Result<()>> {
+    Box::pin(async move {
+        let beyond = if subtask == 0 { parallelism as i64 } else { i64::MAX };
+        sqlx::query(&format!(
+            "DELETE FROM {} WHERE job = $1 AND sink = $2 AND (subtask = $3 OR subtask >= $4) AND checkpoint_id > $5",
+            progress_table(c)
+        ))
+        .bind(&c.job_id)
+        .bind(&c.sink_id)
+        .bind(subtask as i32)
+        .bind(beyond)
+        .bind(id as i64)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| PostgresSinkError::db("forgetting progress rows", e))?;
+        sqlx::query(&format!(
+            "UPDATE {} SET committed_through = $5 WHERE job = $1 AND sink = $2 AND (subtask = $3 OR subtask >= $4) AND committed_through > $5",
+            through_table(c)
+        ))
+        .bind(&c.job_id)
+        .bind(&c.sink_id)
+        .bind(subtask as i32)
+        .bind(beyond)
+        .bind(id as i64)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| PostgresSinkError::db("forgetting the progress summary", e))?;
+        Ok(())
+    })
+}
+
 /// After checkpoint `id` of `subtask` committed: every transaction of the subtask through `id`
 /// has committed (the driver commits in checkpoint order, and a lost one stops the job), so the
 /// summary row moves to `id` and the per-checkpoint rows before it go.

@@ -257,6 +257,27 @@ impl TwoPhaseCommitSink<PgRecord> for TwoPhasePostgresSink {
         Ok(())
     }
 
+    async fn committed_through(
+        &mut self,
+        ctx: &RecoveryContext<'_, PgCommittable>,
+    ) -> exactly_core::Result<Option<CheckpointId>> {
+        let mut conn = db::connect(&self.config).await?;
+        let newest = db::committed_through(&mut conn, &self.config, ctx.info.index, ctx.info.parallelism).await;
+        db::close(conn).await;
+        Ok(newest?)
+    }
+
+    async fn forget_commits_after(
+        &mut self,
+        ctx: &RecoveryContext<'_, PgCommittable>,
+        id: CheckpointId,
+    ) -> exactly_core::Result<()> {
+        let mut conn = db::connect(&self.config).await?;
+        let done = db::forget_after(&mut conn, &self.config, ctx.info.index, ctx.info.parallelism, id).await;
+        db::close(conn).await;
+        Ok(done?)
+    }
+
     async fn abort_lingering(&mut self, ctx: &RecoveryContext<'_, PgCommittable>) -> exactly_core::Result<()> {
         let mut conn = db::connect(&self.config).await?;
         let listed = self

@@ -13,6 +13,8 @@ use tracing::{error, info, warn};
 use crate::error::{CommitError, TwoPhaseError};
 use crate::sink::{Committed, Committing, PreCommitted, PreCommitting, RecoveryContext, TwoPhaseCommitSink};
 
+mod behind;
+
 const STATE: &str = "two-phase-committables";
 
 /// What a restart takes besides the restart strategy's delay (start-up, recovery commits): part
@@ -559,7 +561,9 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
             restored: &restored,
             all_restored: &all,
             is_restored: ctx.is_restored(),
+            restored_checkpoint: info.restored_checkpoint,
         };
+        let forget = self.check_not_behind(&recovery).await?;
         // Open transactions nobody needs go first, so that checking a restored one never waits
         // on them; the restored ones are committed before anything else may touch them (a
         // producer re-initialising an id would abort them).
@@ -571,6 +575,9 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
             self.commit_one(*id, c).await?;
         }
         self.sink.abort_lingering(&recovery).await?;
+        if let Some(base) = forget {
+            self.sink.forget_commits_after(&recovery, base).await?;
+        }
         self.current_id = all.iter().map(|(id, _)| id + 1).max().unwrap_or(1);
         Ok(())
     }

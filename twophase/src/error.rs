@@ -44,6 +44,24 @@ pub enum TwoPhaseError {
     /// A committable in the restored state could not be decoded.
     #[error("restored committable undecodable: {0}")]
     Decode(String),
+    /// The external system shows a newer checkpoint committed than the one the job restores:
+    /// restoring would write that output again.
+    #[error(
+        "sink '{sink}' shows checkpoint {committed} committed, but the job {restoring}: the output \
+         of the checkpoints after it would be written again. Restore checkpoint {committed} or a \
+         later one (`exactly checkpoints list DIR`), or accept the replay explicitly (`exactly run \
+         --from SNAPSHOT --accept-replay`{fresh})"
+    )]
+    BehindSink {
+        /// The sink's operator uid.
+        sink: String,
+        /// The newest checkpoint the sink shows committed.
+        committed: CheckpointId,
+        /// What the job restores ("restores checkpoint 12", "starts afresh").
+        restoring: String,
+        /// For a fresh start: how to clear the sink's record.
+        fresh: String,
+    },
 }
 
 impl From<TwoPhaseError> for CoreError {
@@ -53,7 +71,9 @@ impl From<TwoPhaseError> for CoreError {
                 source: CommitError::Retriable(_) | CommitError::Fenced(_),
                 ..
             } => ErrorClass::Restart,
-            TwoPhaseError::Commit { .. } | TwoPhaseError::Decode(_) => ErrorClass::Fatal,
+            TwoPhaseError::Commit { .. } | TwoPhaseError::Decode(_) | TwoPhaseError::BehindSink { .. } => {
+                ErrorClass::Fatal
+            }
         };
         CoreError::operator("two-phase sink", class, e)
     }

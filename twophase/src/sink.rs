@@ -110,6 +110,8 @@ pub struct RecoveryContext<'a, C> {
     pub all_restored: &'a [(CheckpointId, C)],
     /// Whether the job restores from a checkpoint or savepoint.
     pub is_restored: bool,
+    /// The checkpoint or savepoint the job restores (`None`: a fresh start).
+    pub restored_checkpoint: Option<CheckpointId>,
 }
 
 /// A sink that writes into transactions of an external system and commits them in two phases.
@@ -248,6 +250,32 @@ pub trait TwoPhaseCommitSink<T>: Send + 'static {
     fn abort_lingering(
         &mut self,
         _ctx: &RecoveryContext<'_, Self::Committable>,
+    ) -> impl Future<Output = Result<()>> + Send {
+        async { Ok(()) }
+    }
+
+    /// The newest checkpoint whose transactions the external system shows committed for this
+    /// sink, over all its subtasks (a progress table's rows), `None` when it keeps no such
+    /// record or holds none. Runs after `open`, before recovery. The driver refuses a restore
+    /// of an older checkpoint, and a fresh start when this is `Some`: the input after the
+    /// restored position would be written again over output the sink already holds (a
+    /// checkpoint directory that lost its newest checkpoints, a stale listing, a directory
+    /// pointed somewhere new, a directory removed and started afresh).
+    fn committed_through(
+        &mut self,
+        _ctx: &RecoveryContext<'_, Self::Committable>,
+    ) -> impl Future<Output = Result<Option<CheckpointId>>> + Send {
+        async { Ok(None) }
+    }
+
+    /// Forgets the record of commits of checkpoints after `id` (the operator accepted replay
+    /// from `id`, or from the start for 0): the checkpoints that follow may get ids that the
+    /// record would otherwise show committed already. Runs before recovery when
+    /// [`committed_through`](Self::committed_through) is past `id` and replay was accepted.
+    fn forget_commits_after(
+        &mut self,
+        _ctx: &RecoveryContext<'_, Self::Committable>,
+        _id: CheckpointId,
     ) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
     }

@@ -98,6 +98,9 @@ fn default_max_concurrent() -> usize {
 fn default_tolerable_failures() -> u32 {
     1
 }
+fn default_owner_lease() -> Duration {
+    Duration::from_secs(30)
+}
 fn default_retained() -> usize {
     1
 }
@@ -149,6 +152,11 @@ pub struct CheckpointConfig {
     /// What happens to checkpoints when the job is cancelled.
     #[serde(default)]
     pub retention: Retention,
+    /// How long a start waits for the claim of a run on another machine to lapse before taking
+    /// over the location ("30s"; a running owner renews its claim every third of it). A run
+    /// on the same machine is known alive or gone at once.
+    #[serde(default = "default_owner_lease", with = "humantime_serde")]
+    pub owner_lease: Duration,
 }
 
 impl CheckpointConfig {
@@ -167,6 +175,7 @@ impl CheckpointConfig {
             max_alignment_buffer_bytes: default_max_alignment_buffer_bytes(),
             retained: default_retained(),
             retention: Retention::default(),
+            owner_lease: default_owner_lease(),
         }
     }
 
@@ -180,6 +189,12 @@ impl CheckpointConfig {
         }
         if self.max_concurrent == 0 {
             return Err(CoreError::Config("checkpoint.max_concurrent must be at least 1".into()));
+        }
+        if self.owner_lease < Duration::from_secs(3) {
+            return Err(CoreError::Config(format!(
+                "checkpoint.owner_lease ({}) must be at least 3s: a running job renews its claim every third of it",
+                humantime::format_duration(self.owner_lease)
+            )));
         }
         if self.retained == 0 {
             return Err(CoreError::Config(

@@ -33,6 +33,13 @@ pub struct SubtaskInfo {
     /// delay); `None` without checkpointing. A sink whose transactions time out uses it to know
     /// how long a pre-committed transaction may still have to wait for its commit.
     pub commit_window: Option<Duration>,
+    /// The checkpoint or savepoint this attempt restores (the whole job's), `None` for a fresh
+    /// start. A sink whose external system records what it committed checks that it is not
+    /// behind that record: output newer checkpoints committed would be written again.
+    pub restored_checkpoint: Option<CheckpointId>,
+    /// The operator accepted replay for this run (`--accept-replay`): a restore older than what
+    /// a sink's external system shows committed goes ahead (that output may be written again).
+    pub accept_replay: bool,
 }
 
 /// Given to `initialize_state`: the restored state of this subtask, if any.

@@ -367,10 +367,19 @@ impl Run<'_> {
         self.broadcast(Control::Notify(Notification::Complete(barrier.id)));
         if let Some(keep) = self.config().map(|c| c.retained) {
             let s = storage.clone();
-            match tokio::task::spawn_blocking(move || s.retain(keep)).await {
-                Ok(Err(e)) => warn!(error = %e, "Deleting old checkpoints failed."),
-                Err(e) => warn!(error = %e, "Deleting old checkpoints failed."),
-                Ok(Ok(_)) => {}
+            let failed = match tokio::task::spawn_blocking(move || s.retain(keep)).await {
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(e) => Some(e.to_string()),
+                Ok(Ok(_)) => None,
+            };
+            if let Some(error) = failed {
+                // Nothing of what a kept checkpoint may use was deleted; the next pass tries again.
+                warn!(
+                    checkpoint_id = barrier.id,
+                    %error,
+                    "Deleting old checkpoints stopped: a checkpoint could not be read, so nothing it may use was deleted."
+                );
+                self.job.metrics.update(|s| s.retention_failures += 1);
             }
         }
         if let Some(w) = self.waiters.remove(&barrier.id) {

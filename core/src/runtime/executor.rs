@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 use tracing::{error, info, warn};
 
 use super::chain::BackendFactory;
@@ -190,13 +190,69 @@ impl Job {
         self.start().join().await
     }
 
-    async fn run_with(self, mut commands: mpsc::UnboundedReceiver<Command>) -> Result<JobOutcome> {
+    async fn run_with(self, commands: mpsc::UnboundedReceiver<Command>) -> Result<JobOutcome> {
         let storage: Option<Arc<Storage>> = self
             .config
             .checkpointing
             .as_ref()
             .map(|c| Storage::new(&c.dir).map(Arc::new))
             .transpose()?;
+        let mut renewal = None;
+        let result = self.run_attempts(storage.clone(), &mut renewal, commands).await;
+        if let Some(r) = renewal {
+            r.abort();
+        }
+        if let Some(s) = storage {
+            // The next start, on any machine, then claims the location at once.
+            match tokio::task::spawn_blocking(move || s.release_claim()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(error = %e, "Giving up the checkpoint location's claim failed."),
+                Err(e) => warn!(error = %e, "Giving up the checkpoint location's claim failed."),
+            }
+        }
+        result
+    }
+
+    /// Claims the checkpoint location once (see `storage/owner.rs`), then renews the claim in the
+    /// background while the job runs.
+    async fn claim(&self, storage: Option<&Arc<Storage>>, renewal: &mut Option<JoinHandle<()>>) -> Result<()> {
+        let (Some(storage), Some(c), None) = (storage, &self.config.checkpointing, renewal.as_ref()) else {
+            return Ok(());
+        };
+        let lease = c.owner_lease;
+        let (s, job) = (storage.clone(), self.config.name.clone());
+        tokio::task::spawn_blocking(move || s.claim(&job, lease))
+            .await
+            .map_err(|e| CoreError::TaskLost {
+                task: "checkpoint storage".into(),
+                reason: e.to_string(),
+            })??;
+        let s = storage.clone();
+        *renewal = Some(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(lease / 3).await;
+                let s = s.clone();
+                match tokio::task::spawn_blocking(move || s.renew_claim()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e @ CoreError::LocationOwned { .. })) => {
+                        // The next checkpoint's commit fails on it too, and stops the job.
+                        warn!(error = %e, "This run no longer owns its checkpoint location.");
+                        return;
+                    }
+                    Ok(Err(e)) => warn!(error = %e, "Renewing the checkpoint location's claim failed; retrying."),
+                    Err(e) => warn!(error = %e, "Renewing the checkpoint location's claim failed; retrying."),
+                }
+            }
+        }));
+        Ok(())
+    }
+
+    async fn run_attempts(
+        &self,
+        storage: Option<Arc<Storage>>,
+        renewal: &mut Option<JoinHandle<()>>,
+        mut commands: mpsc::UnboundedReceiver<Command>,
+    ) -> Result<JobOutcome> {
         let mut tracker =
             RestartTracker::new(self.config.restart.clone()).with_startup_attempts(self.config.startup_attempts);
         let started = Instant::now();
@@ -208,7 +264,11 @@ impl Job {
         loop {
             // A failure to read storage (an outage) fails this attempt like any other: the restart
             // strategy decides. A snapshot that cannot be trusted is fatal (see `restore.rs`).
-            let end = match self.pick_restore(storage.as_deref(), &mut plan, &mut last_id) {
+            let picked = match self.claim(storage.as_ref(), renewal).await {
+                Ok(()) => self.pick_restore(storage.as_deref(), &mut plan, &mut last_id),
+                Err(e) => Err(e),
+            };
+            let end = match picked {
                 Err(e) => RunEnd::Failed(e),
                 Ok(restore) => {
                     self.run_once(
@@ -510,6 +570,7 @@ impl Spawner<'_> {
                 .checkpointing
                 .as_ref()
                 .map(|c| c.timeout + job.config.restart.longest_delay()),
+            accept_replay: job.config.accept_replay,
             backend: job.backend_factory(restore.clone()),
             restore,
             storage: self.storage.clone().map(|s| s as Arc<dyn CheckpointStorage>),

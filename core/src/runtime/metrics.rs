@@ -21,6 +21,9 @@ pub struct CheckpointStats {
     pub last_alignment: Duration,
     /// State size of the latest completed checkpoint (bytes).
     pub last_state_size: u64,
+    /// Retention passes that deleted nothing because a checkpoint's metadata could not be read
+    /// (old checkpoints stay until a later pass reads them).
+    pub retention_failures: u64,
 }
 
 impl CheckpointStats {

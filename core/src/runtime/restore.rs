@@ -9,13 +9,18 @@
 //!   job's directory, strictly (`CheckpointStorage::latest`: corrupt → fatal, I/O → retried,
 //!   vanished → fatal). After an explicit restore, the checkpoints that predate it are never
 //!   restored: until the job completes one of its own, restarts restore the explicit snapshot again.
+//! - A first attempt with the same explicit `restore_from` as the one the directory's checkpoints
+//!   continue from (a process restarted with its command line unchanged: a Kubernetes pod whose
+//!   `FROM` is still set) restores the newest checkpoint of that continuation, as later attempts
+//!   do, once there is one (Flink's rule for a job resubmitted with the same savepoint). The
+//!   directory records each explicit restore (`_restore`) for this.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{CoreError, Result};
 use crate::message::CheckpointId;
-use crate::storage::{CheckpointStorage, Snapshot, Storage};
+use crate::storage::{CheckpointStorage, RestoreRecord, Snapshot, Storage};
 
 /// The part of the restore decision that is fixed by the job's first successful pick.
 #[derive(Debug, Clone)]
@@ -41,6 +46,20 @@ impl RestorePlan {
             Some(s) => s.completed()?.last().copied().unwrap_or(0),
             None => 0,
         };
+        let given = path.display().to_string();
+        if let Some(s) = storage {
+            if let Some(record) = s.restored_from()? {
+                if record.path == given && record.snapshot_id == snapshot.meta.id && newest > record.floor {
+                    tracing::info!(
+                        restore = %given,
+                        restore_id = snapshot.meta.id,
+                        checkpoint_id = newest,
+                        "Already restored from this snapshot: restoring the newest checkpoint made since, as a restart does."
+                    );
+                    return Ok((s.latest()?, RestorePlan { explicit: None }));
+                }
+            }
+        }
         if newest > snapshot.meta.id && !accept_replay {
             return Err(CoreError::RestoreOlderThanNewest {
                 path: path.to_path_buf(),
@@ -56,6 +75,13 @@ impl RestorePlan {
                 newest,
                 "Restoring an older snapshot than the newest checkpoint, as accepted: output after it may be written again."
             );
+        }
+        if let Some(s) = storage {
+            s.record_restore(&RestoreRecord {
+                path: given,
+                snapshot_id: snapshot.meta.id,
+                floor: newest,
+            })?;
         }
         let plan = RestorePlan {
             explicit: Some((path.to_path_buf(), newest)),

@@ -83,6 +83,7 @@ pub(crate) struct TaskContext {
     pub(crate) attempt: u32,
     pub(crate) starting: bool,
     pub(crate) commit_window: Option<std::time::Duration>,
+    pub(crate) accept_replay: bool,
     pub(crate) restore: Option<Arc<Snapshot>>,
     pub(crate) storage: Option<Arc<dyn CheckpointStorage>>,
     pub(crate) backend: BackendFactory,
@@ -103,6 +104,8 @@ impl TaskContext {
             attempt: self.attempt,
             starting: self.starting,
             commit_window: self.commit_window,
+            restored_checkpoint: self.restore.as_ref().map(|s| s.meta.id),
+            accept_replay: self.accept_replay,
         }
     }
 

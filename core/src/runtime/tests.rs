@@ -703,6 +703,9 @@ async fn an_explicit_older_savepoint_needs_accept_replay_and_then_wins_over_newe
         rows.len()
     );
     // And a restart of that job later restores its own checkpoints, not those from before.
+    // (Started again with the same snapshot, a job continues from the checkpoints made since;
+    // restoring it once more on purpose means clearing the location's record of that restore.)
+    std::fs::remove_file(dir.path().join("checkpoints").join("_restore")).unwrap();
     let mut cfg = config(dir.path(), StateBackendConfig::Memory);
     cfg.restore_from = Some(savepoint.clone());
     cfg.accept_replay = true;
@@ -732,6 +735,120 @@ async fn an_explicit_older_savepoint_needs_accept_replay_and_then_wins_over_newe
         committed_rows(&replayed).len(),
         "same output as the failure-free replay"
     );
+}
+
+/// A process started again with the same `--from` (a pod whose `FROM` is still set) continues from
+/// the checkpoints it made since that restore, not from the snapshot (which would write again what
+/// they committed) and not with an error (which asked for `--accept-replay`: a replay).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_restore_twice_continues_from_the_checkpoints_made_since() {
+    let dir = tempfile::tempdir().unwrap();
+    let total = 20_000;
+    let committed: Committed = Arc::default();
+    let job = word_count(
+        config(dir.path(), StateBackendConfig::Memory),
+        total,
+        1,
+        1,
+        FailPlan::new(0),
+        committed.clone(),
+        Duration::from_millis(1),
+    );
+    let handle = job.start();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let savepoint = handle.savepoint(dir.path().join("savepoints")).await.unwrap();
+    handle.join().await.unwrap();
+
+    // A new deployment with its own checkpoint directory starts from the savepoint, twice.
+    let moved = tempfile::tempdir().unwrap();
+    let from_savepoint = |committed: Committed| {
+        let mut cfg = config(moved.path(), StateBackendConfig::Memory);
+        cfg.restore_from = Some(savepoint.clone());
+        word_count(cfg, total, 1, 1, FailPlan::new(0), committed, Duration::ZERO)
+    };
+    let first: Committed = Arc::default();
+    from_savepoint(first.clone()).run().await.unwrap();
+    let rows = committed_rows(&first);
+    assert!(!rows.is_empty() && rows.len() < total as usize, "{} rows", rows.len());
+    let second: Committed = Arc::default();
+    from_savepoint(second.clone()).run().await.unwrap();
+    assert_only_recommitted(&first, &second);
+}
+
+/// `later` restored the final checkpoint of the run that committed `earlier`: at most that
+/// checkpoint's output is committed again (idempotently, under the same subtask and checkpoint),
+/// nothing of its own.
+fn assert_only_recommitted(earlier: &Committed, later: &Committed) {
+    let (earlier, later) = (earlier.lock().unwrap(), later.lock().unwrap());
+    for (key, rows) in later.iter().filter(|(_, rows)| !rows.is_empty()) {
+        assert_eq!(earlier.get(key), Some(rows), "written again: checkpoint {key:?}");
+    }
+}
+
+/// RocksDB state restored from another checkpoint location (`--from /backup/chk-N`, a local
+/// directory moved to an object store): the restored SST files live there, not in the job's own
+/// location, so the job's checkpoints must not merely reference them — once the other location is
+/// gone, its own newest checkpoint must still restore. Before, the restored files counted as
+/// already uploaded, and the restart after the old location went failed ("missing").
+#[cfg(feature = "rocksdb")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rocksdb_state_restored_from_another_location_is_copied_into_the_jobs_own() {
+    use crate::storage::{CheckpointStorage, Storage};
+    let local = tempfile::tempdir().unwrap();
+    let backend = || StateBackendConfig::RocksDb {
+        local_dir: Some(local.path().to_path_buf()),
+    };
+    let other = tempfile::tempdir().unwrap();
+    let run = |cfg: JobConfig, total: u64, committed: Committed| {
+        word_count(cfg, total, 1, 1, FailPlan::new(0), committed, Duration::ZERO).run()
+    };
+    let first: Committed = Arc::default();
+    run(config(other.path(), backend()), 1_000, first.clone())
+        .await
+        .unwrap();
+    let storage = Storage::new(other.path().join("checkpoints")).unwrap();
+    let newest = *storage.completed().unwrap().last().unwrap();
+    let shared_names = |s: &crate::storage::Snapshot| -> Vec<String> {
+        s.meta
+            .files()
+            .filter(|f| f.scope == crate::checkpoint::FileScope::Shared)
+            .map(|f| f.name.clone())
+            .collect()
+    };
+    assert!(
+        !shared_names(&storage.open(newest).unwrap()).is_empty(),
+        "shared SST files to restore"
+    );
+
+    let own = tempfile::tempdir().unwrap();
+    let mut cfg = config(own.path(), backend());
+    cfg.restore_from = Some(storage.checkpoint_dir(newest));
+    // A few records more, and few files restored: RocksDB compacts none of them away.
+    let second: Committed = Arc::default();
+    run(cfg, 1_050, second.clone()).await.unwrap();
+    assert!(
+        !committed_rows(&second).is_empty(),
+        "went on from the restored position"
+    );
+    let own_storage = Storage::new(own.path().join("checkpoints")).unwrap();
+    let latest = own_storage
+        .latest()
+        .expect("the job's own newest checkpoint restores")
+        .unwrap();
+    let restored = shared_names(&storage.open(newest).unwrap());
+    assert!(
+        shared_names(&latest).iter().any(|n| restored.contains(n)),
+        "the newest checkpoint still uses a restored file (else this test shows nothing)"
+    );
+    // The other location goes (a backup deleted, an old directory cleared).
+    std::fs::remove_dir_all(other.path()).unwrap();
+    for f in latest.meta.files() {
+        latest.reader.read(f).unwrap();
+    }
+    assert_eq!(own_storage.latest().unwrap().unwrap().meta.id, latest.meta.id);
+    let third: Committed = Arc::default();
+    run(config(own.path(), backend()), 1_050, third.clone()).await.unwrap();
+    assert_only_recommitted(&second, &third);
 }
 
 /// An outage of a shared service fails several regions at once: they restart together, as one

@@ -6,7 +6,7 @@
 //! each time. Storage deletes a shared file when no retained checkpoint references it.
 //! The local database is a working copy (no WAL): checkpoints are the durability.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -29,6 +29,11 @@ pub struct RocksDbBackend {
     write: WriteOptions,
     /// Local SST name -> its handle in shared storage.
     uploaded: HashMap<String, FileHandle>,
+    /// The local SST names known to be in the shared storage snapshots are written to: uploaded
+    /// by this backend, or found there. A restored snapshot's files may live elsewhere (another
+    /// checkpoint location's `--from`, a range directory of a split job, a local directory
+    /// moved to an object store): each is checked, and uploaded if missing, on first use.
+    confirmed: HashSet<String>,
 }
 
 impl std::fmt::Debug for RocksDbBackend {
@@ -81,6 +86,7 @@ impl RocksDbBackend {
             instance,
             write,
             uploaded,
+            confirmed: HashSet::new(),
         }
     }
 
@@ -210,10 +216,17 @@ impl KeyedStateBackend for RocksDbBackend {
             let path = entry.path();
             if local.ends_with(".sst") {
                 let handle = match self.uploaded.get(&local) {
-                    Some(h) => h.clone(),
+                    Some(h) if self.confirmed.contains(&local) => h.clone(),
+                    // Restored: under the same shared name, a no-op where it already is.
+                    Some(h) => {
+                        let h = writer.upload_shared(&h.name, &local, &path)?;
+                        self.confirmed.insert(local.clone());
+                        h
+                    }
                     None => {
                         let h = writer.upload_shared(&format!("{}-{local}", self.instance), &local, &path)?;
                         self.uploaded.insert(local.clone(), h.clone());
+                        self.confirmed.insert(local.clone());
                         h
                     }
                 };
@@ -229,6 +242,8 @@ impl KeyedStateBackend for RocksDbBackend {
         // Files RocksDB compacted away are no longer needed by later snapshots.
         self.uploaded
             .retain(|local, _| files.iter().any(|f| &f.local_name == local));
+        let uploaded = &self.uploaded;
+        self.confirmed.retain(|local| uploaded.contains_key(local));
         Ok(KeyedStateHandle {
             backend: BackendKind::RocksDb,
             key_groups: self.range,

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use super::blobs::{Blobs, Dir, Put};
 use super::format::{decode_metadata, encode_metadata, verify};
 use super::object::{is_url, Bucket};
+use super::owner::OwnerRecord;
 use super::{CheckpointStorage, Snapshot, SnapshotReader, SnapshotWriter};
 use crate::checkpoint::{CheckpointMetadata, FileHandle, FileScope};
 use crate::error::{CoreError, Result};
@@ -32,6 +33,18 @@ use crate::message::CheckpointId;
 
 pub(crate) const METADATA_FILE: &str = "_metadata";
 const MARKER_FILE: &str = "_has_checkpoints";
+const RESTORE_FILE: &str = "_restore";
+
+/// An explicit restore (`--from`) that a location's later checkpoints continue from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct RestoreRecord {
+    /// The snapshot's location, as given.
+    pub(crate) path: String,
+    /// The snapshot's checkpoint id.
+    pub(crate) snapshot_id: CheckpointId,
+    /// The newest completed checkpoint here when it was restored: newer ones continue from it.
+    pub(crate) floor: CheckpointId,
+}
 const SHARED: &str = "shared";
 
 /// What happens to completed checkpoints when a job is cancelled (Flink's externalized checkpoint
@@ -50,8 +63,10 @@ pub enum Retention {
 /// `gs://…`, `az://…`; see [`crate::storage`]).
 #[derive(Clone)]
 pub struct Storage {
-    blobs: Arc<dyn Blobs>,
-    root: PathBuf,
+    pub(super) blobs: Arc<dyn Blobs>,
+    pub(super) root: PathBuf,
+    /// This run's claim on the location, once made (see `owner.rs`): checked before each commit.
+    pub(super) claim: Arc<std::sync::Mutex<Option<OwnerRecord>>>,
 }
 
 impl std::fmt::Debug for Storage {
@@ -123,6 +138,7 @@ impl Storage {
         Ok(Storage {
             blobs: place(&root)?,
             root,
+            claim: Arc::default(),
         })
     }
 
@@ -193,6 +209,26 @@ impl Storage {
     /// Whether `location` holds a checkpoint or savepoint (its `_metadata`).
     pub fn is_snapshot(location: &Path) -> Result<bool> {
         Ok(place(location)?.size(METADATA_FILE)?.is_some())
+    }
+
+    /// The explicit restore this location's checkpoints continue from, as recorded by
+    /// [`Self::record_restore`]: `None` when there is none (or it does not parse).
+    pub(crate) fn restored_from(&self) -> Result<Option<RestoreRecord>> {
+        if self.blobs.size(RESTORE_FILE)?.is_none() {
+            return Ok(None);
+        }
+        let bytes = self.blobs.get(RESTORE_FILE)?;
+        Ok(serde_json::from_slice(&bytes).ok())
+    }
+
+    /// Records that the checkpoints after `record.floor` continue from the explicit restore
+    /// `record.path` (replacing an earlier record).
+    pub(crate) fn record_restore(&self, record: &RestoreRecord) -> Result<()> {
+        let bytes = serde_json::to_vec_pretty(record).map_err(|e| CoreError::Serialization {
+            what: "the restore record".into(),
+            reason: e.to_string(),
+        })?;
+        self.blobs.put(RESTORE_FILE, &bytes, Put::Replace).map(|_| ())
     }
 
     /// Records that this location holds a completed checkpoint (idempotent).
@@ -293,7 +329,8 @@ impl SnapshotWriter for Writer {
             crc32: crc32fast::hash(&bytes),
         };
         // Shared files are immutable: one already there with this name and size is this one,
-        // uploaded by an earlier checkpoint.
+        // uploaded by an earlier checkpoint (of this location: a file restored from another
+        // location is uploaded here on its first use).
         let key = join(SHARED, name);
         if self.blobs.size(&key)? == Some(handle.size) {
             return Ok(handle);
@@ -324,12 +361,16 @@ impl CheckpointStorage for Storage {
     }
 
     fn commit(&self, meta: &CheckpointMetadata) -> Result<()> {
+        self.check_claim()?;
         let key = join(&chk(meta.id), METADATA_FILE);
         if !self.blobs.put(&key, &encode_metadata(meta)?, Put::Create)? {
-            return Err(CoreError::Corrupt {
-                path: self.blobs.locate(&key),
-                reason: "this checkpoint already exists: is another job writing to the same checkpoint location?"
-                    .into(),
+            // Ids only grow past every stored one: someone else wrote it.
+            return Err(CoreError::LocationOwned {
+                location: self.root.clone(),
+                reason: format!(
+                    "checkpoint {} was written by another process while this one ran",
+                    meta.id
+                ),
             });
         }
         self.mark_has_checkpoints()
@@ -398,27 +439,36 @@ impl CheckpointStorage for Storage {
             return Ok(Vec::new());
         }
         let (drop_ids, keep_ids) = ids.split_at(ids.len() - keep);
+        // Fails closed: a retained checkpoint whose metadata cannot be read (an outage, EMFILE, a
+        // damaged file) may still reference any shared file, so nothing is deleted this time.
         let mut still_used = BTreeSet::new();
         for id in keep_ids {
-            // A retained checkpoint that no longer reads keeps nothing alive; it is skipped on restore.
-            if let Ok(s) = self.open(*id) {
-                still_used.extend(shared_names(&s.meta).map(str::to_owned));
-            }
+            let s = self.open(*id)?;
+            still_used.extend(shared_names(&s.meta).map(str::to_owned));
         }
+        let mut dropped = Vec::new();
         for id in drop_ids {
-            if let Ok(s) = self.open(*id) {
-                for name in shared_names(&s.meta) {
-                    if !still_used.contains(name) {
-                        self.blobs.delete(&join(SHARED, name))?;
-                    }
-                }
-            }
-            // Metadata first: a crash midway leaves an incomplete checkpoint, never a listed
-            // checkpoint with missing files.
+            // What it references is read before anything of it goes; an I/O error stops the pass.
+            // Metadata that reads but does not decode never will: that checkpoint goes, and the
+            // shared files only it used stay behind (unreferenced, never wrongly deleted).
+            let unused: Vec<String> = match self.open(*id) {
+                Ok(s) => shared_names(&s.meta)
+                    .filter(|name| !still_used.contains(*name))
+                    .map(str::to_owned)
+                    .collect(),
+                Err(CoreError::Corrupt { .. }) => Vec::new(),
+                Err(e) => return Err(e),
+            };
+            // Metadata first: a crash midway leaves an incomplete checkpoint (and unreferenced
+            // shared files), never a listed checkpoint with missing files.
             self.blobs.delete(&join(&chk(*id), METADATA_FILE))?;
+            dropped.push(*id);
             self.blobs.delete_dir(&chk(*id))?;
+            for name in unused {
+                self.blobs.delete(&join(SHARED, &name))?;
+            }
         }
-        Ok(drop_ids.to_vec())
+        Ok(dropped)
     }
 
     fn discard_all(&self) -> Result<()> {
@@ -428,6 +478,7 @@ impl CheckpointStorage for Storage {
         }
         // Deleted on purpose (retention on cancel): the next start begins anew.
         self.blobs.delete(MARKER_FILE)?;
+        self.blobs.delete(RESTORE_FILE)?;
         self.blobs.delete_dir(SHARED)?;
         if !is_url(&self.root) {
             let shared = self.root.join(SHARED);

@@ -183,6 +183,141 @@ fn retain_deletes_old_checkpoints_and_their_unshared_files() {
     assert!(storage.completed().unwrap().is_empty());
 }
 
+/// A local directory whose `get` or `delete` of chosen keys fails, as an object store outage or
+/// EMFILE would.
+struct Flaky {
+    dir: Dir,
+    fail_get: std::sync::Mutex<Vec<String>>,
+    fail_delete: std::sync::Mutex<Vec<String>>,
+}
+
+impl Flaky {
+    fn storage(root: &Path) -> (Storage, Arc<Flaky>) {
+        let flaky = Arc::new(Flaky {
+            dir: Dir {
+                root: root.to_path_buf(),
+            },
+            fail_get: Default::default(),
+            fail_delete: Default::default(),
+        });
+        let storage = Storage {
+            blobs: flaky.clone(),
+            root: root.to_path_buf(),
+            claim: Arc::default(),
+        };
+        (storage, flaky)
+    }
+
+    fn fails(list: &std::sync::Mutex<Vec<String>>, key: &str) -> Result<()> {
+        if list.lock().unwrap().iter().any(|k| k == key) {
+            return Err(CoreError::io(
+                "reading",
+                Path::new(key),
+                std::io::Error::other("injected: the object store answered 503"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Blobs for Flaky {
+    fn locate(&self, key: &str) -> PathBuf {
+        self.dir.locate(key)
+    }
+    fn get(&self, key: &str) -> Result<Vec<u8>> {
+        Self::fails(&self.fail_get, key)?;
+        self.dir.get(key)
+    }
+    fn size(&self, key: &str) -> Result<Option<u64>> {
+        self.dir.size(key)
+    }
+    fn put(&self, key: &str, bytes: &[u8], how: Put) -> Result<bool> {
+        self.dir.put(key, bytes, how)
+    }
+    fn dirs(&self) -> Result<Vec<String>> {
+        self.dir.dirs()
+    }
+    fn delete(&self, key: &str) -> Result<()> {
+        Self::fails(&self.fail_delete, key)?;
+        self.dir.delete(key)
+    }
+    fn delete_dir(&self, dir: &str) -> Result<()> {
+        self.dir.delete_dir(dir)
+    }
+}
+
+#[test]
+fn retention_that_cannot_read_a_kept_checkpoint_deletes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (storage, flaky) = Flaky::storage(dir.path());
+    checkpoint(&storage, 1, &["a.sst", "old.sst"]);
+    checkpoint(&storage, 2, &["a.sst", "b.sst"]);
+    // The newest (and, with one retained, the only kept) checkpoint's metadata does not read.
+    flaky.fail_get.lock().unwrap().push("chk-2/_metadata".into());
+    let err = storage.retain(1).unwrap_err();
+    assert!(matches!(err, CoreError::Io { .. }), "{err}");
+    assert_eq!(storage.completed().unwrap(), vec![1, 2], "nothing deleted");
+    assert!(dir.path().join("shared/a.sst").exists(), "2 still uses it");
+    // The outage ends: the restart restores 2 with every file, and the next pass catches up.
+    flaky.fail_get.lock().unwrap().clear();
+    let s = storage.latest().unwrap().unwrap();
+    assert_eq!(s.meta.id, 2);
+    for f in s.meta.files() {
+        s.reader.read(f).unwrap();
+    }
+    assert_eq!(storage.retain(1).unwrap(), vec![1]);
+    assert!(!dir.path().join("shared/old.sst").exists());
+    assert!(dir.path().join("shared/a.sst").exists());
+}
+
+#[test]
+fn retention_that_cannot_read_a_dropped_checkpoint_deletes_nothing_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (storage, flaky) = Flaky::storage(dir.path());
+    checkpoint(&storage, 1, &["old.sst"]);
+    checkpoint(&storage, 2, &["b.sst"]);
+    flaky.fail_get.lock().unwrap().push("chk-1/_metadata".into());
+    assert!(storage.retain(1).is_err());
+    assert_eq!(storage.completed().unwrap(), vec![1, 2]);
+    assert!(
+        dir.path().join("shared/old.sst").exists(),
+        "left for the next pass to delete"
+    );
+    flaky.fail_get.lock().unwrap().clear();
+    assert_eq!(storage.retain(1).unwrap(), vec![1]);
+    assert!(!dir.path().join("shared/old.sst").exists());
+}
+
+#[test]
+fn retention_deletes_a_checkpoints_metadata_before_its_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (storage, flaky) = Flaky::storage(dir.path());
+    checkpoint(&storage, 1, &["old.sst"]);
+    checkpoint(&storage, 2, &["b.sst"]);
+    // Stopped (a crash, an error) at the metadata's deletion: checkpoint 1 is still listed, so
+    // every file it references must still be there.
+    flaky.fail_delete.lock().unwrap().push("chk-1/_metadata".into());
+    assert!(storage.retain(1).is_err());
+    assert_eq!(storage.completed().unwrap(), vec![1, 2]);
+    let one = Storage::open_verified(&storage.checkpoint_dir(1));
+    assert!(one.is_ok(), "a listed checkpoint lost a file: {:?}", one.err());
+}
+
+#[test]
+fn retention_drops_a_checkpoint_whose_metadata_is_damaged_and_keeps_every_shared_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::new(dir.path()).unwrap();
+    checkpoint(&storage, 1, &["old.sst"]);
+    checkpoint(&storage, 2, &["b.sst"]);
+    flip_last_byte(&storage.checkpoint_dir(1).join(METADATA_FILE));
+    assert_eq!(storage.retain(1).unwrap(), vec![1]);
+    assert_eq!(storage.completed().unwrap(), vec![2]);
+    assert!(
+        dir.path().join("shared/old.sst").exists(),
+        "what it used is unknown: kept"
+    );
+}
+
 #[test]
 fn exported_snapshot_is_self_contained() {
     let dir = tempfile::tempdir().unwrap();
@@ -215,7 +350,12 @@ fn a_checkpoint_is_never_overwritten() {
     let dir = tempfile::tempdir().unwrap();
     let storage = Storage::new(dir.path()).unwrap();
     let m = checkpoint(&storage, 1, &[]);
-    let err = storage.commit(&m).unwrap_err().to_string();
-    assert!(err.contains("already exists"), "{err}");
+    let err = storage.commit(&m).unwrap_err();
+    assert!(matches!(err, CoreError::LocationOwned { .. }), "{err}");
+    assert_eq!(err.class(), crate::ErrorClass::Fatal, "another writer stops the run");
+    assert!(
+        err.to_string().contains("checkpoint 1 was written by another process"),
+        "{err}"
+    );
     assert_eq!(storage.latest().unwrap().unwrap().meta, m);
 }

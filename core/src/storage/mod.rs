@@ -8,11 +8,13 @@ mod blobs;
 mod format;
 mod layout;
 mod object;
+mod owner;
 mod split;
 
 use std::path::Path;
 use std::sync::Arc;
 
+pub(crate) use layout::RestoreRecord;
 pub use layout::{Retention, Storage};
 
 use crate::checkpoint::{CheckpointMetadata, FileHandle};

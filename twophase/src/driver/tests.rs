@@ -27,6 +27,8 @@ struct System {
     fail_background: bool,
     /// Commits of this run in the background: each waits for a permit of this gate.
     commit_gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// The newest checkpoint the system shows committed (as a progress table would).
+    committed_through: Option<CheckpointId>,
 }
 
 #[derive(Clone, Default)]
@@ -128,6 +130,22 @@ impl TwoPhaseCommitSink<u32> for Fake {
     fn transaction_timeout(&self) -> Option<Duration> {
         self.0.lock().unwrap().timeout
     }
+    async fn committed_through(
+        &mut self,
+        _ctx: &RecoveryContext<'_, u64>,
+    ) -> exactly_core::Result<Option<CheckpointId>> {
+        Ok(self.0.lock().unwrap().committed_through)
+    }
+    async fn forget_commits_after(
+        &mut self,
+        _ctx: &RecoveryContext<'_, u64>,
+        id: CheckpointId,
+    ) -> exactly_core::Result<()> {
+        let mut s = self.0.lock().unwrap();
+        s.log.push(format!("forget after {id}"));
+        s.committed_through = s.committed_through.map(|c| c.min(id)).filter(|c| *c > 0);
+        Ok(())
+    }
     async fn abort_lingering(&mut self, ctx: &RecoveryContext<'_, u64>) -> exactly_core::Result<()> {
         let mut s = self.0.lock().unwrap();
         s.log.push(format!("abort lingering (restored {:?})", ctx.restored));
@@ -146,6 +164,8 @@ fn info() -> SubtaskInfo {
         attempt: 0,
         starting: true,
         commit_window: None,
+        restored_checkpoint: None,
+        accept_replay: false,
     }
 }
 
@@ -309,6 +329,8 @@ async fn a_failed_checkpoints_transaction_too_old_to_carry_fails_the_attempt() {
     let mut d = TwoPhaseSink::with_retry(fake.clone(), retry());
     let info = SubtaskInfo {
         commit_window: Some(Duration::from_millis(200)),
+        restored_checkpoint: None,
+        accept_replay: false,
         ..info()
     };
     d.initialize_state(&InitContext::new(&info, None)).await.unwrap();
@@ -536,4 +558,49 @@ async fn a_background_commit_that_fails_is_retried_here_or_fails_the_task_loudly
         Some(1),
         "kept for the restart to find lost"
     );
+}
+
+/// A restore behind what the system shows committed (a stale listing, a checkpoint directory
+/// pointed somewhere new, removed and started afresh) is refused before anything is touched; with
+/// replay accepted it goes ahead, and the system forgets the newer commits once its lingering
+/// transactions are gone.
+#[tokio::test]
+async fn a_restore_behind_what_the_sink_committed_is_refused_unless_replay_is_accepted() {
+    let start = |restored: Option<CheckpointId>, accept_replay: bool, fake: &Fake| {
+        let mut info = info();
+        info.restored_checkpoint = restored;
+        info.accept_replay = accept_replay;
+        let mut d = TwoPhaseSink::with_retry(fake.clone(), retry());
+        async move { d.initialize_state(&InitContext::new(&info, None)).await.map(|()| d) }
+    };
+    let fake = Fake::default();
+    fake.0.lock().unwrap().committed_through = Some(7);
+    for restored in [None, Some(3)] {
+        let err = start(restored, false, &fake).await.err().expect("refused");
+        assert_eq!(err.class(), ErrorClass::Fatal);
+        let text = err.to_string();
+        assert!(
+            text.contains("shows checkpoint 7 committed") && text.contains("--accept-replay"),
+            "{text}"
+        );
+        assert!(
+            fake.0.lock().unwrap().log.is_empty(),
+            "nothing touched: {:?}",
+            fake.0.lock().unwrap().log
+        );
+    }
+    start(Some(7), false, &fake)
+        .await
+        .expect("the newest committed one itself");
+    start(Some(9), false, &fake).await.expect("a newer one");
+    fake.0.lock().unwrap().log.clear();
+    start(Some(3), true, &fake).await.expect("replay accepted");
+    let log = fake.0.lock().unwrap().log.clone();
+    let lingering = log
+        .iter()
+        .position(|l| l.starts_with("abort lingering"))
+        .expect("{log:?}");
+    let forget = log.iter().position(|l| l == "forget after 3").expect("forgotten");
+    assert!(lingering < forget, "{log:?}");
+    assert_eq!(fake.0.lock().unwrap().committed_through, Some(3));
 }

@@ -1,0 +1,393 @@
+//! One owner per checkpoint location.
+//!
+//! Two processes running the same job on one location (a double deployment, a pod rescheduled
+//! while the old one still runs) would fence each other's transactions and restore each other's
+//! checkpoints: the second copy restores an older checkpoint and writes again what the first has
+//! committed. So a job claims its location before it restores anything (`_owner`: who, where,
+//! since when, renewed while it runs), checks the claim before each checkpoint's metadata is
+//! written, and gives it up when it ends.
+//!
+//! Whether the recorded owner is still alive is decided from evidence ([`judge`], a pure
+//! function): on the same machine (host name and boot id) its process id and start time say it
+//! directly — a crashed process restarted by its supervisor takes over at once; from another
+//! machine, a record not renewed for a lease's length (watched here, not compared with another
+//! machine's clock) is taken over, and a renewed one is a live owner: this start is refused,
+//! naming it.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use super::blobs::Put;
+use super::Storage;
+use crate::error::{CoreError, Result};
+
+/// The owner record of a checkpoint location.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct OwnerRecord {
+    /// Unique per claim (one job run).
+    pub(crate) id: String,
+    /// The job's name.
+    pub(crate) job: String,
+    /// The machine's host name.
+    pub(crate) host: String,
+    /// The machine's boot id (Linux), empty where unknown: a process id means something only
+    /// within one boot of one machine.
+    pub(crate) boot_id: String,
+    /// The owner's process id.
+    pub(crate) pid: u32,
+    /// The process's start time (clock ticks since boot, Linux), `None` where unknown: a process
+    /// id reused by another process has another start time.
+    pub(crate) pid_start: Option<u64>,
+    /// When the claim was made (ms since the epoch, the owner's clock).
+    pub(crate) since_ms: u64,
+    /// Renewals so far: a record whose count moves has a live owner.
+    pub(crate) beat: u64,
+}
+
+impl OwnerRecord {
+    /// A new claim by this process for `job`.
+    pub(crate) fn this_process(job: &str) -> Self {
+        let pid = std::process::id();
+        OwnerRecord {
+            id: format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>()),
+            job: job.to_owned(),
+            host: read_trimmed("/proc/sys/kernel/hostname")
+                .or_else(|| read_trimmed("/etc/hostname"))
+                .unwrap_or_default(),
+            boot_id: read_trimmed("/proc/sys/kernel/random/boot_id").unwrap_or_default(),
+            pid,
+            pid_start: process_start(pid),
+            since_ms: now_ms(),
+            beat: 0,
+        }
+    }
+
+    /// Who it is, for messages.
+    pub(crate) fn describe(&self) -> String {
+        format!(
+            "job '{}', process {} on {} (claimed at {} ms since the epoch, claim {})",
+            self.job,
+            self.pid,
+            if self.host.is_empty() {
+                "an unknown host"
+            } else {
+                &self.host
+            },
+            self.since_ms,
+            self.id
+        )
+    }
+
+    fn same_machine(&self, other: &OwnerRecord) -> bool {
+        !self.boot_id.is_empty() && self.host == other.host && self.boot_id == other.boot_id
+    }
+}
+
+/// What a start does about the recorded owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Nobody owns the location, or its owner is gone: claim it.
+    Claim,
+    /// A live process owns it: refuse, saying why.
+    Refuse(String),
+    /// The owner is on another machine: watch its record for a lease's length.
+    Watch,
+}
+
+/// Whether process `pid` runs with start time `start` on this machine (`None`: cannot tell).
+pub(crate) type Alive<'a> = &'a dyn Fn(u32, Option<u64>) -> Option<bool>;
+
+/// The decision for a start by `me`, given the recorded owner.
+pub(crate) fn judge(current: Option<&OwnerRecord>, me: &OwnerRecord, alive: Alive<'_>) -> Verdict {
+    let Some(owner) = current else {
+        return Verdict::Claim;
+    };
+    if owner.id == me.id {
+        return Verdict::Claim;
+    }
+    if !owner.same_machine(me) {
+        return Verdict::Watch;
+    }
+    if owner.pid == me.pid && owner.pid_start == me.pid_start {
+        // This very process (an earlier run of the job in it, or a process id namespace where
+        // every container is process 1, restarted): the earlier claim's run has ended.
+        return Verdict::Claim;
+    }
+    match alive(owner.pid, owner.pid_start) {
+        Some(false) => Verdict::Claim,
+        Some(true) => Verdict::Refuse(format!("it is running: {}", owner.describe())),
+        None => Verdict::Watch,
+    }
+}
+
+/// What watching another machine's owner for a lease concluded: `first` was read at the start,
+/// `last` at the end.
+pub(crate) fn after_watch(first: &OwnerRecord, last: Option<&OwnerRecord>, lease: Duration) -> Verdict {
+    match last {
+        None => Verdict::Claim,
+        Some(last) if last.id == first.id && last.beat == first.beat => Verdict::Claim,
+        Some(last) => Verdict::Refuse(format!(
+            "its owner renewed its claim within {}: {}",
+            humantime::format_duration(lease),
+            last.describe()
+        )),
+    }
+}
+
+const OWNER_FILE: &str = "_owner";
+
+/// How often a claimant watching another machine's owner reads its record again.
+const WATCH_STEP: Duration = Duration::from_secs(1);
+
+impl Storage {
+    fn read_owner(&self) -> Result<Option<OwnerRecord>> {
+        if self.blobs.size(OWNER_FILE)?.is_none() {
+            return Ok(None);
+        }
+        let bytes = match self.blobs.get(OWNER_FILE) {
+            Err(CoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            other => other?,
+        };
+        // A record that does not parse (written by hand, cut short) names no live owner.
+        Ok(serde_json::from_slice(&bytes).ok())
+    }
+
+    fn write_owner(&self, record: &OwnerRecord, how: Put) -> Result<bool> {
+        let bytes = serde_json::to_vec_pretty(record).map_err(|e| CoreError::Serialization {
+            what: "the owner record".into(),
+            reason: e.to_string(),
+        })?;
+        self.blobs.put(OWNER_FILE, &bytes, how)
+    }
+
+    fn owned(&self, reason: String) -> CoreError {
+        CoreError::LocationOwned {
+            location: self.root.clone(),
+            reason,
+        }
+    }
+
+    /// Claims the location for a run of `job` before it restores anything: at once when nobody
+    /// owns it or its owner is gone; after watching the record for `lease` when the owner runs on
+    /// another machine; never while its owner runs ([`CoreError::LocationOwned`], fatal).
+    /// Blocks (storage calls, the watch).
+    pub fn claim(&self, job: &str, lease: Duration) -> Result<()> {
+        let me = OwnerRecord::this_process(job);
+        for _ in 0..5 {
+            let current = self.read_owner()?;
+            let verdict = match judge(current.as_ref(), &me, &alive_here) {
+                Verdict::Watch => self.watch(current.as_ref().expect("watched"), lease)?,
+                v => v,
+            };
+            if let Verdict::Refuse(why) = verdict {
+                return Err(self.owned(why));
+            }
+            let how = if current.is_some() { Put::Replace } else { Put::Create };
+            if !self.write_owner(&me, how)? {
+                continue; // created meanwhile by another start: judge it
+            }
+            // Two starts taking over at once both write: the one whose record stays wins.
+            if self.read_owner()?.is_some_and(|r| r.id == me.id) {
+                if let Some(old) = current.filter(|c| c.id != me.id) {
+                    warn!(location = %self.root.display(), previous = %old.describe(), "Took over the checkpoint location from a run that has ended.");
+                }
+                *self.claim.lock().expect("not poisoned") = Some(me);
+                return Ok(());
+            }
+        }
+        Err(self.owned("other starts claimed it at the same time".into()))
+    }
+
+    /// Watches another machine's owner record for `lease`: a record that moves has a live owner.
+    fn watch(&self, first: &OwnerRecord, lease: Duration) -> Result<Verdict> {
+        info!(
+            location = %self.root.display(),
+            owner = %first.describe(),
+            lease = %humantime::format_duration(lease),
+            "The checkpoint location's owner ran on another machine: waiting for its claim to lapse before taking over."
+        );
+        let start = Instant::now();
+        let mut logged = Instant::now();
+        loop {
+            let last = self.read_owner()?;
+            let verdict = after_watch(first, last.as_ref(), lease);
+            if matches!(verdict, Verdict::Refuse(_)) || start.elapsed() >= lease {
+                return Ok(verdict);
+            }
+            if logged.elapsed() >= Duration::from_secs(10) {
+                logged = Instant::now();
+                info!(
+                    location = %self.root.display(),
+                    waited_s = start.elapsed().as_secs(),
+                    lease_s = lease.as_secs(),
+                    "Still waiting for the previous owner's claim to lapse."
+                );
+            }
+            std::thread::sleep(WATCH_STEP.min(lease.saturating_sub(start.elapsed())));
+        }
+    }
+
+    /// Checks that this run still owns the location (no claim made: nothing to check). Called
+    /// before each checkpoint's metadata is written, so a run that lost its location never makes
+    /// another checkpoint durable, and its sinks never commit for one.
+    pub(super) fn check_claim(&self) -> Result<()> {
+        let Some(me) = self.claim.lock().expect("not poisoned").clone() else {
+            return Ok(());
+        };
+        match self.read_owner()? {
+            Some(r) if r.id == me.id => Ok(()),
+            Some(r) => Err(self.owned(format!("another run took it over: {}", r.describe()))),
+            None => {
+                // Removed by hand (or by a run that released it by mistake): claim it again.
+                if self.write_owner(&me, Put::Create)? {
+                    return Ok(());
+                }
+                match self.read_owner()? {
+                    Some(r) if r.id == me.id => Ok(()),
+                    Some(r) => Err(self.owned(format!("another run took it over: {}", r.describe()))),
+                    None => Err(self.owned("its owner record keeps disappearing".into())),
+                }
+            }
+        }
+    }
+
+    /// Renews this run's claim (while it runs, every third of the lease): a record that moves
+    /// tells a start on another machine that its owner is alive.
+    pub fn renew_claim(&self) -> Result<()> {
+        self.check_claim()?;
+        let mut guard = self.claim.lock().expect("not poisoned");
+        let Some(me) = guard.as_mut() else {
+            return Ok(());
+        };
+        me.beat += 1;
+        let record = me.clone();
+        drop(guard);
+        self.write_owner(&record, Put::Replace).map(|_| ())
+    }
+
+    /// Gives up this run's claim when it ends, so the next start anywhere claims at once.
+    pub fn release_claim(&self) -> Result<()> {
+        let Some(me) = self.claim.lock().expect("not poisoned").take() else {
+            return Ok(());
+        };
+        if self.read_owner()?.is_some_and(|r| r.id == me.id) {
+            self.blobs.delete(OWNER_FILE)?;
+        }
+        Ok(())
+    }
+}
+
+fn read_trimmed(path: &str) -> Option<String> {
+    let s = std::fs::read_to_string(path).ok()?;
+    let s = s.trim();
+    (!s.is_empty()).then(|| s.to_owned())
+}
+
+/// A running process's start time in clock ticks since boot (field 22 of `/proc/<pid>/stat`);
+/// `None` for no such process, or one that has exited and waits to be reaped (a zombie).
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count after the last ')'.
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    if matches!(fields.next(), Some("Z" | "X")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
+}
+
+/// Whether `pid` runs on this machine with start time `start`, from `/proc`.
+pub(crate) fn alive_here(pid: u32, start: Option<u64>) -> Option<bool> {
+    if !std::path::Path::new("/proc/self/stat").exists() {
+        return None;
+    }
+    match process_start(pid) {
+        None => Some(false),
+        Some(s) => Some(start.is_none_or(|start| start == s)),
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn me() -> OwnerRecord {
+        OwnerRecord {
+            id: "me".into(),
+            job: "j".into(),
+            host: "h".into(),
+            boot_id: "b".into(),
+            pid: 10,
+            pid_start: Some(100),
+            since_ms: 0,
+            beat: 0,
+        }
+    }
+
+    fn other(f: impl FnOnce(&mut OwnerRecord)) -> OwnerRecord {
+        let mut o = me();
+        o.id = "other".into();
+        o.pid = 20;
+        o.pid_start = Some(200);
+        f(&mut o);
+        o
+    }
+
+    #[test]
+    fn a_live_process_on_this_machine_is_refused_a_dead_one_taken_over() {
+        let o = other(|_| {});
+        let refused = judge(Some(&o), &me(), &|_, _| Some(true));
+        assert!(
+            matches!(refused, Verdict::Refuse(ref why) if why.contains("process 20 on h")),
+            "{refused:?}"
+        );
+        assert_eq!(judge(Some(&o), &me(), &|_, _| Some(false)), Verdict::Claim);
+        assert_eq!(judge(Some(&o), &me(), &|_, _| None), Verdict::Watch);
+        assert_eq!(judge(None, &me(), &|_, _| Some(true)), Verdict::Claim);
+    }
+
+    #[test]
+    fn the_same_process_id_and_start_is_an_earlier_run_another_machine_is_watched() {
+        // A container restarted in place is process 1 again, with the same start time only if
+        // it is the same process.
+        let earlier = other(|o| {
+            o.pid = 10;
+            o.pid_start = Some(100);
+        });
+        assert_eq!(judge(Some(&earlier), &me(), &|_, _| Some(true)), Verdict::Claim);
+        let elsewhere = other(|o| o.boot_id = "another boot".into());
+        assert_eq!(judge(Some(&elsewhere), &me(), &|_, _| Some(true)), Verdict::Watch);
+        let unknown_boot = other(|o| o.boot_id = String::new());
+        assert_eq!(judge(Some(&unknown_boot), &me(), &|_, _| Some(true)), Verdict::Watch);
+    }
+
+    #[test]
+    fn a_watched_record_that_moves_is_a_live_owner() {
+        let first = other(|o| o.boot_id = "x".into());
+        let lease = Duration::from_secs(30);
+        assert_eq!(after_watch(&first, Some(&first), lease), Verdict::Claim);
+        assert_eq!(after_watch(&first, None, lease), Verdict::Claim);
+        let renewed = other(|o| o.beat = 1);
+        assert!(matches!(after_watch(&first, Some(&renewed), lease), Verdict::Refuse(_)));
+        let replaced = other(|o| o.id = "third".into());
+        assert!(matches!(
+            after_watch(&first, Some(&replaced), lease),
+            Verdict::Refuse(_)
+        ));
+    }
+
+    #[test]
+    fn this_process_is_alive_and_a_wrong_start_time_is_not() {
+        let me = OwnerRecord::this_process("j");
+        assert_eq!(alive_here(me.pid, me.pid_start), Some(true));
+        assert_eq!(alive_here(me.pid, me.pid_start.map(|s| s + 1)), Some(false));
+        assert!(!me.boot_id.is_empty() && me.pid_start.is_some(), "{me:?}");
+    }
+}
