@@ -128,3 +128,50 @@ async fn prepared_branches_of_a_job_killed_for_good_are_rolled_back_by_the_next_
     assert!(writable.is_ok(), "rows are writable again: {writable:?}");
     Ok(())
 }
+
+/// The checkpoint directory removed while the table holds the job's commits (what an operator
+/// does to "start over", or `checkpoints.dir` pointed somewhere new): the checkpoint ids would
+/// start again at 1, below those the progress rows record as committed, and the source at its
+/// start. The sink refuses the fresh start, naming the checkpoint it committed; the table is
+/// left as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_start_behind_what_the_table_holds_is_refused() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let dir = tempfile::tempdir()?;
+    let s = setup(env, "xa", dir.path());
+    create_topic(env, &s.input, 2).await?;
+    let feeder = feed(env, &s)?;
+    let mut job = ChildJob::spawn(exactly(), &s.args, "")?;
+    k2m::wait_rows(env, &s, &mut job, 200, Duration::from_secs(60)).await?;
+    stop_feed(feeder)?;
+    exactly_integration_tests::signal(job.pid(), "TERM")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while job.running() {
+        if Instant::now() > deadline {
+            bail!("the job did not stop:\n{}", job.tail(40));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut conn = connect_mysql(env).await?;
+    let count = format!("SELECT COUNT(*) FROM `{}`", s.table);
+    let before = exactly_integration_tests::query_i64(&mut conn, &count).await?;
+
+    std::fs::remove_dir_all(dir.path().join("checkpoints"))?;
+    let mut again = ChildJob::spawn(exactly(), &s.args, "")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while again.running() {
+        if Instant::now() > deadline {
+            bail!("the fresh start was not refused:\n{}", again.tail(40));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let said = again.tail(40);
+    assert!(
+        said.contains("committed, but the job starts afresh") && said.contains("--accept-replay"),
+        "{said}"
+    );
+    assert_ne!(again.exit_code(), Some(0), "{said}");
+    let after = exactly_integration_tests::query_i64(&mut conn, &count).await?;
+    assert_eq!(after, before, "the table was written again");
+    Ok(())
+}

@@ -107,3 +107,48 @@ async fn prepared_transactions_of_a_job_killed_for_good_are_rolled_back_by_the_n
     next.kill();
     Ok(())
 }
+
+/// As for MySQL: the checkpoint directory removed while the table holds the job's commits. The
+/// sink refuses the fresh start (its progress rows show a newer checkpoint committed), and the
+/// table is left as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_start_behind_what_the_table_holds_is_refused() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let dir = tempfile::tempdir()?;
+    let s = setup(env, "two_phase", dir.path())?;
+    create_topic(env, &s.input, 2).await?;
+    let mut conn = exactly_integration_tests::connect_postgres().await?;
+    let count = format!("SELECT COUNT(*) FROM \"{}\"", s.table);
+    let feeder = feed(env, &s)?;
+    let mut job = ChildJob::spawn(exactly(), &s.args, "")?;
+    let until = |job: &mut ChildJob, what: &str, done: &dyn Fn(&mut ChildJob) -> bool| -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !done(job) {
+            if Instant::now() > deadline {
+                bail!("timed out waiting for {what}:\n{}", job.tail(40));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while exactly_integration_tests::pg_i64(&mut conn, &count).await.unwrap_or(0) < 200 {
+        if Instant::now() > deadline || !job.running() {
+            bail!("no rows written:\n{}", job.tail(40));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop_feed(feeder)?;
+    exactly_integration_tests::signal(job.pid(), "TERM")?;
+    until(&mut job, "the job to stop", &|j| !j.running())?;
+    let before = exactly_integration_tests::pg_i64(&mut conn, &count).await?;
+
+    std::fs::remove_dir_all(dir.path().join("checkpoints"))?;
+    let mut again = ChildJob::spawn(exactly(), &s.args, "")?;
+    until(&mut again, "the fresh start to be refused", &|j| !j.running())?;
+    let said = again.tail(40);
+    assert!(said.contains("committed, but the job starts afresh"), "{said}");
+    let after = exactly_integration_tests::pg_i64(&mut conn, &count).await?;
+    assert_eq!(after, before, "the table was written again");
+    Ok(())
+}

@@ -331,7 +331,12 @@ impl Run<'_> {
         };
         if let Err(e) = persisted {
             warn!(checkpoint_id = barrier.id, error = %e, "Writing checkpoint metadata failed.");
-            return self.abort(barrier, &format!("not persisted: {e}")).await;
+            let aborted = self.abort(barrier, &format!("not persisted: {e}")).await;
+            // Another run owns the location: this one stops, it does not try the next checkpoint.
+            if matches!(e, CoreError::LocationOwned { .. }) {
+                return Err(e);
+            }
+            return aborted;
         }
         let coordinator = self.coordinator.as_mut().expect("checkpointing on");
         let subsumed = coordinator.completed(barrier.id, Instant::now());

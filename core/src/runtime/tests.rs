@@ -851,6 +851,36 @@ async fn rocksdb_state_restored_from_another_location_is_copied_into_the_jobs_ow
     assert_only_recommitted(&second, &third);
 }
 
+/// A run whose checkpoint location another run took over (here: a second run of the job in the
+/// same process, which claims the location as an earlier run's) stops at its next checkpoint with
+/// a fatal error, and makes no further checkpoint durable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_location_was_taken_over_stops_at_its_next_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = |committed: Committed| {
+        word_count(
+            config(dir.path(), StateBackendConfig::Memory),
+            1_000_000,
+            1,
+            1,
+            FailPlan::new(0),
+            committed,
+            Duration::from_millis(1),
+        )
+    };
+    let first = job(Arc::default()).start();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = job(Arc::default()).start();
+    let err = tokio::time::timeout(Duration::from_secs(30), first.join())
+        .await
+        .expect("the first run stops")
+        .unwrap_err();
+    assert!(matches!(err, CoreError::LocationOwned { .. }), "{err}");
+    assert_eq!(err.class(), ErrorClass::Fatal);
+    second.cancel();
+    second.join().await.unwrap();
+}
+
 /// An outage of a shared service fails several regions at once: they restart together, as one
 /// restart, while the healthy region keeps running. Before, the second failure arriving while the
 /// first region stopped failed the whole run (every region restarted, two restarts counted).
