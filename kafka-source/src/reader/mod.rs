@@ -134,6 +134,11 @@ pub struct KafkaSource<T, D> {
     positions: Vec<Position>,
     /// Every partition seen (any owner), for discovery.
     known: BTreeSet<TopicPartition>,
+    /// Restored offsets of partitions this subtask owns that the broker did not list at restore
+    /// (a topic whose metadata showed an error for a moment, a partition deleted): carried into
+    /// every checkpoint, and taken up when discovery sees the partition again — never replaced by
+    /// its earliest offset, which would read the whole topic again into the sinks.
+    unseen: BTreeMap<TopicPartition, OffsetEntry>,
     /// The IDs of the topics read (recorded with their offsets in checkpoints), and the kept
     /// connection that asks for them.
     topic_ids: BTreeMap<String, String>,
@@ -171,6 +176,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             pattern: None,
             positions: Vec::new(),
             known: BTreeSet::new(),
+            unseen: BTreeMap::new(),
             topic_ids: BTreeMap::new(),
             ids: Default::default(),
             cluster,
@@ -255,9 +261,17 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             .await?;
         self.known.extend(fresh.iter().cloned());
         let mut new = BTreeMap::new();
-        for tp in fresh.into_iter().filter(|tp| self.owns(tp)) {
-            // Partitions that appear while the job runs are read from their beginning.
-            let offset = tokio::task::block_in_place(|| self.watermarks(&tp))?.0;
+        let owned: Vec<_> = fresh.into_iter().filter(|tp| self.owns(tp)).collect();
+        for tp in owned {
+            let offset = match self.unseen.get(&tp) {
+                // Back after an error at restore: where the checkpoint left it.
+                Some(e) => tokio::task::block_in_place(|| {
+                    self.position(&tp, e.next_offset, Origin::Restored(e.topic_id.as_deref()))
+                })?,
+                // Partitions that appear while the job runs are read from their beginning.
+                None => tokio::task::block_in_place(|| self.watermarks(&tp))?.0,
+            };
+            self.unseen.remove(&tp);
             new.insert(tp, offset);
         }
         if !new.is_empty() {
@@ -353,8 +367,12 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             };
             mine.insert(tp.clone(), offset);
         }
-        for tp in restored.keys().filter(|tp| !all.contains(*tp)) {
-            warn!(topic = %tp.topic, partition = tp.partition, "A partition in the restored state no longer exists; dropping its offset.");
+        self.unseen.clear();
+        for (tp, e) in restored.into_iter().filter(|(tp, _)| !all.contains(tp)) {
+            if self.owns(&tp) {
+                warn!(topic = %tp.topic, partition = tp.partition, offset = e.next_offset, "A partition in the restored state is not listed now; keeping its offset until it is seen again.");
+                self.unseen.insert(tp, e);
+            }
         }
         self.known = all;
         self.start_is_a_moment = !ctx.is_restored() && self.config.start.may_resolve_to_the_end();
@@ -604,6 +622,11 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
             self.positions
                 .iter()
                 .map(|p| OffsetEntry::encode(&p.tp, p.next, self.topic_ids.get(&p.tp.topic).map(String::as_str)))
+                .chain(
+                    self.unseen
+                        .values()
+                        .map(|e| OffsetEntry::encode(&e.tp, e.next_offset, e.topic_id.as_deref())),
+                )
                 .collect(),
         );
         let positions = self.position_map();
