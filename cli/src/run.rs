@@ -181,6 +181,22 @@ pub fn checkpoint_dir(
     Ok(mine)
 }
 
+/// Whether the checkpoint location of this process (under `base`, or its range's directory)
+/// already continues from an explicit restore of `from` (see `Storage::continues_from`). An
+/// unreadable location answers no: the usual checks then speak.
+fn continues_from(base: &Path, subtasks: Option<SubtaskRange>, parallelism: u32, from: &Path) -> bool {
+    let mine = match subtasks {
+        Some(r) => base.join(format!("subtasks-{}-{}-of-{parallelism}", r.first, r.last)),
+        None => base.to_owned(),
+    };
+    if !Storage::is_url(&mine) && !mine.exists() {
+        return false;
+    }
+    Storage::new(&mine)
+        .and_then(|s| s.continues_from(from))
+        .unwrap_or(false)
+}
+
 /// Runs `job` until it ends, is stopped (SIGTERM/SIGINT: final checkpoint and commits; a second
 /// signal cancels) or fails for good.
 pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
@@ -195,11 +211,19 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
         }
     }
     if let Some(from) = &opts.from {
-        if let Err(e) = Storage::open_verified(from) {
-            bail!(
+        // A start with the `--from` the job's checkpoints already continue from restores those
+        // (the snapshot may be gone since): no need for it to open.
+        let continues = f
+            .checkpoints
+            .as_ref()
+            .is_some_and(|c| continues_from(&c.dir, opts.subtasks, parallelism, from));
+        if !continues {
+            if let Err(e) = Storage::open_verified(from) {
+                bail!(
                 "--from {}: not a checkpoint or savepoint directory (nor the savepoints of every range of a split job): {e}; `exactly checkpoints list DIR` shows the stored ones",
                 from.display()
             );
+            }
         }
     }
     let mut config = JobConfig::new(f.job.name.clone());

@@ -82,17 +82,20 @@ async fn prepared_transactions_of_a_job_killed_for_good_are_rolled_back_by_the_n
         "the killed job left a prepared transaction"
     );
 
-    // The next start (fresh state, same job id) rolls them back.
+    // The next start (fresh state, same job id) rolls them back. It keeps its own progress
+    // table: a fresh start behind the commits the old one records is refused
+    // (`a_fresh_start_behind_what_the_table_holds_is_refused`).
     let fresh = tempfile::tempdir()?;
     let unused = unique("k2p-unused");
     create_topic(env, &unused, 1).await?;
+    let progress = unique("k2p_progress_fresh").replace('-', "_");
     let args = write_job(
         env,
         "two_phase",
         fresh.path(),
         &unused,
         &s.table,
-        &s.progress,
+        &progress,
         &s.job,
         "fresh",
     )?;
@@ -147,7 +150,14 @@ async fn a_fresh_start_behind_what_the_table_holds_is_refused() -> Result<()> {
     let mut again = ChildJob::spawn(exactly(), &s.args, "")?;
     until(&mut again, "the fresh start to be refused", &|j| !j.running())?;
     let said = again.tail(40);
-    assert!(said.contains("committed, but the job starts afresh"), "{said}");
+    assert!(
+        said.contains("committed, but the job starts afresh") && said.contains("--accept-replay"),
+        "{said}"
+    );
+    assert!(
+        again.exit_code().is_some_and(|c| c != 0),
+        "refused with an error: {said}"
+    );
     let after = exactly_integration_tests::pg_i64(&mut conn, &count).await?;
     assert_eq!(after, before, "the table was written again");
     Ok(())

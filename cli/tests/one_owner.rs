@@ -82,6 +82,10 @@ async fn the_same_job_started_twice_refuses_the_second_and_duplicates_nothing() 
     wait_exit(&mut again, Duration::from_secs(60))?;
     let said = again.tail(30);
     assert!(
+        again.exit_code().is_some_and(|c| c != 0),
+        "refused with an error: {said}"
+    );
+    assert!(
         said.contains("checkpoint location of another run") && said.contains(&format!("process {}", first.pid())),
         "{said}"
     );
@@ -93,6 +97,11 @@ async fn the_same_job_started_twice_refuses_the_second_and_duplicates_nothing() 
     signal(first.pid(), "TERM")?;
     wait_exit(&mut first, Duration::from_secs(60))?;
     assert_exactly_once(env, &output, 0..3000);
+    let owner: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("checkpoints/_owner"))?)?;
+    assert_eq!(
+        owner["released"], true,
+        "the first gave up its claim as it ended: {owner}"
+    );
 
     // The first ended and gave up its claim: the second deployment now starts and continues.
     produce(env, &input, &orders(3000..3500))?;
@@ -150,9 +159,11 @@ async fn a_process_restarted_with_the_same_from_continues_where_it_left_off() ->
     wait_status(&mut job, port, "the 1000 new records", Duration::from_secs(60), |s| {
         s["records_in"].as_u64() >= Some(1000) && s["checkpoints"]["completed"].as_u64() >= Some(2)
     })?;
-    // The pod dies; Kubernetes starts it again with the same command line.
+    // The pod dies; Kubernetes starts it again with the same command line — after the savepoint
+    // was cleaned up, even.
     signal(job.pid(), "KILL")?;
     wait_exit(&mut job, Duration::from_secs(30))?;
+    std::fs::remove_dir_all(&savepoint)?;
     produce(env, &input, &orders(2000..3000))?;
     let mut job = spawn_run(&file, &args, "")?;
     wait_status(
@@ -169,7 +180,7 @@ async fn a_process_restarted_with_the_same_from_continues_where_it_left_off() ->
         written.len(),
         job.tail(30)
     );
-    let said = job.tail(400);
+    let said = job.tail(usize::MAX);
     assert!(said.contains("Already restored from this snapshot"), "{said}");
     signal(job.pid(), "TERM")?;
     wait_exit(&mut job, Duration::from_secs(60))?;

@@ -88,6 +88,33 @@ pub enum CoreError {
          checkpoint explicitly (restore_from; `exactly run --from DIR`), or remove {0} to start over"
     )]
     CheckpointsVanished(PathBuf),
+    /// Writing checkpoint `id`'s metadata failed in a way that leaves open whether it was
+    /// written (a lost answer, a timeout): the checkpoint may yet appear, so its files stay and
+    /// its transactions are neither committed nor aborted here; the attempt restarts, and the
+    /// restore finds out.
+    #[error(
+        "whether checkpoint {id} was written is unknown ({reason}): restarting from the newest \
+         checkpoint stored, which settles it"
+    )]
+    CommitOutcomeUnknown {
+        /// The checkpoint.
+        id: CheckpointId,
+        /// What happened.
+        reason: String,
+    },
+    /// This run could not renew its claim on the checkpoint location for most of a lease (an
+    /// outage of the store): no checkpoint is made durable until it has, since a start on another
+    /// machine may take the location over after a lease.
+    #[error(
+        "the claim on {location} was last renewed {seconds} s ago: no checkpoint is made durable \
+         until it is renewed (restarting)"
+    )]
+    ClaimNotRenewed {
+        /// The checkpoint location.
+        location: PathBuf,
+        /// Seconds since the last renewal.
+        seconds: u64,
+    },
     /// Another run of the job owns the checkpoint location (see `storage/owner.rs`).
     #[error(
         "{location} is the checkpoint location of another run of this job ({reason}): two runs on one \
@@ -189,9 +216,11 @@ impl CoreError {
     /// How the runtime should react.
     pub fn class(&self) -> ErrorClass {
         match self {
-            CoreError::Io { .. } | CoreError::CheckpointAborted { .. } | CoreError::TaskLost { .. } => {
-                ErrorClass::Restart
-            }
+            CoreError::Io { .. }
+            | CoreError::CheckpointAborted { .. }
+            | CoreError::TaskLost { .. }
+            | CoreError::CommitOutcomeUnknown { .. }
+            | CoreError::ClaimNotRenewed { .. } => ErrorClass::Restart,
             CoreError::Operator { class, .. } => *class,
             CoreError::TooManyCheckpointFailures { .. } => ErrorClass::Restart,
             #[cfg(feature = "rocksdb")]

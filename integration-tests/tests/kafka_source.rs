@@ -1516,3 +1516,48 @@ async fn retention_overtaking_a_lagging_source_fails_the_attempt_instead_of_a_si
     );
     Ok(())
 }
+
+/// A pattern-subscribed source restored while a topic it had read is not listed (its metadata
+/// showed an error for a moment; here the topic is absent at restore and appears later, and the
+/// checkpoint — an earlier build's — recorded no topic ID, so its position is taken as the same
+/// topic's) carries that topic's restored offset into its checkpoints and takes it up when
+/// discovery sees the topic. Before, the offset was dropped and the topic read again from its
+/// earliest offset: a whole-topic replay into the exactly-once sinks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_topic_not_listed_at_restore_resumes_at_its_offset_when_seen_again() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let prefix = unique("src-unseen");
+    let (listed, later) = (format!("{prefix}-a"), format!("{prefix}-b"));
+    create_topic(env, &listed, 1).await?;
+    produce(env, &listed, &labelled("a", 3))?;
+    let mut config = KafkaSourceConfig::new(&env.kafka_bootstrap, Vec::new(), unique("g"));
+    config.topic_pattern = Some(format!("^{prefix}-.*"));
+    config.discovery_interval = Some(Duration::from_millis(300));
+    let info = subtask_info("unseen");
+    // A checkpoint that had read the later topic's partition up to offset 5.
+    let entry = serde_json::json!({"version": 1, "tp": {"topic": later, "partition": 0}, "next_offset": 5});
+    let mut restored = exactly_core::state::RestoredState::default();
+    restored
+        .union_state
+        .insert("kafka-source-offsets".into(), vec![serde_json::to_vec(&entry)?]);
+    let mut source = started(config, &info, Some(&restored)).await?;
+    assert_eq!(read_values(&mut source, 3).await?, values_of("a", 3));
+    // Its checkpoints still hold the offset while the topic is not listed.
+    let carried = snapshot_of(&mut source).await?;
+    let offsets: Vec<serde_json::Value> = carried.union_state["kafka-source-offsets"]
+        .iter()
+        .map(|e| serde_json::from_slice(e).expect("JSON"))
+        .collect();
+    assert!(
+        offsets
+            .iter()
+            .any(|e| e["tp"]["topic"] == later.as_str() && e["next_offset"] == 5),
+        "{offsets:?}"
+    );
+    // The topic is listed again, with ten records: read from the restored offset on.
+    create_topic(env, &later, 1).await?;
+    produce(env, &later, &labelled("b", 10))?;
+    let read = read_values(&mut source, 5).await?;
+    assert_eq!(read, (5..10).map(|i| format!("b{i}")).collect::<Vec<_>>());
+    Ok(())
+}

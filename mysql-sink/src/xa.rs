@@ -335,6 +335,14 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
         ctx: &RecoveryContext<'_, XaCommittable>,
     ) -> exactly_core::Result<Option<CheckpointId>> {
         let mut conn = db::connect(&self.config).await?;
+        // Committed rows only, whatever the server's default isolation (prepared branches'
+        // rows are visible at READ UNCOMMITTED).
+        db::exec(
+            &mut conn,
+            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".into(),
+        )
+        .await
+        .map_err(|e| MysqlSinkError::db("setting the isolation level", e))?;
         let newest = db::committed_through(&mut conn, &self.config, ctx.info.index, ctx.info.parallelism).await;
         db::close(conn).await;
         Ok(newest?)
@@ -346,6 +354,12 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
         id: CheckpointId,
     ) -> exactly_core::Result<()> {
         let mut conn = db::connect(&self.config).await?;
+        db::exec(
+            &mut conn,
+            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".into(),
+        )
+        .await
+        .map_err(|e| MysqlSinkError::db("setting the isolation level", e))?;
         let done = db::forget_after(&mut conn, &self.config, ctx.info.index, ctx.info.parallelism, id).await;
         db::close(conn).await;
         Ok(done?)

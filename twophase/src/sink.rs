@@ -255,8 +255,10 @@ pub trait TwoPhaseCommitSink<T>: Send + 'static {
     }
 
     /// The newest checkpoint whose transactions the external system shows committed for this
-    /// sink, over all its subtasks (a progress table's rows), `None` when it keeps no such
-    /// record or holds none. Runs after `open`, before recovery. The driver refuses a restore
+    /// subtask of the sink (a progress table's rows; subtask 0 also answers for subtasks at or
+    /// above the parallelism, as after a rescale down), `None` when it keeps no such record or
+    /// holds none. Per subtask: the ranges of a job split over processes number their
+    /// checkpoints each on its own. Runs after `open`, before recovery. The driver refuses a restore
     /// of an older checkpoint, and a fresh start when this is `Some`: the input after the
     /// restored position would be written again over output the sink already holds (a
     /// checkpoint directory that lost its newest checkpoints, a stale listing, a directory

@@ -329,14 +329,34 @@ impl Run<'_> {
                     })
                 })
         };
-        if let Err(e) = persisted {
-            warn!(checkpoint_id = barrier.id, error = %e, "Writing checkpoint metadata failed.");
-            let aborted = self.abort(barrier, &format!("not persisted: {e}")).await;
-            // Another run owns the location: this one stops, it does not try the next checkpoint.
-            if matches!(e, CoreError::LocationOwned { .. }) {
+        match persisted {
+            Ok(()) => {}
+            // Not an ordinary failure: the attempt ends without deleting the checkpoint's files —
+            // whether it was written is unknown (a checkpoint that appears after all must find
+            // them), or another run may be writing a checkpoint of the same id into the same
+            // place (the location was taken over; the claim could not be renewed). Its
+            // transactions stay pending as for any aborted checkpoint; the restart's restore
+            // (or the other run) settles them.
+            Err(
+                e @ (CoreError::CommitOutcomeUnknown { .. }
+                | CoreError::LocationOwned { .. }
+                | CoreError::ClaimNotRenewed { .. }),
+            ) => {
+                warn!(checkpoint_id = barrier.id, error = %e, "Writing checkpoint metadata failed; the run ends.");
+                self.broadcast(Control::Notify(Notification::Aborted(barrier.id)));
+                self.job.metrics.update(|s| s.failed += 1);
+                if let Some(w) = self.waiters.remove(&barrier.id) {
+                    let _ = w.reply.send(Err(CoreError::CheckpointAborted {
+                        id: barrier.id,
+                        reason: e.to_string(),
+                    }));
+                }
                 return Err(e);
             }
-            return aborted;
+            Err(e) => {
+                warn!(checkpoint_id = barrier.id, error = %e, "Writing checkpoint metadata failed.");
+                return self.abort(barrier, &format!("not persisted: {e}")).await;
+            }
         }
         let coordinator = self.coordinator.as_mut().expect("checkpointing on");
         let subsumed = coordinator.completed(barrier.id, Instant::now());

@@ -356,7 +356,7 @@ impl Job {
             }
         };
         if let Some(s) = storage {
-            *last_id = (*last_id).max(s.completed()?.last().copied().unwrap_or(0));
+            *last_id = (*last_id).max(s.highest_id()?);
         }
         if let Some(r) = &chosen {
             info!(job = %self.config.name, checkpoint_id = r.meta.id, kind = ?r.meta.kind, "Restoring.");

@@ -41,25 +41,25 @@ impl RestorePlan {
             let latest = storage.map(CheckpointStorage::latest).transpose()?.flatten();
             return Ok((latest, RestorePlan { explicit: None }));
         };
-        let snapshot = Storage::open_verified(path)?;
         let newest = match storage {
             Some(s) => s.completed()?.last().copied().unwrap_or(0),
             None => 0,
         };
         let given = path.display().to_string();
+        // Looked at before the snapshot is opened: it may be gone since (a checkpoint retention
+        // deleted, a savepoint cleaned up) while the command line still names it.
         if let Some(s) = storage {
-            if let Some(record) = s.restored_from()? {
-                if record.path == given && record.snapshot_id == snapshot.meta.id && newest > record.floor {
-                    tracing::info!(
-                        restore = %given,
-                        restore_id = snapshot.meta.id,
-                        checkpoint_id = newest,
-                        "Already restored from this snapshot: restoring the newest checkpoint made since, as a restart does."
-                    );
-                    return Ok((s.latest()?, RestorePlan { explicit: None }));
-                }
+            if s.continues_from(path)? {
+                tracing::warn!(
+                    restore = %given,
+                    checkpoint_id = newest,
+                    location = %s.root().display(),
+                    "Already restored from this snapshot: restoring the newest checkpoint made since, as a restart does (to restore the snapshot itself again, remove the location's _restore first)."
+                );
+                return Ok((s.latest()?, RestorePlan { explicit: None }));
             }
         }
+        let snapshot = Storage::open_verified(path)?;
         if newest > snapshot.meta.id && !accept_replay {
             return Err(CoreError::RestoreOlderThanNewest {
                 path: path.to_path_buf(),
@@ -91,6 +91,12 @@ impl RestorePlan {
 
     /// The choice of every later attempt (job or region restart).
     pub(super) fn later(&self, storage: Option<&Storage>) -> Result<Option<Snapshot>> {
+        // A run that lost its location (taken over while it failed) stops here, before its
+        // sinks' recovery could fence or abort anything of the new owner's; one whose claim
+        // lapsed in an outage renews it.
+        if let Some(s) = storage {
+            s.renew_claim()?;
+        }
         match (&self.explicit, storage) {
             (None, Some(s)) => s.latest(),
             (None, None) => Ok(None),

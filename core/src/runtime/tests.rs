@@ -799,6 +799,12 @@ async fn rocksdb_state_restored_from_another_location_is_copied_into_the_jobs_ow
         local_dir: Some(local.path().to_path_buf()),
     };
     let other = tempfile::tempdir().unwrap();
+    // Only the checkpoint at the end of input: one SST a run, never enough for a compaction.
+    let backend_config = |dir: &std::path::Path| {
+        let mut c = config(dir, backend());
+        c.checkpointing.as_mut().expect("on").interval = Duration::from_secs(3600);
+        c
+    };
     let run = |cfg: JobConfig, total: u64, committed: Committed| {
         word_count(cfg, total, 1, 1, FailPlan::new(0), committed, Duration::ZERO).run()
     };
@@ -821,7 +827,7 @@ async fn rocksdb_state_restored_from_another_location_is_copied_into_the_jobs_ow
     );
 
     let own = tempfile::tempdir().unwrap();
-    let mut cfg = config(own.path(), backend());
+    let mut cfg = backend_config(own.path());
     cfg.restore_from = Some(storage.checkpoint_dir(newest));
     // A few records more, and few files restored: RocksDB compacts none of them away.
     let second: Committed = Arc::default();
@@ -847,38 +853,60 @@ async fn rocksdb_state_restored_from_another_location_is_copied_into_the_jobs_ow
     }
     assert_eq!(own_storage.latest().unwrap().unwrap().meta.id, latest.meta.id);
     let third: Committed = Arc::default();
-    run(config(own.path(), backend()), 1_050, third.clone()).await.unwrap();
+    run(backend_config(own.path()), 1_050, third.clone()).await.unwrap();
     assert_only_recommitted(&second, &third);
 }
 
-/// A run whose checkpoint location another run took over (here: a second run of the job in the
-/// same process, which claims the location as an earlier run's) stops at its next checkpoint with
-/// a fatal error, and makes no further checkpoint durable.
+/// A run whose checkpoint location another run took over (its owner record names another run)
+/// stops at its next checkpoint with a fatal error naming the other run, and makes no further
+/// checkpoint durable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_whose_location_was_taken_over_stops_at_its_next_checkpoint() {
+    use crate::storage::{CheckpointStorage, Storage};
     let dir = tempfile::tempdir().unwrap();
-    let job = |committed: Committed| {
-        word_count(
-            config(dir.path(), StateBackendConfig::Memory),
-            1_000_000,
-            1,
-            1,
-            FailPlan::new(0),
-            committed,
-            Duration::from_millis(1),
-        )
-    };
-    let first = job(Arc::default()).start();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let second = job(Arc::default()).start();
-    let err = tokio::time::timeout(Duration::from_secs(30), first.join())
+    let job = word_count(
+        config(dir.path(), StateBackendConfig::Memory),
+        1_000_000,
+        1,
+        1,
+        FailPlan::new(0),
+        Arc::default(),
+        Duration::from_millis(1),
+    );
+    let run = job.start();
+    let storage = Storage::new(dir.path().join("checkpoints")).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while storage.completed().unwrap().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no checkpoint");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("checkpoints/_owner")).unwrap()).unwrap();
+    record["id"] = "a-later-run".into();
+    record["host"] = "another-host".into();
+    std::fs::write(
+        dir.path().join("checkpoints/_owner"),
+        serde_json::to_vec(&record).unwrap(),
+    )
+    .unwrap();
+    let taken_over = storage.completed().unwrap().len();
+    let err = tokio::time::timeout(Duration::from_secs(30), run.join())
         .await
-        .expect("the first run stops")
+        .expect("the run stops")
         .unwrap_err();
-    assert!(matches!(err, CoreError::LocationOwned { .. }), "{err}");
+    assert!(
+        matches!(err, CoreError::LocationOwned { ref reason, .. } if reason.contains("another-host")),
+        "{err}"
+    );
     assert_eq!(err.class(), ErrorClass::Fatal);
-    second.cancel();
-    second.join().await.unwrap();
+    // At most the one whose check had passed when the record changed.
+    assert!(storage.completed().unwrap().len() <= taken_over + 1);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&std::fs::read(dir.path().join("checkpoints/_owner")).unwrap())
+            .unwrap()["id"],
+        "a-later-run",
+        "the other run's record is left alone"
+    );
 }
 
 /// An outage of a shared service fails several regions at once: they restart together, as one

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use super::blobs::{Blobs, Dir, Put};
 use super::format::{decode_metadata, encode_metadata, verify};
 use super::object::{is_url, Bucket};
-use super::owner::OwnerRecord;
+use super::owner::Claim;
 use super::{CheckpointStorage, Snapshot, SnapshotReader, SnapshotWriter};
 use crate::checkpoint::{CheckpointMetadata, FileHandle, FileScope};
 use crate::error::{CoreError, Result};
@@ -66,7 +66,7 @@ pub struct Storage {
     pub(super) blobs: Arc<dyn Blobs>,
     pub(super) root: PathBuf,
     /// This run's claim on the location, once made (see `owner.rs`): checked before each commit.
-    pub(super) claim: Arc<std::sync::Mutex<Option<OwnerRecord>>>,
+    pub(super) claim: Arc<std::sync::Mutex<Option<Claim>>>,
 }
 
 impl std::fmt::Debug for Storage {
@@ -221,6 +221,17 @@ impl Storage {
         Ok(serde_json::from_slice(&bytes).ok())
     }
 
+    /// Whether this location's checkpoints continue from an explicit restore of `from` (recorded
+    /// by the first start with it) and it has made a checkpoint since: a start with the same
+    /// `--from` then restores the newest checkpoint, as a restart does.
+    pub fn continues_from(&self, from: &Path) -> Result<bool> {
+        let Some(record) = self.restored_from()? else {
+            return Ok(false);
+        };
+        let newest = self.completed()?.last().copied().unwrap_or(0);
+        Ok(record.path == from.display().to_string() && newest > record.floor)
+    }
+
     /// Records that the checkpoints after `record.floor` continue from the explicit restore
     /// `record.path` (replacing an earlier record).
     pub(crate) fn record_restore(&self, record: &RestoreRecord) -> Result<()> {
@@ -229,6 +240,53 @@ impl Storage {
             reason: e.to_string(),
         })?;
         self.blobs.put(RESTORE_FILE, &bytes, Put::Replace).map(|_| ())
+    }
+
+    /// After a metadata create that did not plainly succeed (`written`: an error, or "already
+    /// there"): `Ok` when the metadata there is ours, [`CoreError::LocationOwned`] when it is
+    /// another's, the error as it was when it is plainly absent from a local directory, and
+    /// [`CoreError::CommitOutcomeUnknown`] otherwise — an object store's write may still land
+    /// after its answer was lost, so absence now proves nothing.
+    fn settle_commit(&self, id: CheckpointId, key: &str, ours: &[u8], written: Result<bool>) -> Result<()> {
+        let failure = written.err();
+        let unknown = |reason: String| CoreError::CommitOutcomeUnknown { id, reason };
+        match self.blobs.get(key) {
+            Ok(there) if there == ours => {
+                if let Some(e) = &failure {
+                    tracing::warn!(checkpoint_id = id, error = %e, "Writing checkpoint metadata answered an error, but it was written.");
+                }
+                Ok(())
+            }
+            Ok(_) => Err(CoreError::LocationOwned {
+                location: self.root.clone(),
+                reason: format!("checkpoint {id} was written by another process while this one ran"),
+            }),
+            Err(CoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => match failure {
+                Some(e) if !is_url(&self.root) => Err(e),
+                Some(e) => Err(unknown(format!("{e}; it is not there now, but may still appear"))),
+                None => Err(unknown(
+                    "the store answered that it exists, then that it does not".into(),
+                )),
+            },
+            Err(read) => Err(unknown(match failure {
+                Some(e) => format!("{e}; reading it back failed: {read}"),
+                None => format!("the store answered that it exists; reading it back failed: {read}"),
+            })),
+        }
+    }
+
+    /// The highest id of any checkpoint here, completed or not (a run's first id goes past it:
+    /// never into the place of another run's checkpoint in progress).
+    pub(crate) fn highest_id(&self) -> Result<CheckpointId> {
+        let names = match self.blobs.dirs() {
+            Err(CoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            other => other?,
+        };
+        Ok(names
+            .iter()
+            .filter_map(|n| n.strip_prefix("chk-")?.parse().ok())
+            .max()
+            .unwrap_or(0))
     }
 
     /// Records that this location holds a completed checkpoint (idempotent).
@@ -363,15 +421,13 @@ impl CheckpointStorage for Storage {
     fn commit(&self, meta: &CheckpointMetadata) -> Result<()> {
         self.check_claim()?;
         let key = join(&chk(meta.id), METADATA_FILE);
-        if !self.blobs.put(&key, &encode_metadata(meta)?, Put::Create)? {
-            // Ids only grow past every stored one: someone else wrote it.
-            return Err(CoreError::LocationOwned {
-                location: self.root.clone(),
-                reason: format!(
-                    "checkpoint {} was written by another process while this one ran",
-                    meta.id
-                ),
-            });
+        let bytes = encode_metadata(meta)?;
+        let written = self.blobs.put(&key, &bytes, Put::Create);
+        if !matches!(written, Ok(true)) {
+            // An error may follow a write that landed (an answer lost, a timeout), and "already
+            // there" may answer a retried create whose first try landed: what is there now
+            // settles it.
+            self.settle_commit(meta.id, &key, &bytes, written)?;
         }
         self.mark_has_checkpoints()
     }
@@ -446,27 +502,37 @@ impl CheckpointStorage for Storage {
             let s = self.open(*id)?;
             still_used.extend(shared_names(&s.meta).map(str::to_owned));
         }
+        // What each dropped checkpoint references is read before anything goes; an I/O error
+        // stops the pass. Metadata that reads but does not decode never will: that checkpoint
+        // goes, and the shared files only it used stay behind (unreferenced, never wrongly
+        // deleted).
+        let mut unused = Vec::new();
+        for id in drop_ids {
+            match self.open(*id) {
+                Ok(s) => unused.extend(
+                    shared_names(&s.meta)
+                        .filter(|name| !still_used.contains(*name))
+                        .map(str::to_owned),
+                ),
+                Err(CoreError::Corrupt { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        // Every dropped checkpoint's metadata first: a pass that stops midway leaves incomplete
+        // checkpoints (and unreferenced shared files), never a listed checkpoint with missing
+        // files — a shared file may be used by several dropped checkpoints.
         let mut dropped = Vec::new();
         for id in drop_ids {
-            // What it references is read before anything of it goes; an I/O error stops the pass.
-            // Metadata that reads but does not decode never will: that checkpoint goes, and the
-            // shared files only it used stay behind (unreferenced, never wrongly deleted).
-            let unused: Vec<String> = match self.open(*id) {
-                Ok(s) => shared_names(&s.meta)
-                    .filter(|name| !still_used.contains(*name))
-                    .map(str::to_owned)
-                    .collect(),
-                Err(CoreError::Corrupt { .. }) => Vec::new(),
-                Err(e) => return Err(e),
-            };
-            // Metadata first: a crash midway leaves an incomplete checkpoint (and unreferenced
-            // shared files), never a listed checkpoint with missing files.
             self.blobs.delete(&join(&chk(*id), METADATA_FILE))?;
             dropped.push(*id);
+        }
+        for id in drop_ids {
             self.blobs.delete_dir(&chk(*id))?;
-            for name in unused {
-                self.blobs.delete(&join(SHARED, &name))?;
-            }
+        }
+        unused.sort();
+        unused.dedup();
+        for name in unused {
+            self.blobs.delete(&join(SHARED, &name))?;
         }
         Ok(dropped)
     }

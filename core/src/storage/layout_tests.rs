@@ -1,4 +1,5 @@
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use super::*;
 use crate::checkpoint::{BackendKind, KeyedStateHandle, OperatorSnapshot, SubtaskSnapshot, METADATA_VERSION};
@@ -189,23 +190,41 @@ struct Flaky {
     dir: Dir,
     fail_get: std::sync::Mutex<Vec<String>>,
     fail_delete: std::sync::Mutex<Vec<String>>,
+    /// Puts that fail before writing anything.
+    fail_put: std::sync::Mutex<Vec<String>>,
+    /// Puts that write, then lose their answer (an error).
+    lose_answer: std::sync::Mutex<Vec<String>>,
+    /// Creates that write, then answer "already there" (a retried create whose first try landed).
+    answer_exists: std::sync::Mutex<Vec<String>>,
 }
 
 impl Flaky {
     fn storage(root: &Path) -> (Storage, Arc<Flaky>) {
+        Self::storage_named(root, root)
+    }
+
+    /// Files in `root`, the location named `name` (an `s3://` URL stands for an object store).
+    fn storage_named(root: &Path, name: &Path) -> (Storage, Arc<Flaky>) {
         let flaky = Arc::new(Flaky {
             dir: Dir {
                 root: root.to_path_buf(),
             },
             fail_get: Default::default(),
             fail_delete: Default::default(),
+            fail_put: Default::default(),
+            lose_answer: Default::default(),
+            answer_exists: Default::default(),
         });
         let storage = Storage {
             blobs: flaky.clone(),
-            root: root.to_path_buf(),
+            root: name.to_path_buf(),
             claim: Arc::default(),
         };
         (storage, flaky)
+    }
+
+    fn listed(list: &std::sync::Mutex<Vec<String>>, key: &str) -> bool {
+        list.lock().unwrap().iter().any(|k| k == key)
     }
 
     fn fails(list: &std::sync::Mutex<Vec<String>>, key: &str) -> Result<()> {
@@ -232,7 +251,10 @@ impl Blobs for Flaky {
         self.dir.size(key)
     }
     fn put(&self, key: &str, bytes: &[u8], how: Put) -> Result<bool> {
-        self.dir.put(key, bytes, how)
+        Self::fails(&self.fail_put, key)?;
+        let written = self.dir.put(key, bytes, how)?;
+        Self::fails(&self.lose_answer, key)?;
+        Ok(written && !Self::listed(&self.answer_exists, key))
     }
     fn dirs(&self) -> Result<Vec<String>> {
         self.dir.dirs()
@@ -318,6 +340,60 @@ fn retention_drops_a_checkpoint_whose_metadata_is_damaged_and_keeps_every_shared
     );
 }
 
+/// The metadata write answered an error (a lost answer, a timeout) but landed, or a retried
+/// create answered "already there" for its own first try: what is there settles it — committed.
+#[test]
+fn a_metadata_write_whose_answer_was_lost_is_settled_by_reading_it_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (storage, flaky) = Flaky::storage(dir.path());
+    checkpoint(&storage, 1, &[]);
+    flaky.lose_answer.lock().unwrap().push("chk-2/_metadata".into());
+    let m2 = meta(2, Vec::new());
+    storage.commit(&m2).expect("written, answer lost: committed");
+    flaky.answer_exists.lock().unwrap().push("chk-3/_metadata".into());
+    let m3 = meta(3, Vec::new());
+    storage
+        .commit(&m3)
+        .expect("a retried create finding its own first try: committed");
+    assert_eq!(storage.latest().unwrap().unwrap().meta, m3);
+    // Another writer's metadata under the id: the location is another run's.
+    let mut other = meta(4, Vec::new());
+    other.timestamp_ms = 1;
+    flaky
+        .dir
+        .put("chk-4/_metadata", &encode_metadata(&other).unwrap(), Put::Create)
+        .unwrap();
+    let err = storage.commit(&meta(4, Vec::new())).unwrap_err();
+    assert!(matches!(err, CoreError::LocationOwned { .. }), "{err}");
+}
+
+/// A write whose outcome cannot be read back is neither committed nor failed: unknown, and the
+/// attempt restarts (the restore finds out) — never an abort that deletes files of a checkpoint
+/// that may yet be listed. An object store's write absent now may still land; a local
+/// directory's failed write is plainly absent.
+#[test]
+fn a_metadata_write_of_unknown_outcome_is_reported_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    let (storage, flaky) = Flaky::storage(dir.path());
+    flaky.lose_answer.lock().unwrap().push("chk-1/_metadata".into());
+    flaky.fail_get.lock().unwrap().push("chk-1/_metadata".into());
+    let err = storage.commit(&meta(1, Vec::new())).unwrap_err();
+    assert!(matches!(err, CoreError::CommitOutcomeUnknown { id: 1, .. }), "{err}");
+    assert_eq!(err.class(), crate::ErrorClass::Restart);
+
+    flaky.fail_put.lock().unwrap().push("chk-2/_metadata".into());
+    let err = storage.commit(&meta(2, Vec::new())).unwrap_err();
+    assert!(
+        matches!(err, CoreError::Io { .. }),
+        "a local directory's failed write: {err}"
+    );
+
+    let (bucket, flaky) = Flaky::storage_named(dir.path(), Path::new("s3://bucket/job"));
+    flaky.fail_put.lock().unwrap().push("chk-3/_metadata".into());
+    let err = bucket.commit(&meta(3, Vec::new())).unwrap_err();
+    assert!(matches!(err, CoreError::CommitOutcomeUnknown { id: 3, .. }), "{err}");
+}
+
 #[test]
 fn exported_snapshot_is_self_contained() {
     let dir = tempfile::tempdir().unwrap();
@@ -350,7 +426,11 @@ fn a_checkpoint_is_never_overwritten() {
     let dir = tempfile::tempdir().unwrap();
     let storage = Storage::new(dir.path()).unwrap();
     let m = checkpoint(&storage, 1, &[]);
-    let err = storage.commit(&m).unwrap_err();
+    // The same metadata again (a retried write) is the same checkpoint; another is refused.
+    storage.commit(&m).expect("idempotent");
+    let mut other = m.clone();
+    other.timestamp_ms += 1;
+    let err = storage.commit(&other).unwrap_err();
     assert!(matches!(err, CoreError::LocationOwned { .. }), "{err}");
     assert_eq!(err.class(), crate::ErrorClass::Fatal, "another writer stops the run");
     assert!(
@@ -358,4 +438,83 @@ fn a_checkpoint_is_never_overwritten() {
         "{err}"
     );
     assert_eq!(storage.latest().unwrap().unwrap().meta, m);
+}
+
+/// The owner record of `dir`, as JSON.
+fn owner_of(dir: &Path) -> serde_json::Value {
+    serde_json::from_slice(&fs::read(dir.join("_owner")).unwrap()).unwrap()
+}
+
+/// Writes an owner record for a run on another machine (another boot) into `dir`.
+fn foreign_owner(dir: &Path, beat: u64) {
+    let record = serde_json::json!({
+        "id": "elsewhere", "job": "j", "host": "other-host", "boot_id": "another-boot",
+        "pid": 1, "pid_start": 7, "since_ms": 0, "beat": beat, "pid_ns": "pid:[1]", "lease_ms": 300,
+    });
+    fs::write(dir.join("_owner"), serde_json::to_vec(&record).unwrap()).unwrap();
+}
+
+#[test]
+fn a_claim_from_another_machine_is_taken_over_only_once_it_lapses() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::new(dir.path()).unwrap();
+    let lease = Duration::from_millis(600);
+    // Renewed while watched: a live owner, refused, naming it.
+    foreign_owner(dir.path(), 1);
+    let path = dir.path().to_path_buf();
+    let renewer = std::thread::spawn(move || {
+        for beat in 2..6 {
+            std::thread::sleep(Duration::from_millis(100));
+            foreign_owner(&path, beat);
+        }
+    });
+    let err = storage.claim("j", lease).unwrap_err();
+    renewer.join().unwrap();
+    assert!(
+        matches!(err, CoreError::LocationOwned { ref reason, .. } if reason.contains("other-host")),
+        "{err}"
+    );
+    // Not renewed for a lease: taken over.
+    let started = std::time::Instant::now();
+    storage.claim("j", lease).expect("lapsed");
+    assert!(started.elapsed() >= lease, "watched for a lease first");
+    assert_ne!(owner_of(dir.path())["id"], "elsewhere");
+}
+
+#[test]
+fn a_released_or_unreadable_claim_is_taken_at_once_and_a_lost_one_stops_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let lease = Duration::from_secs(30);
+    let storage = Storage::new(dir.path()).unwrap();
+    storage.claim("j", lease).unwrap();
+    checkpoint(&storage, 1, &[]);
+    storage.renew_claim().unwrap();
+    assert_eq!(owner_of(dir.path())["beat"], 1);
+    storage.release_claim().unwrap();
+    assert_eq!(owner_of(dir.path())["released"], true);
+    // Released on another machine: claimed at once.
+    let next = Storage::new(dir.path()).unwrap();
+    let started = std::time::Instant::now();
+    next.claim("j", lease).unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // A record cut short: claimed at once too (never a location locked for good).
+    let third = Storage::new(dir.path()).unwrap();
+    fs::write(dir.path().join("_owner"), b"{\"id\": \"cut").unwrap();
+    third.claim("j", lease).unwrap();
+    // `next` lost it: its commits stop, and a renewal does not take it back.
+    let err = next.commit(&meta(2, Vec::new())).unwrap_err();
+    assert!(matches!(err, CoreError::LocationOwned { .. }), "{err}");
+    assert!(next.renew_claim().is_err());
+    // Removed by hand while `third` runs: lost too, not silently claimed again.
+    fs::remove_file(dir.path().join("_owner")).unwrap();
+    let err = third.commit(&meta(2, Vec::new())).unwrap_err();
+    assert!(
+        matches!(err, CoreError::LocationOwned { ref reason, .. } if reason.contains("removed")),
+        "{err}"
+    );
+    assert_eq!(
+        storage.completed().unwrap(),
+        vec![1],
+        "no checkpoint made durable by a run that lost it"
+    );
 }

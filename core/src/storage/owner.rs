@@ -23,8 +23,10 @@ use super::blobs::Put;
 use super::Storage;
 use crate::error::{CoreError, Result};
 
-/// The owner record of a checkpoint location.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The owner record of a checkpoint location. Every field has a default, so a record of another
+/// build still reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub(crate) struct OwnerRecord {
     /// Unique per claim (one job run).
     pub(crate) id: String,
@@ -44,13 +46,25 @@ pub(crate) struct OwnerRecord {
     pub(crate) since_ms: u64,
     /// Renewals so far: a record whose count moves has a live owner.
     pub(crate) beat: u64,
+    /// The process id namespace (`/proc/self/ns/pid`), empty where unknown: containers that
+    /// share a host name and a kernel see different processes under one id.
+    pub(crate) pid_ns: String,
+    /// The lease the owner renews within (ms): a watcher waits at least this long.
+    pub(crate) lease_ms: u64,
+    /// The run ended and gave the location up: the next start claims it at once.
+    pub(crate) released: bool,
 }
 
 impl OwnerRecord {
-    /// A new claim by this process for `job`.
-    pub(crate) fn this_process(job: &str) -> Self {
+    /// A new claim by this process for `job`, renewed within `lease`.
+    pub(crate) fn this_process(job: &str, lease: Duration) -> Self {
         let pid = std::process::id();
         OwnerRecord {
+            pid_ns: std::fs::read_link("/proc/self/ns/pid")
+                .map(|l| l.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            lease_ms: lease.as_millis() as u64,
+            released: false,
             id: format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>()),
             job: job.to_owned(),
             host: read_trimmed("/proc/sys/kernel/hostname")
@@ -80,8 +94,14 @@ impl OwnerRecord {
         )
     }
 
+    /// Whether process ids of `other` mean the same processes as this one's: one boot of one
+    /// machine, one process id namespace.
     fn same_machine(&self, other: &OwnerRecord) -> bool {
-        !self.boot_id.is_empty() && self.host == other.host && self.boot_id == other.boot_id
+        !self.boot_id.is_empty()
+            && !self.pid_ns.is_empty()
+            && self.host == other.host
+            && self.boot_id == other.boot_id
+            && self.pid_ns == other.pid_ns
     }
 }
 
@@ -104,7 +124,7 @@ pub(crate) fn judge(current: Option<&OwnerRecord>, me: &OwnerRecord, alive: Aliv
     let Some(owner) = current else {
         return Verdict::Claim;
     };
-    if owner.id == me.id {
+    if owner.id == me.id || owner.released {
         return Verdict::Claim;
     }
     if !owner.same_machine(me) {
@@ -127,6 +147,7 @@ pub(crate) fn judge(current: Option<&OwnerRecord>, me: &OwnerRecord, alive: Aliv
 pub(crate) fn after_watch(first: &OwnerRecord, last: Option<&OwnerRecord>, lease: Duration) -> Verdict {
     match last {
         None => Verdict::Claim,
+        Some(last) if last.released => Verdict::Claim,
         Some(last) if last.id == first.id && last.beat == first.beat => Verdict::Claim,
         Some(last) => Verdict::Refuse(format!(
             "its owner renewed its claim within {}: {}",
@@ -141,7 +162,22 @@ const OWNER_FILE: &str = "_owner";
 /// How often a claimant watching another machine's owner reads its record again.
 const WATCH_STEP: Duration = Duration::from_secs(1);
 
+/// This run's claim, kept beside the storage.
+#[derive(Debug)]
+pub(crate) struct Claim {
+    /// The record as this run wrote it last.
+    me: OwnerRecord,
+    /// The lease it renews within.
+    lease: Duration,
+    /// When the record was last written (claimed or renewed).
+    renewed: Instant,
+    /// Given up (the run ended) or found taken over: no renewal writes it again.
+    over: bool,
+}
+
 impl Storage {
+    /// The recorded owner: `Ok(None)` when there is none; a record that does not parse (cut
+    /// short, written by hand) names no live owner (`Some` of an empty record, replaced on claim).
     fn read_owner(&self) -> Result<Option<OwnerRecord>> {
         if self.blobs.size(OWNER_FILE)?.is_none() {
             return Ok(None);
@@ -150,8 +186,10 @@ impl Storage {
             Err(CoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             other => other?,
         };
-        // A record that does not parse (written by hand, cut short) names no live owner.
-        Ok(serde_json::from_slice(&bytes).ok())
+        Ok(Some(serde_json::from_slice(&bytes).unwrap_or_else(|_| OwnerRecord {
+            released: true,
+            ..OwnerRecord::default()
+        })))
     }
 
     fn write_owner(&self, record: &OwnerRecord, how: Put) -> Result<bool> {
@@ -170,15 +208,18 @@ impl Storage {
     }
 
     /// Claims the location for a run of `job` before it restores anything: at once when nobody
-    /// owns it or its owner is gone; after watching the record for `lease` when the owner runs on
-    /// another machine; never while its owner runs ([`CoreError::LocationOwned`], fatal).
-    /// Blocks (storage calls, the watch).
+    /// owns it or its owner is gone; after watching the record for a lease (`lease`, or the
+    /// owner's if longer) when the owner runs on another machine; never while its owner runs
+    /// ([`CoreError::LocationOwned`], fatal). Blocks (storage calls, the watch).
     pub fn claim(&self, job: &str, lease: Duration) -> Result<()> {
-        let me = OwnerRecord::this_process(job);
+        let me = OwnerRecord::this_process(job, lease);
         for _ in 0..5 {
             let current = self.read_owner()?;
             let verdict = match judge(current.as_ref(), &me, &alive_here) {
-                Verdict::Watch => self.watch(current.as_ref().expect("watched"), lease)?,
+                Verdict::Watch => {
+                    let owner = current.as_ref().expect("watched");
+                    self.watch(owner, lease.max(Duration::from_millis(owner.lease_ms)))?
+                }
                 v => v,
             };
             if let Verdict::Refuse(why) = verdict {
@@ -190,17 +231,23 @@ impl Storage {
             }
             // Two starts taking over at once both write: the one whose record stays wins.
             if self.read_owner()?.is_some_and(|r| r.id == me.id) {
-                if let Some(old) = current.filter(|c| c.id != me.id) {
+                if let Some(old) = current.filter(|c| c.id != me.id && !c.released) {
                     warn!(location = %self.root.display(), previous = %old.describe(), "Took over the checkpoint location from a run that has ended.");
                 }
-                *self.claim.lock().expect("not poisoned") = Some(me);
+                *self.claim.lock().expect("not poisoned") = Some(Claim {
+                    me,
+                    lease,
+                    renewed: Instant::now(),
+                    over: false,
+                });
                 return Ok(());
             }
         }
         Err(self.owned("other starts claimed it at the same time".into()))
     }
 
-    /// Watches another machine's owner record for `lease`: a record that moves has a live owner.
+    /// Watches another machine's owner record for `lease`: a record that moves has a live owner;
+    /// one that goes (released, removed) frees the location at once.
     fn watch(&self, first: &OwnerRecord, lease: Duration) -> Result<Verdict> {
         info!(
             location = %self.root.display(),
@@ -213,7 +260,8 @@ impl Storage {
         loop {
             let last = self.read_owner()?;
             let verdict = after_watch(first, last.as_ref(), lease);
-            if matches!(verdict, Verdict::Refuse(_)) || start.elapsed() >= lease {
+            let freed = last.as_ref().is_none_or(|l| l.released);
+            if freed || matches!(verdict, Verdict::Refuse(_)) || start.elapsed() >= lease {
                 return Ok(verdict);
             }
             if logged.elapsed() >= Duration::from_secs(10) {
@@ -231,49 +279,91 @@ impl Storage {
 
     /// Checks that this run still owns the location (no claim made: nothing to check). Called
     /// before each checkpoint's metadata is written, so a run that lost its location never makes
-    /// another checkpoint durable, and its sinks never commit for one.
+    /// another checkpoint durable, and its sinks never commit for one. Lost — the record names
+    /// another run, was released or removed — is [`CoreError::LocationOwned`] (fatal); a claim not
+    /// renewed for two thirds of its lease (another machine may take over after a lease) is
+    /// [`CoreError::ClaimNotRenewed`]: the attempt restarts, and renews before it restores.
     pub(super) fn check_claim(&self) -> Result<()> {
-        let Some(me) = self.claim.lock().expect("not poisoned").clone() else {
+        let Some((me, lease, renewed, over)) = self
+            .claim
+            .lock()
+            .expect("not poisoned")
+            .as_ref()
+            .map(|c| (c.me.clone(), c.lease, c.renewed, c.over))
+        else {
             return Ok(());
         };
-        match self.read_owner()? {
-            Some(r) if r.id == me.id => Ok(()),
-            Some(r) => Err(self.owned(format!("another run took it over: {}", r.describe()))),
-            None => {
-                // Removed by hand (or by a run that released it by mistake): claim it again.
-                if self.write_owner(&me, Put::Create)? {
-                    return Ok(());
-                }
-                match self.read_owner()? {
-                    Some(r) if r.id == me.id => Ok(()),
-                    Some(r) => Err(self.owned(format!("another run took it over: {}", r.describe()))),
-                    None => Err(self.owned("its owner record keeps disappearing".into())),
-                }
+        if over {
+            return Err(self.owned("this run gave it up or lost it".into()));
+        }
+        if renewed.elapsed() > lease * 2 / 3 {
+            return Err(CoreError::ClaimNotRenewed {
+                location: self.root.clone(),
+                seconds: renewed.elapsed().as_secs(),
+            });
+        }
+        self.still_mine(&me)
+    }
+
+    /// Whether the record is still `me`'s.
+    fn still_mine(&self, me: &OwnerRecord) -> Result<()> {
+        let lost = |why: String| {
+            if let Some(c) = self.claim.lock().expect("not poisoned").as_mut() {
+                c.over = true;
             }
+            Err(self.owned(why))
+        };
+        match self.read_owner()? {
+            Some(r) if r.id == me.id && !r.released => Ok(()),
+            Some(r) if r.id.is_empty() => lost("its owner record was overwritten".into()),
+            Some(r) if r.released => lost(format!("another run released it: {}", r.describe())),
+            Some(r) => lost(format!("another run took it over: {}", r.describe())),
+            None => lost("its owner record was removed".into()),
         }
     }
 
-    /// Renews this run's claim (while it runs, every third of the lease): a record that moves
-    /// tells a start on another machine that its owner is alive.
+    /// Renews this run's claim (while it runs, every third of the lease; and before each
+    /// restart restores): a record that moves tells a start on another machine that its owner
+    /// is alive. A claim found lost is [`CoreError::LocationOwned`].
     pub fn renew_claim(&self) -> Result<()> {
-        self.check_claim()?;
-        let mut guard = self.claim.lock().expect("not poisoned");
-        let Some(me) = guard.as_mut() else {
+        let Some((mut me, over)) = self
+            .claim
+            .lock()
+            .expect("not poisoned")
+            .as_ref()
+            .map(|c| (c.me.clone(), c.over))
+        else {
             return Ok(());
         };
+        if over {
+            return Err(self.owned("this run gave it up or lost it".into()));
+        }
+        self.still_mine(&me)?;
         me.beat += 1;
-        let record = me.clone();
-        drop(guard);
-        self.write_owner(&record, Put::Replace).map(|_| ())
+        let started = Instant::now();
+        self.write_owner(&me, Put::Replace)?;
+        let mut guard = self.claim.lock().expect("not poisoned");
+        if let Some(c) = guard.as_mut().filter(|c| !c.over) {
+            c.me = me;
+            // From before the write: a slow write does not stretch the lease.
+            c.renewed = started;
+        }
+        Ok(())
     }
 
-    /// Gives up this run's claim when it ends, so the next start anywhere claims at once.
+    /// Gives up this run's claim when it ends: the record says so, and the next start anywhere
+    /// claims at once. Renewals after this write nothing.
     pub fn release_claim(&self) -> Result<()> {
-        let Some(me) = self.claim.lock().expect("not poisoned").take() else {
-            return Ok(());
+        let me = {
+            let mut guard = self.claim.lock().expect("not poisoned");
+            let Some(c) = guard.as_mut().filter(|c| !c.over) else {
+                return Ok(());
+            };
+            c.over = true;
+            c.me.clone()
         };
         if self.read_owner()?.is_some_and(|r| r.id == me.id) {
-            self.blobs.delete(OWNER_FILE)?;
+            self.write_owner(&OwnerRecord { released: true, ..me }, Put::Replace)?;
         }
         Ok(())
     }
@@ -326,8 +416,8 @@ mod tests {
             boot_id: "b".into(),
             pid: 10,
             pid_start: Some(100),
-            since_ms: 0,
-            beat: 0,
+            pid_ns: "pid:[4026531836]".into(),
+            ..OwnerRecord::default()
         }
     }
 
@@ -343,7 +433,10 @@ mod tests {
     #[test]
     fn a_live_process_on_this_machine_is_refused_a_dead_one_taken_over() {
         let o = other(|_| {});
-        let refused = judge(Some(&o), &me(), &|_, _| Some(true));
+        let refused = judge(Some(&o), &me(), &|pid, start| {
+            assert_eq!((pid, start), (20, Some(200)), "the owner's process is asked about");
+            Some(true)
+        });
         assert!(
             matches!(refused, Verdict::Refuse(ref why) if why.contains("process 20 on h")),
             "{refused:?}"
@@ -366,6 +459,27 @@ mod tests {
         assert_eq!(judge(Some(&elsewhere), &me(), &|_, _| Some(true)), Verdict::Watch);
         let unknown_boot = other(|o| o.boot_id = String::new());
         assert_eq!(judge(Some(&unknown_boot), &me(), &|_, _| Some(true)), Verdict::Watch);
+        // Another container on the same host: its process ids are not ours to look up.
+        let container = other(|o| o.pid_ns = "pid:[4026532201]".into());
+        assert_eq!(judge(Some(&container), &me(), &|_, _| Some(false)), Verdict::Watch);
+        let container_one = other(|o| {
+            o.pid_ns = "pid:[4026532201]".into();
+            o.pid = 10;
+            o.pid_start = Some(100);
+        });
+        assert_eq!(judge(Some(&container_one), &me(), &|_, _| Some(false)), Verdict::Watch);
+        // A container restarted in place: process 1 again, started later.
+        let restarted = other(|o| {
+            o.pid = 10;
+            o.pid_start = Some(50);
+        });
+        assert_eq!(judge(Some(&restarted), &me(), &|_, _| Some(false)), Verdict::Claim);
+        // Released by a run that ended: at once, wherever it ran.
+        let released = other(|o| {
+            o.boot_id = "another boot".into();
+            o.released = true;
+        });
+        assert_eq!(judge(Some(&released), &me(), &|_, _| Some(true)), Verdict::Claim);
     }
 
     #[test]
@@ -385,7 +499,7 @@ mod tests {
 
     #[test]
     fn this_process_is_alive_and_a_wrong_start_time_is_not() {
-        let me = OwnerRecord::this_process("j");
+        let me = OwnerRecord::this_process("j", Duration::from_secs(30));
         assert_eq!(alive_here(me.pid, me.pid_start), Some(true));
         assert_eq!(alive_here(me.pid, me.pid_start.map(|s| s + 1)), Some(false));
         assert!(!me.boot_id.is_empty() && me.pid_start.is_some(), "{me:?}");
