@@ -83,11 +83,48 @@ async fn a_resumed_zombie_cannot_commit_after_its_replacement_started() -> Resul
     tokio::time::sleep(Duration::from_millis(300)).await; // let it take some of them into transactions
     signal(old.pid(), "STOP")?;
 
-    let mut replacement = ChildJob::spawn(program, &a, "")?;
+    // On the same machine the stopped zombie is known alive: the replacement refuses, naming it.
+    let mut refused = ChildJob::spawn(program, &a, "")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while refused.running() {
+        if Instant::now() > deadline {
+            bail!("the replacement started beside a live zombie:\n{}", refused.tail(40));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let said = refused.tail(40);
+    assert!(
+        said.contains("checkpoint location of another run") && said.contains(&format!("process {}", old.pid())),
+        "{said}"
+    );
+    // From another machine (the zombie's record made to say so), a claim unrenewed for a lease
+    // is taken over: the replacement watches it for its 3 s lease, then starts.
+    let owner = dir.path().join("checkpoints/_owner");
+    let mut record: serde_json::Value = serde_json::from_slice(&std::fs::read(&owner)?)?;
+    let zombie_claim = record["id"].clone();
+    record["boot_id"] = "another-machine".into();
+    record["lease_ms"] = 3000.into();
+    std::fs::write(&owner, serde_json::to_vec(&record)?)?;
+    let text = std::fs::read_to_string(&a[1])?.replace("retained = 2\n", "retained = 2\nowner_lease = \"3s\"\n");
+    let short = dir.path().join("replacement-elsewhere.toml");
+    std::fs::write(&short, text)?;
+    let mut replacement = ChildJob::spawn(program, &["run".to_owned(), short.display().to_string()], "")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now: serde_json::Value = serde_json::from_slice(&std::fs::read(&owner)?)?;
+        if now["id"] != zombie_claim {
+            break;
+        }
+        if !replacement.running() || Instant::now() > deadline {
+            bail!("the replacement did not take over:\n{}", replacement.tail(40));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     wait_for_output(env, &output, 400, &mut replacement).await?;
     signal(old.pid(), "CONT")?;
     produce(env, &input, &batch(400, 200))?;
-    // The zombie's producers were fenced by the replacement's start: it fails instead of committing.
+    // The zombie's producers were fenced by the replacement's start, and its location taken: it
+    // fails instead of committing.
     let deadline = Instant::now() + Duration::from_secs(60);
     while old.running() {
         if Instant::now() > deadline {

@@ -227,16 +227,35 @@ async fn an_old_savepoints_branches_still_read_as_committed_and_progress_stays_b
     let rows = query_i64(&mut conn, &format!("SELECT COUNT(*) FROM `{progress}`")).await?;
     assert!(rows <= 2, "{rows} progress rows after 120 checkpoints");
 
-    // The savepoint of checkpoint 2, restored: its branch is committed (not lost), nothing twice.
-    let mut restored = MysqlSink::new(c)?;
+    // The savepoint of checkpoint 2, restored: behind the 120 the table holds, so refused ...
     let savepoint = savepoint.expect("taken");
+    let mut restoring = info.clone();
+    restoring.restored_checkpoint = Some(2);
+    let err = MysqlSink::new(c.clone())?
+        .initialize_state(&InitContext::new(&restoring, Some(&savepoint)))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("shows checkpoint 120 committed"), "{err}");
+    // ... unless the replay is accepted: its branch is committed (not lost), nothing twice, and
+    // the sink forgets the commits after it (the checkpoints that follow may reuse their ids).
+    restoring.accept_replay = true;
+    let mut restored = MysqlSink::new(c)?;
     restored
-        .initialize_state(&InitContext::new(&info, Some(&savepoint)))
+        .initialize_state(&InitContext::new(&restoring, Some(&savepoint)))
         .await?;
     assert_eq!(
         query_i64(&mut conn, &format!("SELECT COUNT(*) FROM `{table}`")).await?,
         120
     );
+    let through = query_i64(
+        &mut conn,
+        &format!(
+            "SELECT GREATEST(COALESCE((SELECT MAX(checkpoint_id) FROM `{progress}`), 0), \
+             COALESCE((SELECT MAX(committed_through) FROM `{progress}_through`), 0))"
+        ),
+    )
+    .await?;
+    assert_eq!(through, 2, "commits after the restored checkpoint forgotten");
     Ok(())
 }
 

@@ -137,9 +137,13 @@ async fn checkpoints_are_listed_verified_and_never_overwritten() -> Result<()> {
             assert!(!s.reader.read(f)?.is_empty());
         }
         assert_eq!(storage.checkpoint_dir(1).display().to_string(), format!("{url}/chk-1"));
-        // The metadata is created conditionally: the server refuses a second one.
-        let err = storage.commit(&m1).unwrap_err().to_string();
-        assert!(err.contains("already exists"), "{err}");
+        // The metadata is created conditionally: the same again (a retried create) is the same
+        // checkpoint, and the server refuses another writer's.
+        storage.commit(&m1)?;
+        let mut other = m1.clone();
+        other.timestamp_ms += 1;
+        let err = storage.commit(&other).unwrap_err().to_string();
+        assert!(err.contains("written by another process"), "{err}");
         assert_eq!(storage.latest()?.expect("still 1").meta, m1);
         storage.abort(2)?;
         Ok(())
