@@ -106,8 +106,8 @@ pub enum CoreError {
     /// outage of the store): no checkpoint is made durable until it has, since a start on another
     /// machine may take the location over after a lease.
     #[error(
-        "the claim on {location} was last renewed {seconds} s ago: no checkpoint is made durable \
-         until it is renewed (restarting)"
+        "the claim on {location} was last renewed {seconds} s ago and cannot be renewed now: no \
+         checkpoint is made durable until it is"
     )]
     ClaimNotRenewed {
         /// The checkpoint location.

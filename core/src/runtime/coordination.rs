@@ -337,11 +337,14 @@ impl Run<'_> {
             // place (the location was taken over; the claim could not be renewed). Its
             // transactions stay pending as for any aborted checkpoint; the restart's restore
             // (or the other run) settles them.
-            Err(
-                e @ (CoreError::CommitOutcomeUnknown { .. }
-                | CoreError::LocationOwned { .. }
-                | CoreError::ClaimNotRenewed { .. }),
-            ) => {
+            // The claim could not be renewed (the store is down): this checkpoint fails like any
+            // other, but its files stay — after a lease another run may take the location over
+            // and write a checkpoint of the same id.
+            Err(e @ CoreError::ClaimNotRenewed { .. }) => {
+                warn!(checkpoint_id = barrier.id, error = %e, "Writing checkpoint metadata failed.");
+                return self.abort_keeping_files(barrier, &format!("not persisted: {e}")).await;
+            }
+            Err(e @ (CoreError::CommitOutcomeUnknown { .. } | CoreError::LocationOwned { .. })) => {
                 warn!(checkpoint_id = barrier.id, error = %e, "Writing checkpoint metadata failed; the run ends.");
                 self.broadcast(Control::Notify(Notification::Aborted(barrier.id)));
                 self.job.metrics.update(|s| s.failed += 1);
@@ -456,9 +459,20 @@ impl Run<'_> {
     }
 
     pub(super) async fn abort(&mut self, barrier: CheckpointBarrier, reason: &str) -> Result<()> {
+        self.abort_then(barrier, reason, true).await
+    }
+
+    /// Aborts checkpoint `barrier` as [`Self::abort`] does, leaving whatever it wrote in place.
+    pub(super) async fn abort_keeping_files(&mut self, barrier: CheckpointBarrier, reason: &str) -> Result<()> {
+        self.abort_then(barrier, reason, false).await
+    }
+
+    async fn abort_then(&mut self, barrier: CheckpointBarrier, reason: &str, discard: bool) -> Result<()> {
         warn!(checkpoint_id = barrier.id, %reason, "Checkpoint aborted.");
         self.broadcast(Control::Notify(Notification::Aborted(barrier.id)));
-        self.discard_files(barrier.id);
+        if discard {
+            self.discard_files(barrier.id);
+        }
         self.job.metrics.update(|s| s.failed += 1);
         if let Some(w) = self.waiters.remove(&barrier.id) {
             let _ = w.reply.send(Err(CoreError::CheckpointAborted {

@@ -297,10 +297,19 @@ impl Storage {
             return Err(self.owned("this run gave it up or lost it".into()));
         }
         if renewed.elapsed() > lease * 2 / 3 {
-            return Err(CoreError::ClaimNotRenewed {
-                location: self.root.clone(),
-                seconds: renewed.elapsed().as_secs(),
-            });
+            // Renewed here, now (the store may be back before the renewal task's next turn);
+            // failing that, nothing is made durable.
+            return match self.renew_claim() {
+                Ok(()) => Ok(()),
+                Err(e @ CoreError::LocationOwned { .. }) => Err(e),
+                Err(e) => {
+                    warn!(location = %self.root.display(), error = %e, "Renewing the checkpoint location's claim failed.");
+                    Err(CoreError::ClaimNotRenewed {
+                        location: self.root.clone(),
+                        seconds: renewed.elapsed().as_secs(),
+                    })
+                }
+            };
         }
         self.still_mine(&me)
     }
