@@ -104,7 +104,9 @@ async fn a_resumed_zombie_cannot_commit_after_its_replacement_started() -> Resul
     let zombie_claim = record["id"].clone();
     record["boot_id"] = "another-machine".into();
     record["lease_ms"] = 3000.into();
-    std::fs::write(&owner, serde_json::to_vec(&record)?)?;
+    let tmp = dir.path().join("checkpoints/_owner.test");
+    std::fs::write(&tmp, serde_json::to_vec(&record)?)?;
+    std::fs::rename(&tmp, &owner)?;
     let text = std::fs::read_to_string(&a[1])?.replace("retained = 2\n", "retained = 2\nowner_lease = \"3s\"\n");
     let short = dir.path().join("replacement-elsewhere.toml");
     std::fs::write(&short, text)?;

@@ -349,6 +349,11 @@ impl Job {
         let chosen = match plan {
             Some(p) => p.later(storage)?,
             None => {
+                // A first attempt tried again (an outage while it restored): the claim may have
+                // lapsed meanwhile, and been taken over.
+                if let Some(s) = storage {
+                    s.renew_claim()?;
+                }
                 let (chosen, p) =
                     RestorePlan::first(storage, self.config.restore_from.as_deref(), self.config.accept_replay)?;
                 *plan = Some(p);

@@ -884,11 +884,10 @@ async fn a_run_whose_location_was_taken_over_stops_at_its_next_checkpoint() {
         serde_json::from_slice(&std::fs::read(dir.path().join("checkpoints/_owner")).unwrap()).unwrap();
     record["id"] = "a-later-run".into();
     record["host"] = "another-host".into();
-    std::fs::write(
-        dir.path().join("checkpoints/_owner"),
-        serde_json::to_vec(&record).unwrap(),
-    )
-    .unwrap();
+    // Into place atomically, as a claim is written: the run may read it at any moment.
+    let tmp = dir.path().join("checkpoints/_owner.test");
+    std::fs::write(&tmp, serde_json::to_vec(&record).unwrap()).unwrap();
+    std::fs::rename(&tmp, dir.path().join("checkpoints/_owner")).unwrap();
     let taken_over = storage.completed().unwrap().len();
     let err = tokio::time::timeout(Duration::from_secs(30), run.join())
         .await

@@ -91,7 +91,8 @@ impl Blobs for Dir {
         match how {
             Put::InProgress => write_synced(&path, bytes)?,
             Put::Replace => {
-                let tmp = path.with_extension("tmp");
+                // Unique: two writers of one name (a renewal and a release) never share a file.
+                let tmp = path.with_extension(format!("tmp-{}-{:x}", std::process::id(), rand::random::<u32>()));
                 write_synced(&tmp, bytes)?;
                 fs::rename(&tmp, &path).map_err(|e| CoreError::io("renaming into place", &path, e))?;
                 fsync_parent(&path)?;

@@ -229,7 +229,12 @@ impl Storage {
             return Ok(false);
         };
         let newest = self.completed()?.last().copied().unwrap_or(0);
-        Ok(record.path == from.display().to_string() && newest > record.floor)
+        if record.path != from.display().to_string() || newest <= record.floor {
+            return Ok(false);
+        }
+        // Another snapshot under the same path (a reused savepoint name) is a new restore; one
+        // that no longer opens is judged by its path.
+        Ok(Self::open_path(from).map_or(true, |s| s.meta.id == record.snapshot_id))
     }
 
     /// Records that the checkpoints after `record.floor` continue from the explicit restore

@@ -497,10 +497,10 @@ fn a_released_or_unreadable_claim_is_taken_at_once_and_a_lost_one_stops_commits(
     let started = std::time::Instant::now();
     next.claim("j", lease).unwrap();
     assert!(started.elapsed() < Duration::from_secs(5));
-    // A record cut short: claimed at once too (never a location locked for good).
+    // A record cut short: watched for a lease, then claimed (never a location locked for good).
     let third = Storage::new(dir.path()).unwrap();
     fs::write(dir.path().join("_owner"), b"{\"id\": \"cut").unwrap();
-    third.claim("j", lease).unwrap();
+    third.claim("j", Duration::from_millis(300)).unwrap();
     // `next` lost it: its commits stop, and a renewal does not take it back.
     let err = next.commit(&meta(2, Vec::new())).unwrap_err();
     assert!(matches!(err, CoreError::LocationOwned { .. }), "{err}");

@@ -177,7 +177,8 @@ pub(crate) struct Claim {
 
 impl Storage {
     /// The recorded owner: `Ok(None)` when there is none; a record that does not parse (cut
-    /// short, written by hand) names no live owner (`Some` of an empty record, replaced on claim).
+    /// short, written by hand) is an owner nobody can tell anything of (`Some` of an empty
+    /// record): watched for a lease like one on another machine, then replaced.
     fn read_owner(&self) -> Result<Option<OwnerRecord>> {
         if self.blobs.size(OWNER_FILE)?.is_none() {
             return Ok(None);
@@ -186,10 +187,7 @@ impl Storage {
             Err(CoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             other => other?,
         };
-        Ok(Some(serde_json::from_slice(&bytes).unwrap_or_else(|_| OwnerRecord {
-            released: true,
-            ..OwnerRecord::default()
-        })))
+        Ok(Some(serde_json::from_slice(&bytes).unwrap_or_default()))
     }
 
     fn write_owner(&self, record: &OwnerRecord, how: Put) -> Result<bool> {
@@ -226,6 +224,8 @@ impl Storage {
                 return Err(self.owned(why));
             }
             let how = if current.is_some() { Put::Replace } else { Put::Create };
+            // From before the write: a watcher elsewhere may count the lease from its appearance.
+            let written = Instant::now();
             if !self.write_owner(&me, how)? {
                 continue; // created meanwhile by another start: judge it
             }
@@ -237,7 +237,7 @@ impl Storage {
                 *self.claim.lock().expect("not poisoned") = Some(Claim {
                     me,
                     lease,
-                    renewed: Instant::now(),
+                    renewed: written,
                     over: false,
                 });
                 return Ok(());
@@ -350,6 +350,9 @@ impl Storage {
         self.still_mine(&me)?;
         me.beat += 1;
         let started = Instant::now();
+        if self.claim.lock().expect("not poisoned").as_ref().is_none_or(|c| c.over) {
+            return Err(self.owned("this run gave it up or lost it".into())); // released meanwhile
+        }
         self.write_owner(&me, Put::Replace)?;
         let mut guard = self.claim.lock().expect("not poisoned");
         if let Some(c) = guard.as_mut().filter(|c| !c.over) {
