@@ -453,6 +453,16 @@ pub(crate) fn forget_after<'a>(
     })
 }
 
+/// Sets the session's isolation to READ COMMITTED: committed rows only, whatever the server's
+/// default (prepared branches' rows are visible at READ UNCOMMITTED), and fewer gap locks.
+pub(crate) fn read_committed(conn: &mut MySqlConnection) -> BoxFut<'_, Result<()>> {
+    Box::pin(async move {
+        exec(conn, "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".into())
+            .await
+            .map_err(|e| MysqlSinkError::db("setting the isolation level", e))
+    })
+}
+
 /// Closes a connection, ignoring errors (the server may already be gone).
 pub(crate) fn close(conn: MySqlConnection) -> BoxFut<'static, ()> {
     Box::pin(async move {

@@ -239,12 +239,7 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
     async fn begin(&mut self, checkpoint_id: CheckpointId) -> exactly_core::Result<XaTransaction> {
         let mut conn = db::connect(&self.config).await?;
         // Fewer gap locks: branches of consecutive checkpoints do not block each other.
-        db::exec(
-            &mut conn,
-            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".into(),
-        )
-        .await
-        .map_err(|e| MysqlSinkError::db("setting the isolation level", e))?;
+        db::read_committed(&mut conn).await?;
         let bqual = format!("{}:{checkpoint_id}", self.subtask());
         self.xa(&mut conn, "XA START", &bqual)
             .await
@@ -337,12 +332,7 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
         let mut conn = db::connect(&self.config).await?;
         // Committed rows only, whatever the server's default isolation (prepared branches'
         // rows are visible at READ UNCOMMITTED).
-        db::exec(
-            &mut conn,
-            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".into(),
-        )
-        .await
-        .map_err(|e| MysqlSinkError::db("setting the isolation level", e))?;
+        db::read_committed(&mut conn).await?;
         let newest = db::committed_through(&mut conn, &self.config, ctx.info.index, ctx.info.parallelism).await;
         db::close(conn).await;
         Ok(newest?)
@@ -354,12 +344,7 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
         id: CheckpointId,
     ) -> exactly_core::Result<()> {
         let mut conn = db::connect(&self.config).await?;
-        db::exec(
-            &mut conn,
-            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".into(),
-        )
-        .await
-        .map_err(|e| MysqlSinkError::db("setting the isolation level", e))?;
+        db::read_committed(&mut conn).await?;
         let done = db::forget_after(&mut conn, &self.config, ctx.info.index, ctx.info.parallelism, id).await;
         db::close(conn).await;
         Ok(done?)
