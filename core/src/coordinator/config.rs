@@ -143,7 +143,8 @@ pub struct CheckpointConfig {
     #[serde(default = "default_max_alignment_buffer")]
     pub max_alignment_buffer: usize,
     /// Bytes alignment may hold back per subtask before the checkpoint is aborted (64 MiB by
-    /// default; records weighed by `Stream::record_size`, else by their inline size).
+    /// default; records weighed by `Stream::record_size`, else as their source weighs them —
+    /// the Kafka source counts their bytes — else by their inline size).
     #[serde(default = "default_max_alignment_buffer_bytes")]
     pub max_alignment_buffer_bytes: usize,
     /// Completed checkpoints kept.

@@ -352,6 +352,18 @@ pub trait Source<T>: Send + 'static {
     fn watermark(&mut self) -> Option<SourceWatermark> {
         None
     }
+    /// How many bytes one of this source's records occupies, heap included, for the byte limit
+    /// of the alignment buffer (`max_alignment_buffer_bytes`) wherever the records are held back
+    /// before `key_by`, `rebalance` or `union`. The default counts `size_of::<T>()` only: a source
+    /// whose records own heap data (payload bytes, strings) says what they weigh, or a record of
+    /// a megabyte counts as a few dozen bytes and the limit never acts.
+    /// [`Stream::record_size`](crate::runtime::Stream::record_size) overrides it for one stream.
+    fn record_size(record: &T) -> usize
+    where
+        Self: Sized,
+    {
+        std::mem::size_of_val(record)
+    }
 }
 
 /// A parallel sink.

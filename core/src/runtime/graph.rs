@@ -231,7 +231,7 @@ impl JobBuilder {
             parallelism,
             is_source: true,
             attach,
-            record_size: None,
+            record_size: Some(Arc::new(|r: &T| S::record_size(r))),
             reads: None,
         }
     }
@@ -319,9 +319,12 @@ impl<T: Send + 'static> Stream<T> {
         self.flat_map(move |r, out| out.emit(f(r)))
     }
 
-    /// Chains a filter.
+    /// Chains a filter (records keep the weight the stream gives them).
     pub fn filter(self, f: impl Fn(&T) -> bool + Send + Sync + 'static) -> Stream<T> {
-        self.flat_map(move |r, out| if f(&r) { out.emit(r) } else { Ok(()) })
+        let size = self.record_size.clone();
+        let mut filtered = self.flat_map(move |r, out| if f(&r) { out.emit(r) } else { Ok(()) });
+        filtered.record_size = size;
+        filtered
     }
 
     /// Chains a stateful operator (its uid addresses its state).
@@ -361,8 +364,10 @@ impl<T: Send + 'static> Stream<T> {
 
     /// How many bytes a record of this stream occupies, heap included (e.g. `|r| r.payload.len()
     /// + 64`), for the byte limit of the alignment buffer (`max_alignment_buffer_bytes`) at the
-    /// stage this stream feeds through `key_by`, `rebalance` or `union`. Without it a record
-    /// counts `size_of::<T>()`, which misses what it owns on the heap.
+    /// stage this stream feeds through `key_by`, `rebalance` or `union`. A source's stream is
+    /// weighed as its [`Source::record_size`](crate::runtime::Source::record_size) says (and stays so
+    /// through `filter`); after `map`, `flat_map` or `process` a record counts `size_of::<T>()`
+    /// unless this is set, which misses what it owns on the heap.
     pub fn record_size(mut self, size: impl Fn(&T) -> usize + Send + Sync + 'static) -> Self {
         self.record_size = Some(Arc::new(size));
         self

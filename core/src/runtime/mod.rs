@@ -223,3 +223,5 @@ mod deferred_tests;
 mod tests;
 #[cfg(test)]
 mod waiting_tests;
+#[cfg(test)]
+mod weight_tests;

@@ -553,6 +553,11 @@ impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
         self.start_is_a_moment
     }
 
+    /// As the deserializer weighs its records (the payload bytes, for [`crate::RawBytes`]).
+    fn record_size(record: &T) -> usize {
+        D::record_size(record)
+    }
+
     async fn poll_next(&mut self, out: &mut Vec<T>) -> exactly_core::Result<SourceStatus> {
         let now = Instant::now();
         if let (Some(at), Some(interval)) = (self.next_discovery, self.config.discovery_interval) {
