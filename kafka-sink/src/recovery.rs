@@ -15,16 +15,21 @@
 
 mod probe;
 mod steps;
+#[cfg(test)]
+mod wiring_tests;
 
 use std::time::Duration;
 
 use tracing::{error, info, warn};
 
 use crate::committable::KafkaCommittable;
+use crate::error::Result;
 use crate::error::SinkError;
-use crate::protocol::{code, Wire};
+use crate::protocol::{code, TxnDescription, Wire};
+use exactly_kafka_client::Cluster;
 use exactly_twophase::CommitError;
 use probe::{probe_outcome, ProbeOutcome};
+use std::future::Future;
 use steps::{CommitSteps, Done, EndTxnAnswer, Next};
 
 /// The pause before an EndTxn sent again (after an unclear answer and a description showing the
@@ -33,11 +38,46 @@ const FIRST_RESEND_PAUSE: Duration = Duration::from_millis(200);
 /// The longest pause before an EndTxn sent again.
 const MAX_RESEND_PAUSE: Duration = Duration::from_secs(2);
 
+/// The requests the commit after restart sends to the transaction coordinator: the wire client
+/// sends them; a test may stand between (to let another producer act between two requests).
+pub(crate) trait Coordinator: Sync {
+    /// DescribeTransactions of one id (`None`: the coordinator does not know it).
+    fn describe_known(&self, transactional_id: &str) -> impl Future<Output = Result<Option<TxnDescription>>> + Send;
+    /// EndTxn(commit) for that producer id and epoch: the answer's error code.
+    fn end_txn_commit(
+        &self,
+        transactional_id: &str,
+        producer_id: i64,
+        epoch: i16,
+    ) -> impl Future<Output = Result<i16>> + Send;
+    /// The cluster, for the probe's reader.
+    fn cluster(&self) -> &Cluster;
+}
+
+impl Coordinator for Wire {
+    fn describe_known(&self, transactional_id: &str) -> impl Future<Output = Result<Option<TxnDescription>>> + Send {
+        Wire::describe_known(self, transactional_id)
+    }
+
+    fn end_txn_commit(
+        &self,
+        transactional_id: &str,
+        producer_id: i64,
+        epoch: i16,
+    ) -> impl Future<Output = Result<i16>> + Send {
+        self.end_txn(transactional_id, producer_id, epoch, true)
+    }
+
+    fn cluster(&self) -> &Cluster {
+        Wire::cluster(self)
+    }
+}
+
 /// Commits a restored committable through the protocol. Already committed is success. An
 /// outcome nobody can tell any more is a fatal error, unless `accept_unknown_up_to` covers the
 /// committable's checkpoint (the operator checked its output).
 pub(crate) async fn commit_recovered(
-    wire: &Wire,
+    wire: &impl Coordinator,
     c: &KafkaCommittable,
     accept_unknown_up_to: Option<u64>,
 ) -> Result<(), CommitError> {
@@ -60,7 +100,7 @@ pub(crate) async fn commit_recovered(
                     pause = (pause * 2).min(MAX_RESEND_PAUSE);
                 }
                 let answer = match wire
-                    .end_txn(&c.transactional_id, c.producer_id, c.producer_epoch, true)
+                    .end_txn_commit(&c.transactional_id, c.producer_id, c.producer_epoch)
                     .await
                 {
                     Ok(error_code) => EndTxnAnswer::Code(error_code),

@@ -362,12 +362,13 @@ impl<T: Send + 'static> Stream<T> {
         }
     }
 
-    /// How many bytes a record of this stream occupies, heap included (e.g. `|r| r.payload.len()
-    /// + 64`), for the byte limit of the alignment buffer (`max_alignment_buffer_bytes`) at the
-    /// stage this stream feeds through `key_by`, `rebalance` or `union`. A source's stream is
-    /// weighed as its [`Source::record_size`](crate::runtime::Source::record_size) says (and stays so
-    /// through `filter`); after `map`, `flat_map` or `process` a record counts `size_of::<T>()`
-    /// unless this is set, which misses what it owns on the heap.
+    /// How many bytes a record of this stream occupies, heap included (for example
+    /// `|r| r.payload.len() + 64`), for the byte limit of the alignment buffer
+    /// (`max_alignment_buffer_bytes`) at the stage this stream feeds through `key_by`, `rebalance`
+    /// or `union`. A source's stream is weighed as its
+    /// [`Source::record_size`](crate::runtime::Source::record_size) says (and stays so through
+    /// `filter`); after `map`, `flat_map` or `process` a record counts `size_of::<T>()` unless
+    /// this is set, which misses what it owns on the heap.
     pub fn record_size(mut self, size: impl Fn(&T) -> usize + Send + Sync + 'static) -> Self {
         self.record_size = Some(Arc::new(size));
         self
