@@ -181,6 +181,30 @@ pub fn checkpoint_dir(
     Ok(mine)
 }
 
+/// Runs `f` until it succeeds or fails otherwise than with storage that does not answer
+/// ([`CoreError::is_unavailable`]: the checkpoint store is down, not misconfigured), trying again
+/// every [`exactly_core::restart::WAIT_CADENCE`] and saying so in the log.
+async fn wait_while_unavailable<T>(what: &str, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    let since = Instant::now();
+    loop {
+        match f() {
+            Err(e)
+                if e.chain()
+                    .any(|c| c.downcast_ref::<CoreError>().is_some_and(CoreError::is_unavailable)) =>
+            {
+                warn!(
+                    waiting_s = since.elapsed().as_secs(),
+                    delay_ms = exactly_core::restart::WAIT_CADENCE.as_millis() as u64,
+                    error = %format!("{e:#}"),
+                    "{what} does not answer; waiting for it."
+                );
+                tokio::time::sleep(exactly_core::restart::WAIT_CADENCE).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Whether the checkpoint location of this process (under `base`, or its range's directory)
 /// already continues from an explicit restore of `from` (see `Storage::continues_from`). An
 /// unreadable location answers no: the usual checks then speak.
@@ -218,7 +242,12 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
             .as_ref()
             .is_some_and(|c| continues_from(&c.dir, opts.subtasks, parallelism, from));
         if !continues {
-            if let Err(e) = Storage::open_verified(from) {
+            let opened =
+                wait_while_unavailable(&format!("The snapshot to restore (--from {})", from.display()), || {
+                    Storage::open_verified(from).map_err(anyhow::Error::from)
+                })
+                .await;
+            if let Err(e) = opened {
                 bail!(
                 "--from {}: not a checkpoint or savepoint directory (nor the savepoints of every range of a split job): {e}; `exactly checkpoints list DIR` shows the stored ones",
                 from.display()
@@ -231,7 +260,10 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
     let mut checkpoints_dir = None;
     if let Some(c) = &f.checkpoints {
         let mut c = c.clone();
-        c.dir = checkpoint_dir(&c.dir, opts.subtasks, parallelism, opts.from.as_deref())?;
+        c.dir = wait_while_unavailable(&format!("The checkpoint location {}", c.dir.display()), || {
+            checkpoint_dir(&c.dir, opts.subtasks, parallelism, opts.from.as_deref())
+        })
+        .await?;
         checkpoints_dir = Some(c.dir.clone());
         savepoint_dir = Some(admin::SavepointDir {
             root: f.checkpoints.as_ref().map(|c| c.dir.join("savepoints")).expect("set"),

@@ -90,11 +90,11 @@ pub enum CoreError {
     CheckpointsVanished(PathBuf),
     /// Writing checkpoint `id`'s metadata failed in a way that leaves open whether it was
     /// written (a lost answer, a timeout): the checkpoint may yet appear, so its files stay and
-    /// its transactions are neither committed nor aborted here; the attempt restarts, and the
-    /// restore finds out.
+    /// its transactions stay pending (the next completed checkpoint commits them, or a restore
+    /// of this one if it was written).
     #[error(
-        "whether checkpoint {id} was written is unknown ({reason}): restarting from the newest \
-         checkpoint stored, which settles it"
+        "whether checkpoint {id} was written is unknown ({reason}): its files stay, and the next \
+         completed checkpoint (or a restore) settles it"
     )]
     CommitOutcomeUnknown {
         /// The checkpoint.
@@ -237,6 +237,26 @@ impl CoreError {
             | CoreError::InvalidJob(_)
             | CoreError::RestartsExhausted { .. }
             | CoreError::StartupFailed { .. } => ErrorClass::Fatal,
+        }
+    }
+
+    /// Whether this is storage that does not answer — a refused connection, a timeout, a server
+    /// error — rather than one that refuses (nothing there, no permission, a bad name): an outage
+    /// to wait for, not a configuration to fix. (A claim not renewed in time is one too.)
+    pub fn is_unavailable(&self) -> bool {
+        use std::io::ErrorKind;
+        match self {
+            CoreError::Io { source, .. } => !matches!(
+                source.kind(),
+                ErrorKind::NotFound
+                    | ErrorKind::PermissionDenied
+                    | ErrorKind::InvalidInput
+                    | ErrorKind::InvalidData
+                    | ErrorKind::ReadOnlyFilesystem
+                    | ErrorKind::AlreadyExists
+            ),
+            CoreError::ClaimNotRenewed { .. } => true,
+            _ => false,
         }
     }
 

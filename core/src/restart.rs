@@ -127,6 +127,29 @@ pub enum RestartDecision {
 /// (a job without checkpointing has no other sign).
 pub const STARTED_AFTER: Duration = Duration::from_secs(60);
 
+/// The longest wait between attempts to start a job that ran before while what it needs to start
+/// (the checkpoint location, a broker, a database) fails: it is probably down, and the job
+/// should be back within this long of it.
+pub const WAIT_CADENCE: Duration = Duration::from_secs(2);
+
+/// Where in a run the job failed, which decides how the restart waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailedWhile {
+    /// Every task had started (records were flowing): the strategy's delay (a crash loop backs
+    /// off).
+    Running,
+    /// Starting: restoring, or opening tasks (connecting to brokers and databases). For a job
+    /// that ran before, a dependency that is down: tried again within [`WAIT_CADENCE`], without
+    /// growing the back-off. For a job that never ran, a count towards `startup_attempts` (a
+    /// wrong address or a refused login will not fix itself).
+    Starting,
+    /// Reading the checkpoint location (claiming it, listing or reading checkpoints) failed in a
+    /// way that is not a refusal (the store does not answer): nothing can be decided without it,
+    /// so it is waited for as [`FailedWhile::Starting`] does for a job that ran before, whether
+    /// or not this one did.
+    ReadingLocation,
+}
+
 /// Applies a strategy to a job's failures. Times are durations since any fixed origin.
 #[derive(Debug)]
 pub struct RestartTracker {
@@ -139,6 +162,8 @@ pub struct RestartTracker {
     startup_attempts: Option<u32>,
     started: bool,
     startup_failures: u32,
+    /// A checkpoint completed since the last failure: the job recovered, the back-off resets.
+    recovered: bool,
 }
 
 impl RestartTracker {
@@ -159,6 +184,7 @@ impl RestartTracker {
             startup_attempts: None,
             started: false,
             startup_failures: 0,
+            recovered: false,
         }
     }
 
@@ -175,8 +201,16 @@ impl RestartTracker {
         self.started
     }
 
-    /// The job has started (a checkpoint completed): from now on only the strategy decides.
+    /// A checkpoint completed: the job has started (from now on only the strategy decides), and
+    /// recovered from any failure before (the next failure starts the back-off afresh).
     pub fn mark_started(&mut self) {
+        self.started = true;
+        self.recovered = true;
+    }
+
+    /// The job ran before (it restores a checkpoint of its own location): failures to start are
+    /// what it depends on being down, not a configuration that never worked.
+    pub fn mark_ran_before(&mut self) {
         self.started = true;
     }
 
@@ -185,18 +219,39 @@ impl RestartTracker {
         self.restarts
     }
 
-    /// Records a failure at `now` and decides.
+    /// Records a failure at `now` of a running job (see [`FailedWhile::Running`]) and decides.
     pub fn on_failure(&mut self, now: Duration) -> RestartDecision {
+        self.on_failure_while(now, FailedWhile::Running)
+    }
+
+    /// Records a failure at `now`, `while` the run did what it says, and decides.
+    pub fn on_failure_while(&mut self, now: Duration, while_: FailedWhile) -> RestartDecision {
         if !self.started && now.saturating_sub(self.last_failure.unwrap_or_default()) >= STARTED_AFTER {
             self.started = true;
         }
-        if !self.started {
+        if std::mem::take(&mut self.recovered) {
+            self.consecutive = 0;
+        }
+        let waiting = match while_ {
+            FailedWhile::Running => false,
+            FailedWhile::Starting => self.started,
+            FailedWhile::ReadingLocation => true,
+        };
+        if !self.started && !waiting {
             self.startup_failures += 1;
             if self.startup_attempts.is_some_and(|n| self.startup_failures >= n) {
                 self.last_failure = Some(now);
                 return RestartDecision::StartupFailed(self.startup_failures);
             }
         }
+        match self.decide(now, !waiting) {
+            RestartDecision::Restart(delay) if waiting => RestartDecision::Restart(delay.min(WAIT_CADENCE)),
+            decision => decision,
+        }
+    }
+
+    /// The strategy's decision; with `grow`, an exponential back-off grows.
+    fn decide(&mut self, now: Duration, grow: bool) -> RestartDecision {
         let decision = match &self.strategy {
             RestartStrategy::None => RestartDecision::GiveUp,
             RestartStrategy::FixedDelay { attempts, delay } => {
@@ -250,7 +305,9 @@ impl RestartTracker {
                         0.0
                     };
                     let delay = (base * (1.0 + factor)).clamp(0.0, max_delay.as_secs_f64());
-                    self.consecutive += 1;
+                    if grow {
+                        self.consecutive += 1;
+                    }
                     RestartDecision::Restart(Duration::from_secs_f64(delay))
                 }
             }
@@ -357,6 +414,76 @@ mod tests {
         assert_eq!(delays, [1, 2, 4, 8, 10, 10]);
         // A long quiet run resets the backoff.
         assert_eq!(t.on_failure(s(1000)), RestartDecision::Restart(s(1)));
+    }
+
+    fn exponential(max_delay: u64) -> RestartStrategy {
+        RestartStrategy::ExponentialDelay {
+            initial_delay: s(1),
+            max_delay: s(max_delay),
+            multiplier: 2.0,
+            reset_threshold: s(3600),
+            jitter: 0.0,
+            max_attempts: None,
+        }
+    }
+
+    fn delay(d: RestartDecision) -> u64 {
+        match d {
+            RestartDecision::Restart(d) => d.as_secs(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_completed_since_the_last_failure_resets_the_back_off() {
+        let mut t = RestartTracker::new(exponential(60));
+        let grown: Vec<u64> = (0..4).map(|i| delay(t.on_failure(s(i)))).collect();
+        assert_eq!(grown, [1, 2, 4, 8]);
+        // The restarted run completed a checkpoint: it recovered, the next failure is a new one.
+        t.mark_started();
+        assert_eq!(delay(t.on_failure(s(10))), 1);
+        assert_eq!(
+            delay(t.on_failure(s(11))),
+            2,
+            "a run that recovered nothing keeps growing it"
+        );
+    }
+
+    #[test]
+    fn a_job_that_ran_before_waits_for_what_it_needs_to_start_at_a_short_cadence() {
+        let mut t = RestartTracker::new(exponential(60)).with_startup_attempts(Some(3));
+        t.mark_ran_before();
+        // Running failures back off; then the dependency is down at every start: tried again
+        // within WAIT_CADENCE, for as long as it takes, never given up on.
+        assert_eq!(delay(t.on_failure(s(0))), 1);
+        assert_eq!(delay(t.on_failure(s(1))), 2);
+        assert_eq!(delay(t.on_failure(s(3))), 4);
+        for i in 0..100 {
+            let d = t.on_failure_while(s(10 + 2 * i), FailedWhile::Starting);
+            assert_eq!(d, RestartDecision::Restart(WAIT_CADENCE), "attempt {i}");
+        }
+        // Waiting did not grow the back-off.
+        assert_eq!(delay(t.on_failure(s(500))), 8);
+    }
+
+    #[test]
+    fn a_job_that_never_ran_fails_fast_at_start_but_waits_for_its_checkpoint_location() {
+        let mut t = RestartTracker::new(exponential(60)).with_startup_attempts(Some(3));
+        // The location does not answer: waited for, however often.
+        for i in 0..20 {
+            assert_eq!(
+                t.on_failure_while(s(i), FailedWhile::ReadingLocation),
+                RestartDecision::Restart(s(1)),
+                "attempt {i}"
+            );
+        }
+        // Read, but the start fails (a wrong broker address): the start-up bound ends it.
+        assert_eq!(delay(t.on_failure_while(s(30), FailedWhile::Starting)), 1);
+        assert_eq!(delay(t.on_failure_while(s(31), FailedWhile::Starting)), 2);
+        assert_eq!(
+            t.on_failure_while(s(33), FailedWhile::Starting),
+            RestartDecision::StartupFailed(3)
+        );
     }
 
     #[test]

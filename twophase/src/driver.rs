@@ -37,7 +37,7 @@ impl Default for CommitRetry {
         CommitRetry {
             attempts: 8,
             initial_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(5),
+            max_backoff: Duration::from_secs(2),
         }
     }
 }

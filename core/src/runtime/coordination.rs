@@ -43,6 +43,8 @@ pub(super) struct Run<'a> {
     pub(super) coordinator: Option<CheckpointCoordinator>,
     pub(super) controls: Vec<mpsc::UnboundedSender<Control>>,
     pub(super) sources: Vec<bool>,
+    /// Tasks that started (`TaskEvent::Opened`) in this run.
+    pub(super) opened: BTreeSet<usize>,
     pub(super) ended: BTreeSet<usize>,
     pub(super) waiters: BTreeMap<CheckpointId, Waiter>,
     /// Shut down once this checkpoint is complete and notified (final checkpoint, stop).
@@ -282,6 +284,9 @@ impl Run<'_> {
                     self.trigger(SnapshotKind::Checkpoint, false);
                 }
             }
+            TaskEvent::Opened { task } => {
+                self.opened.insert(task);
+            }
             TaskEvent::Ended { task } => {
                 self.ended.insert(task);
                 // A source was sent every pending checkpoint's trigger while it was live and
@@ -331,21 +336,21 @@ impl Run<'_> {
         };
         match persisted {
             Ok(()) => {}
-            // Not an ordinary failure: the attempt ends without deleting the checkpoint's files —
-            // whether it was written is unknown (a checkpoint that appears after all must find
-            // them), or another run may be writing a checkpoint of the same id into the same
-            // place (the location was taken over; the claim could not be renewed). Its
-            // transactions stay pending as for any aborted checkpoint; the restart's restore
-            // (or the other run) settles them.
-            // The claim could not be renewed (the store is down): this checkpoint fails like any
-            // other, but its files stay — after a lease another run may take the location over
-            // and write a checkpoint of the same id.
-            Err(e @ CoreError::ClaimNotRenewed { .. }) => {
+            // Not ordinary failures: the checkpoint fails, but its files stay. Whether it was
+            // written is unknown (a write whose answer was lost may land; a checkpoint listed
+            // after all must find its files), or the claim could not be renewed (the store is
+            // down; after a lease another run may take the location over and write a checkpoint
+            // of the same id). Its transactions stay pending as for any failed checkpoint: the
+            // next completed checkpoint commits them, or a restore of this one if it landed.
+            // The run goes on: a restart could not settle more while the store is down.
+            Err(e @ (CoreError::ClaimNotRenewed { .. } | CoreError::CommitOutcomeUnknown { .. })) => {
                 warn!(checkpoint_id = barrier.id, error = %e, "Writing checkpoint metadata failed.");
                 return self.abort_keeping_files(barrier, &format!("not persisted: {e}")).await;
             }
-            Err(e @ (CoreError::CommitOutcomeUnknown { .. } | CoreError::LocationOwned { .. })) => {
-                warn!(checkpoint_id = barrier.id, error = %e, "Writing checkpoint metadata failed; the run ends.");
+            // Another run owns the location (taken over): this run ends without deleting files
+            // the other may be writing under the same id.
+            Err(e @ CoreError::LocationOwned { .. }) => {
+                warn!(checkpoint_id = barrier.id, error = %e, "The checkpoint location was taken over; the run ends.");
                 self.broadcast(Control::Notify(Notification::Aborted(barrier.id)));
                 self.job.metrics.update(|s| s.failed += 1);
                 if let Some(w) = self.waiters.remove(&barrier.id) {

@@ -21,7 +21,7 @@ use super::{FailoverStrategy, JobConfig, StateBackendConfig};
 use crate::coordinator::CheckpointCoordinator;
 use crate::error::{CoreError, ErrorClass, Result};
 use crate::message::CheckpointId;
-use crate::restart::{RestartDecision, RestartTracker};
+use crate::restart::{FailedWhile, RestartDecision, RestartTracker};
 #[cfg(feature = "rocksdb")]
 use crate::state::RocksDbBackend;
 use crate::state::{KeyGroupRange, KeyedStateBackend, MemoryBackend};
@@ -261,6 +261,8 @@ impl Job {
         let mut completed = 0u64;
         // Fixed by the first attempt that picks a snapshot; later attempts follow it.
         let mut plan: Option<RestorePlan> = None;
+        // Since when attempts fail while starting (for the log).
+        let mut waiting_since: Option<Instant> = None;
         loop {
             // A failure to read storage (an outage) fails this attempt like any other: the restart
             // strategy decides. A snapshot that cannot be trusted is fatal (see `restore.rs`).
@@ -268,9 +270,21 @@ impl Job {
                 Ok(()) => self.pick_restore(storage.as_deref(), &mut plan, &mut last_id),
                 Err(e) => Err(e),
             };
-            let end = match picked {
-                Err(e) => RunEnd::Failed(e),
+            let (end, failed_while) = match picked {
+                Err(e) => {
+                    let while_ = if e.is_unavailable() {
+                        FailedWhile::ReadingLocation
+                    } else {
+                        FailedWhile::Starting
+                    };
+                    (RunEnd::Failed(e), while_)
+                }
                 Ok(restore) => {
+                    // Restoring a checkpoint of its own location: the job ran here before, and
+                    // what fails its start now is what it depends on being down.
+                    if restore.is_some() && plan.as_ref().is_some_and(RestorePlan::restores_own) {
+                        tracker.mark_ran_before();
+                    }
                     self.run_once(
                         attempt,
                         restore,
@@ -305,7 +319,7 @@ impl Job {
                     if error.class() == ErrorClass::Fatal {
                         return Err(error);
                     }
-                    match tracker.on_failure(started.elapsed()) {
+                    match tracker.on_failure_while(started.elapsed(), failed_while) {
                         RestartDecision::GiveUp => {
                             return Err(CoreError::RestartsExhausted {
                                 restarts: tracker.restarts(),
@@ -320,13 +334,26 @@ impl Job {
                         }
                         RestartDecision::Restart(delay) => {
                             self.metrics.restarts.fetch_add(1, Ordering::Relaxed);
-                            warn!(
-                                job = %self.config.name,
-                                restart = tracker.restarts(),
-                                cause = %error,
-                                delay_ms = delay.as_millis() as u64,
-                                "Job failed; restarting from the latest completed checkpoint."
-                            );
+                            if failed_while == FailedWhile::Running {
+                                waiting_since = None;
+                                warn!(
+                                    job = %self.config.name,
+                                    restart = tracker.restarts(),
+                                    cause = %error,
+                                    delay_ms = delay.as_millis() as u64,
+                                    "Job failed; restarting from the latest completed checkpoint."
+                                );
+                            } else {
+                                let since = *waiting_since.get_or_insert_with(Instant::now);
+                                warn!(
+                                    job = %self.config.name,
+                                    restart = tracker.restarts(),
+                                    cause = %error,
+                                    delay_ms = delay.as_millis() as u64,
+                                    waiting_s = since.elapsed().as_secs(),
+                                    "The job could not start (what it needs may be down); trying again, restarting from the latest completed checkpoint."
+                                );
+                            }
                             tokio::select! {
                                 _ = tokio::time::sleep(delay) => {}
                                 Some(Command::Cancel) = commands.recv() => return Ok(outcome(true, tracker.restarts())),
@@ -425,7 +452,7 @@ impl Job {
         last_id: &mut CheckpointId,
         completed: &mut u64,
         (tracker, started): (&mut RestartTracker, Instant),
-    ) -> RunEnd {
+    ) -> (RunEnd, FailedWhile) {
         for p in &self.inputs {
             p.prepare(self.config.channel_capacity);
         }
@@ -458,7 +485,7 @@ impl Job {
                         tokio_ids.insert(tokio_id, id);
                         tx
                     }
-                    Err(e) => return RunEnd::Failed(e),
+                    Err(e) => return (RunEnd::Failed(e), FailedWhile::Starting),
                 };
                 controls.push(ctl_tx);
                 sources.push(v.is_source);
@@ -484,6 +511,7 @@ impl Job {
                 .map(|c| CheckpointCoordinator::new(c, controls.len(), first_id, Instant::now())),
             controls,
             sources,
+            opened: BTreeSet::new(),
             ended: BTreeSet::new(),
             waiters: BTreeMap::new(),
             shutdown_after: None,
@@ -496,6 +524,11 @@ impl Job {
             retry_held: None,
         };
         let end = run.drive(&mut set, events, commands).await;
+        let failed_while = if run.opened.len() == run.controls.len() {
+            FailedWhile::Running
+        } else {
+            FailedWhile::Starting
+        };
         if !matches!(end, RunEnd::Finished) {
             run.shutdown();
             // Tasks get `shutdown_timeout` to close; then they are aborted, which ends them at
@@ -530,7 +563,7 @@ impl Job {
                 "the job run ended before the savepoint completed".into(),
             )));
         }
-        end
+        (end, failed_while)
     }
 }
 

@@ -111,7 +111,10 @@ pub struct JobConfig {
     /// Attempts to start before the job gives up, whatever the restart strategy allows: until its
     /// first completed checkpoint (or a run of a minute), the job is starting, and a failure then
     /// is most likely permanent (an address that does not resolve, a refused login, a missing
-    /// topic or table). `None`: only the restart strategy decides.
+    /// topic or table). `None`: only the restart strategy decides. A job that restores a
+    /// checkpoint of its own location ran before: what fails its start is waited for (tried
+    /// again every `restart::WAIT_CADENCE` at most), and so is a checkpoint location that does
+    /// not answer.
     #[serde(default = "default_startup_attempts")]
     pub startup_attempts: Option<u32>,
 }
@@ -219,6 +222,8 @@ impl JobConfig {
 
 #[cfg(test)]
 mod deferred_tests;
+#[cfg(test)]
+mod start_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

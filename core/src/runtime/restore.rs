@@ -89,6 +89,11 @@ impl RestorePlan {
         Ok((Some(snapshot), plan))
     }
 
+    /// Whether the job restores checkpoints of its own location (not an explicit snapshot).
+    pub(super) fn restores_own(&self) -> bool {
+        self.explicit.is_none()
+    }
+
     /// The choice of every later attempt (job or region restart).
     pub(super) fn later(&self, storage: Option<&Storage>) -> Result<Option<Snapshot>> {
         // A run that lost its location (taken over while it failed) stops here, before its

@@ -47,6 +47,9 @@ pub(crate) enum TaskEvent {
         id: CheckpointId,
         reason: String,
     },
+    /// The task started: its chain is open and its source (if any) initialised with the restored
+    /// state (sinks connected, restored transactions committed).
+    Opened { task: usize },
     /// The task processed its end of input (it stays to snapshot and hear notifications).
     Ended { task: usize },
     /// (Sources) the source reads only after a checkpoint completed
@@ -344,6 +347,7 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
             .await
             .map_err(|e| user_error(&info.uid, e))?;
         drop(restored);
+        parts.send(TaskEvent::Opened { task: parts.task_id });
         // Until a checkpoint has recorded where the source starts, it is not polled
         // (`Source::reads_after_first_checkpoint`); the coordinator checkpoints at once.
         let mut held = info.commit_window.is_some() && source.reads_after_first_checkpoint();
@@ -562,6 +566,7 @@ pub(crate) fn input_task<T: Send + 'static>(
     );
     Box::pin(async move {
         chain.open().await?;
+        parts.send(TaskEvent::Opened { task: parts.task_id });
         let mut ended = false;
         let mut events = Vec::new();
         let mut acks = WaitingAcks::default();

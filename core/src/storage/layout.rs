@@ -67,6 +67,10 @@ pub struct Storage {
     pub(super) root: PathBuf,
     /// This run's claim on the location, once made (see `owner.rs`): checked before each commit.
     pub(super) claim: Arc<std::sync::Mutex<Option<Claim>>>,
+    /// The id of every claim this storage makes (one per run of a job, whatever its attempts):
+    /// a claim write of an earlier attempt whose answer was lost may land after a later
+    /// attempt's, and must not read as another run's.
+    pub(super) claim_id: Arc<std::sync::OnceLock<String>>,
 }
 
 impl std::fmt::Debug for Storage {
@@ -139,6 +143,7 @@ impl Storage {
             blobs: place(&root)?,
             root,
             claim: Arc::default(),
+            claim_id: Arc::default(),
         })
     }
 

@@ -219,6 +219,7 @@ impl Flaky {
             blobs: flaky.clone(),
             root: name.to_path_buf(),
             claim: Arc::default(),
+            claim_id: Arc::default(),
         };
         (storage, flaky)
     }
@@ -368,8 +369,8 @@ fn a_metadata_write_whose_answer_was_lost_is_settled_by_reading_it_back() {
 }
 
 /// A write whose outcome cannot be read back is neither committed nor failed: unknown, and the
-/// attempt restarts (the restore finds out) — never an abort that deletes files of a checkpoint
-/// that may yet be listed. An object store's write absent now may still land; a local
+/// checkpoint fails keeping its files (a later one, or a restore, settles it) — never an abort
+/// that deletes files of a checkpoint that may yet be listed. An object store's write absent now may still land; a local
 /// directory's failed write is plainly absent.
 #[test]
 fn a_metadata_write_of_unknown_outcome_is_reported_as_such() {
@@ -517,4 +518,23 @@ fn a_released_or_unreadable_claim_is_taken_at_once_and_a_lost_one_stops_commits(
         vec![1],
         "no checkpoint made durable by a run that lost it"
     );
+}
+
+/// One run's attempts claim under one id: a claim write of an earlier attempt that lands late
+/// (its answer was lost, the store applied it after the next attempt's) is still this run's, not
+/// another run that took the location over (which stopped the job, seen against a restarting
+/// S3 server).
+#[test]
+fn a_late_claim_write_of_an_earlier_attempt_is_still_this_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let lease = Duration::from_secs(30);
+    let storage = Storage::new(dir.path()).unwrap();
+    storage.claim("j", lease).unwrap();
+    let first_attempt = fs::read(dir.path().join("_owner")).unwrap();
+    // The attempt failed; the next one claims again.
+    storage.claim("j", lease).unwrap();
+    storage.renew_claim().unwrap();
+    fs::write(dir.path().join("_owner"), &first_attempt).unwrap();
+    checkpoint(&storage, 1, &[]);
+    assert_eq!(storage.completed().unwrap(), vec![1]);
 }

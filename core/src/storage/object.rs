@@ -42,9 +42,22 @@ pub(crate) fn is_url(location: &Path) -> bool {
         .is_some_and(|(scheme, _)| SCHEMES.contains(&scheme))
 }
 
+/// How long a request for a small object (a control record, a listing, a deletion) may take
+/// before it is given up (and retried): a store that stops answering mid-request — restarting,
+/// or cut off — must not hold a checkpoint for the client's default of 30 s, which the job would
+/// then spend behind the store's return.
+const QUICK_TIMEOUT: &str = "3s";
+/// How long connecting may take, for every request.
+const CONNECT_TIMEOUT: &str = "2s";
+/// Writes up to this size go through the quick client.
+const QUICK_PUT_BYTES: usize = 1 << 20;
+
 /// A prefix of a bucket (or container).
 pub(crate) struct Bucket {
+    /// For data files (their size unknown, up to a RocksDB file's).
     store: Arc<dyn ObjectStore>,
+    /// For small objects: control records (`_`-named), listings, deletions, small writes.
+    quick: Arc<dyn ObjectStore>,
     /// The URL of the prefix, without a trailing slash.
     url: String,
     prefix: String,
@@ -126,6 +139,15 @@ fn retry() -> RetryConfig {
     }
 }
 
+/// Retries of one small request: within 8 s (a request that does not answer is cut off after
+/// [`QUICK_TIMEOUT`]); what still fails is tried again by the next checkpoint or start.
+fn quick_retry() -> RetryConfig {
+    RetryConfig {
+        retry_timeout: Duration::from_secs(8),
+        ..retry()
+    }
+}
+
 impl Bucket {
     /// The store and prefix of `url`, configured from the environment.
     pub(crate) fn open(url: &str) -> Result<Bucket> {
@@ -136,31 +158,58 @@ impl Bucket {
         if bucket.is_empty() {
             return Err(config("no bucket in the URL".into()));
         }
-        let store: Arc<dyn ObjectStore> = match scheme {
+        use object_store::ClientConfigKey::{ConnectTimeout, Timeout};
+        let built = |e: object_store::Error| config(e.to_string());
+        let (store, quick): (Arc<dyn ObjectStore>, Arc<dyn ObjectStore>) = match scheme {
             "s3" | "s3a" => {
+                use object_store::aws::AmazonS3ConfigKey::Client;
                 let mut b = s3_builder_from_env()
                     .map_err(config)?
                     .with_url(url.as_str())
-                    .with_retry(retry());
+                    .with_retry(retry())
+                    .with_config(Client(ConnectTimeout), CONNECT_TIMEOUT);
                 if std::env::var_os("AWS_CONDITIONAL_PUT").is_none() {
                     b = b.with_conditional_put(object_store::aws::S3ConditionalPut::ETagMatch);
                 }
-                Arc::new(b.build().map_err(|e| config(e.to_string()))?)
+                let quick = b
+                    .clone()
+                    .with_retry(quick_retry())
+                    .with_config(Client(Timeout), QUICK_TIMEOUT);
+                (
+                    Arc::new(b.build().map_err(built)?),
+                    Arc::new(quick.build().map_err(built)?),
+                )
             }
-            "gs" => Arc::new(
-                object_store::gcp::GoogleCloudStorageBuilder::from_env()
+            "gs" => {
+                use object_store::gcp::GoogleConfigKey::Client;
+                let b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
                     .with_url(url.as_str())
                     .with_retry(retry())
-                    .build()
-                    .map_err(|e| config(e.to_string()))?,
-            ),
-            "az" | "abfs" => Arc::new(
-                object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_config(Client(ConnectTimeout), CONNECT_TIMEOUT);
+                let quick = b
+                    .clone()
+                    .with_retry(quick_retry())
+                    .with_config(Client(Timeout), QUICK_TIMEOUT);
+                (
+                    Arc::new(b.build().map_err(built)?),
+                    Arc::new(quick.build().map_err(built)?),
+                )
+            }
+            "az" | "abfs" => {
+                use object_store::azure::AzureConfigKey::Client;
+                let b = object_store::azure::MicrosoftAzureBuilder::from_env()
                     .with_url(url.as_str())
                     .with_retry(retry())
-                    .build()
-                    .map_err(|e| config(e.to_string()))?,
-            ),
+                    .with_config(Client(ConnectTimeout), CONNECT_TIMEOUT);
+                let quick = b
+                    .clone()
+                    .with_retry(quick_retry())
+                    .with_config(Client(Timeout), QUICK_TIMEOUT);
+                (
+                    Arc::new(b.build().map_err(built)?),
+                    Arc::new(quick.build().map_err(built)?),
+                )
+            }
             other => {
                 return Err(config(format!(
                     "unknown scheme {other}:// (expected one of {SCHEMES:?})"
@@ -169,6 +218,7 @@ impl Bucket {
         };
         Ok(Bucket {
             store,
+            quick,
             prefix: prefix.trim_matches('/').to_owned(),
             url,
             conditional: AtomicBool::new(true),
@@ -205,14 +255,16 @@ impl Blobs for Bucket {
     }
 
     fn get(&self, key: &str) -> Result<Vec<u8>> {
-        let (store, k) = (self.store.clone(), self.key(key));
+        let control = key.rsplit('/').next().is_some_and(|name| name.starts_with('_'));
+        let store = if control { &self.quick } else { &self.store };
+        let (store, k) = (store.clone(), self.key(key));
         block(async move { store.get(&k).await?.bytes().await })
             .map(|b| b.to_vec())
             .map_err(|e| self.error("reading", key, e))
     }
 
     fn size(&self, key: &str) -> Result<Option<u64>> {
-        let (store, k) = (self.store.clone(), self.key(key));
+        let (store, k) = (self.quick.clone(), self.key(key));
         match block(async move { store.head(&k).await }) {
             Ok(meta) => Ok(Some(meta.size)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
@@ -231,7 +283,12 @@ impl Blobs for Bucket {
         } else {
             PutMode::Overwrite
         };
-        let (store, k) = (self.store.clone(), self.key(key));
+        let store = if bytes.len() <= QUICK_PUT_BYTES {
+            &self.quick
+        } else {
+            &self.store
+        };
+        let (store, k) = (store.clone(), self.key(key));
         let p = payload.clone();
         match block(async move { store.put_opts(&k, p, PutOptions::from(mode)).await }) {
             Ok(_) => Ok(true),
@@ -253,7 +310,7 @@ impl Blobs for Bucket {
     }
 
     fn dirs(&self) -> Result<Vec<String>> {
-        let (store, k) = (self.store.clone(), self.key(""));
+        let (store, k) = (self.quick.clone(), self.key(""));
         let prefix = (!self.prefix.is_empty()).then_some(k);
         let listed = block(async move { store.list_with_delimiter(prefix.as_ref()).await })
             .map_err(|e| self.error("listing", "", e))?;
@@ -265,7 +322,7 @@ impl Blobs for Bucket {
     }
 
     fn delete(&self, key: &str) -> Result<()> {
-        let (store, k) = (self.store.clone(), self.key(key));
+        let (store, k) = (self.quick.clone(), self.key(key));
         match block(async move { store.delete(&k).await }) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.error("removing", key, e)),
@@ -273,7 +330,7 @@ impl Blobs for Bucket {
     }
 
     fn delete_dir(&self, dir: &str) -> Result<()> {
-        let (store, k) = (self.store.clone(), self.key(dir));
+        let (store, k) = (self.quick.clone(), self.key(dir));
         block(async move {
             let keys: Vec<Key> = store.list(Some(&k)).map_ok(|m| m.location).try_collect().await?;
             for key in keys {

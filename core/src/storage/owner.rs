@@ -210,7 +210,8 @@ impl Storage {
     /// owner's if longer) when the owner runs on another machine; never while its owner runs
     /// ([`CoreError::LocationOwned`], fatal). Blocks (storage calls, the watch).
     pub fn claim(&self, job: &str, lease: Duration) -> Result<()> {
-        let me = OwnerRecord::this_process(job, lease);
+        let mut me = OwnerRecord::this_process(job, lease);
+        me.id = self.claim_id.get_or_init(|| me.id.clone()).clone();
         for _ in 0..5 {
             let current = self.read_owner()?;
             let verdict = match judge(current.as_ref(), &me, &alive_here) {
