@@ -334,6 +334,7 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
         token: job.admin_token()?,
         tls: job.admin_tls()?,
         client_certs: f.job.admin_tls_client_ca.is_some(),
+        allowed_hosts: f.job.admin_allowed_hosts.clone(),
     };
     if let Some(addr) = &admin_addr {
         admin::check_access(addr, &access)?;

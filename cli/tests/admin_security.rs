@@ -741,3 +741,118 @@ async fn an_expired_crl_refuses_client_certificates_until_a_newer_one_replaces_i
     job.kill();
     Ok(())
 }
+
+/// GETs `path` naming `host` in the `Host` header (as a browser does after DNS rebinding), or
+/// POSTs when `post` is set; returns the status code and body.
+fn request_naming(port: u16, host: &str, path: &str, post: bool) -> Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let method = if post { "POST" } else { "GET" };
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer)?;
+    let code = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    Ok((code, answer))
+}
+
+/// The job's open file descriptors.
+fn descriptors(pid: u32) -> Result<usize> {
+    Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))?.count())
+}
+
+/// Edges that failed open: a token set but empty (or short) is refused at check and start; a
+/// request naming a host that is not an address, localhost or an allowed name is refused (a web
+/// page's DNS rebinding reached a loopback endpoint without a token, and could stop the job);
+/// a hundred idle connections neither take the job's descriptors (at most 64 are served) nor
+/// stop its checkpoints, and are dropped after the header timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weak_tokens_foreign_hosts_and_idle_connections_are_refused() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let (dir, file, port) = job_with_admin(env, "admedge").await?;
+    let lines = job_lines(&file, port)?;
+    let plain = std::fs::read_to_string(&file)?;
+
+    // A token variable set but empty, a short token, an empty token file: refused.
+    std::env::set_var("EXACTLY_TEST_EMPTY_ADMIN_TOKEN", "");
+    check_refuses(
+        &file,
+        &lines("admin_token = \"${EXACTLY_TEST_EMPTY_ADMIN_TOKEN}\""),
+        &["job.admin_token", "empty", "at least 16 bytes"],
+    )?;
+    check_refuses(&file, &lines("admin_token = \"short\""), &["at least 16 bytes"])?;
+    let empty = dir.path().join("empty-token");
+    std::fs::write(&empty, "\n")?;
+    check_refuses(
+        &file,
+        &lines(&format!("admin_token_file = \"{}\"", empty.display())),
+        &["job.admin_token_file", "at least 16 bytes"],
+    )?;
+    check_refuses(
+        &file,
+        &lines("admin_allowed_hosts = [\"evil.example:80\"]"),
+        &["job.admin_allowed_hosts"],
+    )?;
+
+    // A loopback endpoint without a token, one allowed name.
+    std::fs::write(&file, lines("admin_allowed_hosts = [\"orders-admin\"]"))?;
+    let mut job = spawn_run(&file, &[], "")?;
+    wait_status(&mut job, port, "a checkpoint", Duration::from_secs(60), |s| {
+        s["checkpoints"]["completed"].as_u64() >= Some(1)
+    })?;
+    for host in [
+        "evil.example",
+        &format!("rebound.example:{port}"),
+        "localhost.evil.example",
+    ] {
+        let (code, body) = request_naming(port, host, "/status", false)?;
+        assert_eq!(code, 403, "GET naming {host}: {body}");
+        let (code, body) = request_naming(port, host, "/stop", true)?;
+        assert_eq!(code, 403, "POST /stop naming {host}: {body}");
+    }
+    assert!(job.running(), "a request naming a foreign host stopped the job");
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        format!("orders-admin:{port}"),
+    ] {
+        let (code, body) = request_naming(port, &host, "/status", false)?;
+        assert_eq!(code, 200, "GET naming {host}: {body}");
+    }
+
+    // Idle connections: served 64 at a time, dropped after 10 s without headers.
+    let before = descriptors(job.pid())?;
+    let completed =
+        |job: &exactly_integration_tests::ChildJob| job.tail(1_000_000).matches("Checkpoint complete.").count();
+    let done_before = completed(&job);
+    let idle: Vec<std::net::TcpStream> = (0..100)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)))
+        .collect::<std::io::Result<_>>()?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let during = descriptors(job.pid())?;
+    assert!(
+        during <= before + 64 + 8,
+        "100 idle connections took {} descriptors of the job ({before} before)",
+        during - before
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        completed(&job) > done_before,
+        "checkpoints stopped while idle connections were held"
+    );
+    // The 64 served are dropped after the header timeout; then the rest and this request are
+    // served, while the test still holds every idle connection open.
+    let (code, _) = request_naming(port, &format!("127.0.0.1:{port}"), "/healthz", false)?;
+    assert_eq!(code, 200);
+    drop(idle);
+    assert!(job.running(), "{}", job.tail(40));
+    std::fs::write(&file, plain)?;
+    Ok(())
+}

@@ -240,20 +240,28 @@ impl CoreError {
         }
     }
 
-    /// Whether this is storage that does not answer — a refused connection, a timeout, a server
-    /// error — rather than one that refuses (nothing there, no permission, a bad name): an outage
-    /// to wait for, not a configuration to fix. (A claim not renewed in time is one too.)
+    /// Whether this is storage that cannot be reached — a refused or reset connection, a timeout,
+    /// a server error — rather than one that refuses or is misnamed (nothing there, no
+    /// permission, a name that does not resolve, a certificate not trusted): an outage to wait
+    /// for, not a configuration to fix. (A claim not renewed in time is one too.) The object
+    /// store's errors are sorted into these kinds where they are made (`storage/object.rs`).
     pub fn is_unavailable(&self) -> bool {
         use std::io::ErrorKind;
         match self {
-            CoreError::Io { source, .. } => !matches!(
+            CoreError::Io { source, .. } => matches!(
                 source.kind(),
-                ErrorKind::NotFound
-                    | ErrorKind::PermissionDenied
-                    | ErrorKind::InvalidInput
-                    | ErrorKind::InvalidData
-                    | ErrorKind::ReadOnlyFilesystem
-                    | ErrorKind::AlreadyExists
+                ErrorKind::ConnectionRefused
+                    | ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::NotConnected
+                    | ErrorKind::TimedOut
+                    | ErrorKind::BrokenPipe
+                    | ErrorKind::Interrupted
+                    | ErrorKind::HostUnreachable
+                    | ErrorKind::NetworkUnreachable
+                    | ErrorKind::NetworkDown
+                    | ErrorKind::ResourceBusy
+                    | ErrorKind::StaleNetworkFileHandle
             ),
             CoreError::ClaimNotRenewed { .. } => true,
             _ => false,

@@ -72,6 +72,15 @@ impl Default for RestartStrategy {
 }
 
 impl RestartStrategy {
+    /// The wait before a first restart (`None`: the strategy never restarts).
+    pub fn first_delay(&self) -> Option<Duration> {
+        match self {
+            RestartStrategy::None => None,
+            RestartStrategy::FixedDelay { delay, .. } | RestartStrategy::FailureRate { delay, .. } => Some(*delay),
+            RestartStrategy::ExponentialDelay { initial_delay, .. } => Some(*initial_delay),
+        }
+    }
+
     /// The longest wait before one restart (jitter included): what a pre-committed transaction
     /// must outlive on top of its checkpoint.
     pub fn longest_delay(&self) -> Duration {
@@ -128,26 +137,32 @@ pub enum RestartDecision {
 pub const STARTED_AFTER: Duration = Duration::from_secs(60);
 
 /// The longest wait between attempts to start a job that ran before while what it needs to start
-/// (the checkpoint location, a broker, a database) fails: it is probably down, and the job
+/// (the checkpoint location, a broker, a database) cannot be reached: it is down, and the job
 /// should be back within this long of it.
 pub const WAIT_CADENCE: Duration = Duration::from_secs(2);
 
-/// Where in a run the job failed, which decides how the restart waits.
+/// Where in a run the job failed, and how, which decides how the restart waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailedWhile {
-    /// Every task had started (records were flowing): the strategy's delay (a crash loop backs
+    /// Every task had started (records were flowing): the strategy decides (a crash loop backs
     /// off).
     Running,
-    /// Starting: restoring, or opening tasks (connecting to brokers and databases). For a job
-    /// that ran before, a dependency that is down: tried again within [`WAIT_CADENCE`], without
-    /// growing the back-off. For a job that never ran, a count towards `startup_attempts` (a
-    /// wrong address or a refused login will not fix itself).
+    /// Starting (restoring, or opening tasks), with an error that is not known to be an outage:
+    /// a count towards `startup_attempts` until the job has started (a wrong topic name or a
+    /// poison record will not fix itself), then as [`FailedWhile::Running`].
     Starting,
-    /// Reading the checkpoint location (claiming it, listing or reading checkpoints) failed in a
-    /// way that is not a refusal (the store does not answer): nothing can be decided without it,
-    /// so it is waited for as [`FailedWhile::Starting`] does for a job that ran before, whether
-    /// or not this one did.
-    ReadingLocation,
+    /// Starting, with what the job needs out of reach — a connection refused or timed out, a
+    /// server error (`ErrorClass::Retriable`, or a checkpoint location that does not answer).
+    /// For a job that ran before (it restores its own checkpoint, or completed one) that is an
+    /// outage: tried again within [`WAIT_CADENCE`] for as long as it lasts, without growing the
+    /// back-off or using up the strategy's attempts. For a job that never ran it may as well be a
+    /// wrong address: a count towards `startup_attempts` as [`FailedWhile::Starting`] is.
+    Unreachable,
+    /// The checkpoint location could not be reached (claiming it, reading its checkpoints):
+    /// nothing can be decided without it, whether the job ran before or not, so it is waited for
+    /// as [`FailedWhile::Unreachable`] is for a job that ran. (Only what cannot be reached:
+    /// a location refused or misnamed is a [`FailedWhile::Starting`] failure.)
+    LocationUnreachable,
 }
 
 /// Applies a strategy to a job's failures. Times are durations since any fixed origin.
@@ -164,6 +179,8 @@ pub struct RestartTracker {
     startup_failures: u32,
     /// A checkpoint completed since the last failure: the job recovered, the back-off resets.
     recovered: bool,
+    /// Attempts that waited for what the job needs ([`FailedWhile::Unreachable`]).
+    waits: u32,
 }
 
 impl RestartTracker {
@@ -185,6 +202,7 @@ impl RestartTracker {
             started: false,
             startup_failures: 0,
             recovered: false,
+            waits: 0,
         }
     }
 
@@ -208,8 +226,9 @@ impl RestartTracker {
         self.recovered = true;
     }
 
-    /// The job ran before (it restores a checkpoint of its own location): failures to start are
-    /// what it depends on being down, not a configuration that never worked.
+    /// The job ran before (it restores a checkpoint of its own location): a start that cannot
+    /// reach what it needs ([`FailedWhile::Unreachable`]) is an outage to wait for, not a
+    /// configuration that never worked.
     pub fn mark_ran_before(&mut self) {
         self.started = true;
     }
@@ -233,25 +252,35 @@ impl RestartTracker {
             self.consecutive = 0;
         }
         let waiting = match while_ {
-            FailedWhile::Running => false,
-            FailedWhile::Starting => self.started,
-            FailedWhile::ReadingLocation => true,
+            FailedWhile::Unreachable => self.started,
+            FailedWhile::LocationUnreachable => true,
+            FailedWhile::Running | FailedWhile::Starting => false,
         };
-        if !self.started && !waiting {
+        if waiting {
+            self.last_failure = Some(now);
+            self.waits += 1;
+            return match self.strategy.first_delay() {
+                None => RestartDecision::GiveUp,
+                Some(delay) => RestartDecision::Restart(delay.min(WAIT_CADENCE)),
+            };
+        }
+        if !self.started {
             self.startup_failures += 1;
             if self.startup_attempts.is_some_and(|n| self.startup_failures >= n) {
                 self.last_failure = Some(now);
                 return RestartDecision::StartupFailed(self.startup_failures);
             }
         }
-        match self.decide(now, !waiting) {
-            RestartDecision::Restart(delay) if waiting => RestartDecision::Restart(delay.min(WAIT_CADENCE)),
-            decision => decision,
-        }
+        self.decide(now)
     }
 
-    /// The strategy's decision; with `grow`, an exponential back-off grows.
-    fn decide(&mut self, now: Duration, grow: bool) -> RestartDecision {
+    /// Attempts to start that waited for what the job needs (not counted as restarts).
+    pub fn waits(&self) -> u32 {
+        self.waits
+    }
+
+    /// The strategy's decision.
+    fn decide(&mut self, now: Duration) -> RestartDecision {
         let decision = match &self.strategy {
             RestartStrategy::None => RestartDecision::GiveUp,
             RestartStrategy::FixedDelay { attempts, delay } => {
@@ -305,9 +334,7 @@ impl RestartTracker {
                         0.0
                     };
                     let delay = (base * (1.0 + factor)).clamp(0.0, max_delay.as_secs_f64());
-                    if grow {
-                        self.consecutive += 1;
-                    }
+                    self.consecutive += 1;
                     RestartDecision::Restart(Duration::from_secs_f64(delay))
                 }
             }
@@ -450,40 +477,68 @@ mod tests {
     }
 
     #[test]
-    fn a_job_that_ran_before_waits_for_what_it_needs_to_start_at_a_short_cadence() {
+    fn a_job_that_ran_before_waits_for_what_it_cannot_reach_at_a_short_cadence() {
         let mut t = RestartTracker::new(exponential(60)).with_startup_attempts(Some(3));
         t.mark_ran_before();
-        // Running failures back off; then the dependency is down at every start: tried again
-        // within WAIT_CADENCE, for as long as it takes, never given up on.
+        // Running failures back off; then what it needs cannot be reached at every start: tried
+        // again within WAIT_CADENCE, for as long as it takes, never given up on.
         assert_eq!(delay(t.on_failure(s(0))), 1);
         assert_eq!(delay(t.on_failure(s(1))), 2);
         assert_eq!(delay(t.on_failure(s(3))), 4);
         for i in 0..100 {
-            let d = t.on_failure_while(s(10 + 2 * i), FailedWhile::Starting);
-            assert_eq!(d, RestartDecision::Restart(WAIT_CADENCE), "attempt {i}");
+            let d = t.on_failure_while(s(10 + 2 * i), FailedWhile::Unreachable);
+            assert_eq!(d, RestartDecision::Restart(s(1)), "attempt {i}");
         }
-        // Waiting did not grow the back-off.
+        assert_eq!(t.waits(), 100);
+        // Waiting did not grow the back-off, nor count as restarts.
         assert_eq!(delay(t.on_failure(s(500))), 8);
+        assert_eq!(t.restarts(), 4);
+        // Another failure to start (a topic that does not exist) is not waited for.
+        let mut t = RestartTracker::new(exponential(60)).with_startup_attempts(Some(2));
+        t.mark_ran_before();
+        assert_eq!(delay(t.on_failure_while(s(0), FailedWhile::Starting)), 1);
+        assert_eq!(delay(t.on_failure_while(s(1), FailedWhile::Starting)), 2);
     }
 
     #[test]
-    fn a_job_that_never_ran_fails_fast_at_start_but_waits_for_its_checkpoint_location() {
-        let mut t = RestartTracker::new(exponential(60)).with_startup_attempts(Some(3));
-        // The location does not answer: waited for, however often.
-        for i in 0..20 {
+    fn waiting_uses_up_no_attempts_of_a_fixed_delay_and_none_never_waits() {
+        let mut t = RestartTracker::new(RestartStrategy::FixedDelay {
+            attempts: 3,
+            delay: s(30),
+        });
+        t.mark_ran_before();
+        for i in 0..50 {
             assert_eq!(
-                t.on_failure_while(s(i), FailedWhile::ReadingLocation),
-                RestartDecision::Restart(s(1)),
-                "attempt {i}"
+                t.on_failure_while(s(i), FailedWhile::Unreachable),
+                RestartDecision::Restart(WAIT_CADENCE)
             );
         }
-        // Read, but the start fails (a wrong broker address): the start-up bound ends it.
-        assert_eq!(delay(t.on_failure_while(s(30), FailedWhile::Starting)), 1);
-        assert_eq!(delay(t.on_failure_while(s(31), FailedWhile::Starting)), 2);
+        assert_eq!(t.on_failure(s(100)), RestartDecision::Restart(s(30)));
+        let mut t = RestartTracker::new(RestartStrategy::None);
+        t.mark_ran_before();
         assert_eq!(
-            t.on_failure_while(s(33), FailedWhile::Starting),
+            t.on_failure_while(s(0), FailedWhile::Unreachable),
+            RestartDecision::GiveUp
+        );
+    }
+
+    #[test]
+    fn a_job_that_never_ran_fails_fast_even_when_it_cannot_reach_what_it_needs() {
+        let mut t = RestartTracker::new(exponential(60)).with_startup_attempts(Some(3));
+        assert_eq!(delay(t.on_failure_while(s(0), FailedWhile::Unreachable)), 1);
+        assert_eq!(delay(t.on_failure_while(s(1), FailedWhile::Starting)), 2);
+        assert_eq!(
+            t.on_failure_while(s(3), FailedWhile::Unreachable),
             RestartDecision::StartupFailed(3)
         );
+        // Its checkpoint location out of reach: waited for all the same.
+        let mut t = RestartTracker::new(exponential(60)).with_startup_attempts(Some(3));
+        for i in 0..20 {
+            assert_eq!(
+                t.on_failure_while(s(i), FailedWhile::LocationUnreachable),
+                RestartDecision::Restart(s(1))
+            );
+        }
     }
 
     #[test]

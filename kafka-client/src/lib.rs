@@ -705,6 +705,44 @@ impl Cluster {
 /// The shorter wait lets commits resume within about a second of a broker or network coming back.
 const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
+/// Whether a Kafka client error says the cluster cannot be reached *now* — brokers down, a
+/// connection refused or lost, a request timed out, a coordinator or leader moving — rather than
+/// that something is wrong with the job (an address that does not resolve, refused credentials,
+/// a missing topic, an invalid state): what a connector reports as `ErrorClass::Retriable`, so
+/// that a job that ran before waits for the cluster instead of counting failed starts.
+pub fn unreachable(e: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    if let rdkafka::error::KafkaError::Transaction(t) = e {
+        if t.is_retriable() {
+            return true;
+        }
+    }
+    let code = match e {
+        rdkafka::error::KafkaError::Transaction(t) => Some(t.code()),
+        other => other.rdkafka_error_code(),
+    };
+    matches!(
+        code,
+        Some(
+            C::AllBrokersDown
+                | C::BrokerTransportFailure
+                | C::BrokerNotAvailable
+                | C::NetworkException
+                | C::RequestTimedOut
+                | C::OperationTimedOut
+                | C::MessageTimedOut
+                | C::TimedOutQueue
+                | C::CoordinatorNotAvailable
+                | C::NotCoordinator
+                | C::CoordinatorLoadInProgress
+                | C::LeaderNotAvailable
+                | C::NotLeaderForPartition
+                | C::NotEnoughReplicas
+                | C::NotEnoughReplicasAfterAppend
+        )
+    )
+}
+
 /// The start of every librdkafka client configuration: the bootstrap servers, the security
 /// settings, and the reconnection backoff. Callers add what their client needs.
 pub fn client_config(bootstrap_servers: &str, security: &KafkaSecurity) -> Result<ClientConfig, String> {

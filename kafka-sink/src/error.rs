@@ -51,6 +51,8 @@ impl SinkError {
         match self {
             SinkError::Config(_) => ErrorClass::Fatal,
             SinkError::Kafka { source, .. } if authorization(source) => ErrorClass::Fatal,
+            // The cluster cannot be reached now: an outage, for a job that ran before.
+            SinkError::Kafka { source, .. } if exactly_kafka_client::unreachable(source) => ErrorClass::Retriable,
             _ => ErrorClass::Restart,
         }
     }

@@ -136,8 +136,10 @@ pub(crate) fn unretried(code: rdkafka::types::RDKafkaErrorCode, what: String) ->
 impl From<SourceError> for CoreError {
     fn from(e: SourceError) -> Self {
         let class = match &e {
+            // The cluster cannot be reached now: an outage, for a job that ran before.
+            SourceError::Unreachable(_) => ErrorClass::Retriable,
+            SourceError::Kafka { source, .. } if exactly_kafka_client::unreachable(source) => ErrorClass::Retriable,
             SourceError::Kafka { .. }
-            | SourceError::Unreachable(_)
             | SourceError::Routing(_)
             | SourceError::OutOfRange { .. }
             | SourceError::Recreated { .. }

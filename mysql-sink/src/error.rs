@@ -45,6 +45,12 @@ impl MysqlSinkError {
 /// (1049, 1146), or TLS failed (an untrusted certificate, a server without TLS under
 /// `ssl-mode=required`). They stop the job with the server's message instead of restarting it
 /// forever.
+/// A connection the server refused or lost, or none within the pool's timeout: what a server
+/// that is down or restarting answers.
+fn unreachable(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut)
+}
+
 fn permanent(e: &sqlx::Error) -> bool {
     if matches!(e, sqlx::Error::Tls(_)) {
         return true;
@@ -60,6 +66,9 @@ impl From<MysqlSinkError> for CoreError {
     fn from(e: MysqlSinkError) -> Self {
         let class = match &e {
             MysqlSinkError::Database { source, .. } if permanent(source) => ErrorClass::Fatal,
+            // The server cannot be reached now (refused, lost, no connection within the pool's
+            // timeout): an outage, for a job that ran before.
+            MysqlSinkError::Database { source, .. } if unreachable(source) => ErrorClass::Retriable,
             MysqlSinkError::Database { .. } => ErrorClass::Restart,
             _ => ErrorClass::Fatal,
         };

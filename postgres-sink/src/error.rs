@@ -46,6 +46,12 @@ pub(crate) fn sqlstate(e: &sqlx::Error) -> Option<String> {
 /// database, table or column (3D000, 42P01, 42703), data that does not fit a column's type
 /// (class 22: the same records would fail again), TLS refused or unverifiable. They stop the job
 /// with the server's message instead of restarting it forever.
+/// A connection the server refused or lost, or none within the pool's timeout: what a server
+/// that is down or restarting answers.
+fn unreachable(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut)
+}
+
 fn permanent(e: &sqlx::Error) -> bool {
     if matches!(e, sqlx::Error::Tls(_)) {
         return true;
@@ -62,6 +68,9 @@ impl From<PostgresSinkError> for CoreError {
     fn from(e: PostgresSinkError) -> Self {
         let class = match &e {
             PostgresSinkError::Database { source, .. } if permanent(source) => ErrorClass::Fatal,
+            // The server cannot be reached now (refused, lost, no connection within the pool's
+            // timeout): an outage, for a job that ran before.
+            PostgresSinkError::Database { source, .. } if unreachable(source) => ErrorClass::Retriable,
             PostgresSinkError::Database { .. } => ErrorClass::Restart,
             _ => ErrorClass::Fatal,
         };

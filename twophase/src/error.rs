@@ -67,8 +67,13 @@ pub enum TwoPhaseError {
 impl From<TwoPhaseError> for CoreError {
     fn from(e: TwoPhaseError) -> Self {
         let class = match &e {
+            // Still failing after the driver's retries (a server down): an outage.
             TwoPhaseError::Commit {
-                source: CommitError::Retriable(_) | CommitError::Fenced(_),
+                source: CommitError::Retriable(_),
+                ..
+            } => ErrorClass::Retriable,
+            TwoPhaseError::Commit {
+                source: CommitError::Fenced(_),
                 ..
             } => ErrorClass::Restart,
             TwoPhaseError::Commit { .. } | TwoPhaseError::Decode(_) | TwoPhaseError::BehindSink { .. } => {

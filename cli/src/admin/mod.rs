@@ -42,9 +42,9 @@ use tracing::info;
 
 use crate::metrics::{prometheus, Registry};
 
+mod serve;
 mod tls;
 
-use tls::TlsListener;
 pub use tls::{server_tls, ClientAuth};
 
 struct AdminState {
@@ -57,6 +57,8 @@ struct AdminState {
     /// The job file as it was started, secrets masked.
     job_file: String,
     token: Option<Secret>,
+    /// Host names clients may name beside addresses and localhost (`job.admin_allowed_hosts`).
+    allowed_hosts: Vec<String>,
     /// Listening on a loopback address only.
     loopback: bool,
     /// Clients must present a certificate the client CA verified (mutual TLS).
@@ -81,6 +83,8 @@ pub struct AdminAccess {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// `tls` asks clients for certificates (`server_tls` with a client CA).
     pub client_certs: bool,
+    /// Host names clients may name beside addresses and localhost (`job.admin_allowed_hosts`).
+    pub allowed_hosts: Vec<String>,
 }
 
 /// A savepoint directory asked for by a request: relative to `root`, or absolute inside it; no
@@ -111,19 +115,53 @@ struct Peer {
     certified: bool,
 }
 
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>> for Peer {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
-        let certs = stream.io().get_ref().1.peer_certificates();
-        Peer {
-            certified: certs.is_some_and(|c| !c.is_empty()),
-        }
+/// The shortest admin token accepted (bytes).
+pub const MIN_TOKEN_BYTES: usize = 16;
+
+/// Refuses a token too short to protect anything: an empty one (a variable set but empty, an
+/// empty Secret file) would otherwise compare equal to an empty `Authorization` and serve
+/// everyone.
+pub fn check_token(token: &Secret) -> std::result::Result<(), String> {
+    let t = token.expose();
+    if t.trim().len() < MIN_TOKEN_BYTES {
+        return Err(format!(
+            "the admin token is {} (from {token:?}): it must be at least {MIN_TOKEN_BYTES} bytes, e.g. `openssl rand -hex 16`",
+            if t.trim().is_empty() {
+                "empty".to_owned()
+            } else {
+                format!("{} bytes", t.trim().len())
+            }
+        ));
     }
+    Ok(())
 }
 
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>> for Peer {
-    fn connect_info(_: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Self {
-        Peer { certified: false }
-    }
+/// Whether `host` (a `Host` header: name or address, with or without a port) names this endpoint
+/// as a client may: an IP address, `localhost`, or one of `allowed`. A name a web page's origin
+/// controls could be made to resolve to this endpoint (DNS rebinding): its requests name that
+/// host, and are refused.
+fn allowed_host(host: &str, allowed: &[String]) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        // [v6] or [v6]:port
+        return rest
+            .split_once(']')
+            .is_some_and(|(ip, _)| ip.parse::<std::net::Ipv6Addr>().is_ok());
+    } else {
+        host.rsplit_once(':').map_or(host, |(name, port)| {
+            if port.chars().all(|c| c.is_ascii_digit()) {
+                name
+            } else {
+                host
+            }
+        })
+    };
+    let name = name.trim_end_matches('.');
+    !name.is_empty()
+        && (name.parse::<std::net::Ipv4Addr>().is_ok()
+            || name.eq_ignore_ascii_case("localhost")
+            || allowed
+                .iter()
+                .any(|a| a.trim_end_matches('.').eq_ignore_ascii_case(name)))
 }
 
 /// Compares in time independent of where the first difference is.
@@ -152,6 +190,14 @@ async fn guard(State(s): State<Arc<AdminState>>, req: Request, next: Next) -> Re
     }
     let headers = req.headers();
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+    if !probe && !allowed_host(host, &s.allowed_hosts) {
+        return failure(
+            StatusCode::FORBIDDEN,
+            format!(
+                "requests for host {host:?} are refused: reach the endpoint by an IP address or localhost, or add the name to job.admin_allowed_hosts"
+            ),
+        );
+    }
     if let Some(origin) = headers.get(header::ORIGIN).and_then(|o| o.to_str().ok()) {
         let origin_host = origin
             .split_once("://")
@@ -177,6 +223,13 @@ async fn guard(State(s): State<Arc<AdminState>>, req: Request, next: Next) -> Re
     let needs_token = !open && (req.method() == Method::POST || !s.loopback);
     if needs_token {
         if let Some(token) = &s.token {
+            // Never protection by a token too short to be one (refused at start too).
+            if check_token(token).is_err() {
+                return failure(
+                    StatusCode::UNAUTHORIZED,
+                    "the configured admin token is too short".into(),
+                );
+            }
             let given = headers
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
@@ -326,6 +379,9 @@ pub fn check_access(addr: &str, access: &AdminAccess) -> Result<bool> {
         .parse()
         .with_context(|| format!("admin address {addr:?}: expected ip:port, e.g. 127.0.0.1:9249"))?;
     let loopback = parsed.ip().is_loopback();
+    if let Some(t) = &access.token {
+        check_token(t).map_err(anyhow::Error::msg)?;
+    }
     if !loopback && access.token.is_none() && !access.client_certs {
         bail!(
             "refusing to serve the admin endpoint on {addr} without a token: anyone who reaches it could stop the job; set job.admin_token (e.g. \"${{EXACTLY_ADMIN_TOKEN}}\") or job.admin_token_file (or client certificates: job.admin_tls_client_ca), or listen on 127.0.0.1"
@@ -353,6 +409,7 @@ pub async fn serve(
         checkpoints_dir,
         job_file,
         token: access.token,
+        allowed_hosts: access.allowed_hosts,
         loopback,
         client_certs: access.client_certs && access.tls.is_some(),
     });
@@ -371,31 +428,14 @@ pub async fn serve(
         .await
         .with_context(|| format!("binding the admin endpoint to {addr} (is another job using that port?)"))?;
     let local = listener.local_addr()?;
-    match access.tls {
-        Some(tls) => {
-            let listener = TlsListener::new(listener, tls)?;
-            info!(address = %format!("https://{local}"), "Admin endpoint listening (TLS).");
-            Ok(spawn_serving(listener, app))
-        }
-        None => {
-            info!(address = %format!("http://{local}"), "Admin endpoint listening.");
-            Ok(spawn_serving(listener, app))
-        }
-    }
-}
-
-/// Serves `app` on `listener` (plain TCP or [`TlsListener`]) until the task is aborted.
-fn spawn_serving<L>(listener: L, app: Router) -> tokio::task::JoinHandle<()>
-where
-    L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
-    Peer: for<'a> axum::extract::connect_info::Connected<axum::serve::IncomingStream<'a, L>>,
-{
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app.into_make_service_with_connect_info::<Peer>()).await {
-            tracing::warn!(error = %e, "The admin endpoint stopped.");
-        }
-    })
+    let tls = access.tls.map(tokio_rustls::TlsAcceptor::from);
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    info!(
+        address = %format!("{scheme}://{local}"),
+        max_connections = serve::MAX_CONNECTIONS,
+        "Admin endpoint listening."
+    );
+    Ok(serve::spawn(listener, tls, app))
 }
 
 /// POSTs `path` to a running job's admin endpoint (`exactly savepoint`, `exactly stop`) and
@@ -517,15 +557,56 @@ mod tests {
         );
         assert!(check_access("127.0.0.1:9249", &open).unwrap());
         let token = AdminAccess {
-            token: Some(Secret::new("t")),
+            token: Some(Secret::new("a-token-of-16-bytes-or-more")),
             ..AdminAccess::default()
         };
         assert!(!check_access("0.0.0.0:9249", &token).unwrap());
+        // An empty or short token protects nothing: refused, on any address.
+        for short in ["", "   ", "short"] {
+            let weak = AdminAccess {
+                token: Some(Secret::new(short)),
+                ..AdminAccess::default()
+            };
+            for addr in ["0.0.0.0:9249", "127.0.0.1:9249"] {
+                let err = check_access(addr, &weak).unwrap_err().to_string();
+                assert!(err.contains("at least 16 bytes"), "{short:?} on {addr}: {err}");
+            }
+        }
         let certs = AdminAccess {
             client_certs: true,
             ..AdminAccess::default()
         };
         assert!(!check_access("0.0.0.0:9249", &certs).unwrap());
         assert!(check_access("localhost:9249", &open).is_err(), "an address is ip:port");
+    }
+
+    #[test]
+    fn only_addresses_localhost_and_allowed_names_may_be_named_in_host() {
+        let allowed = vec!["orders-job-admin".to_owned()];
+        for ok in [
+            "127.0.0.1:9249",
+            "127.0.0.1",
+            "10.1.2.3:9249",
+            "[::1]:9249",
+            "[::1]",
+            "localhost:9249",
+            "LOCALHOST",
+            "orders-job-admin:9249",
+            "orders-job-admin.",
+        ] {
+            assert!(allowed_host(ok, &allowed), "{ok}");
+        }
+        for refused in [
+            "",
+            ":9249",
+            "evil.example:9249",
+            "127.0.0.1.evil.example",
+            "localhost.evil.example",
+            "orders-job-admin.evil.example:9249",
+            "[not-an-address]:9249",
+            "attacker-rebound:9249",
+        ] {
+            assert!(!allowed_host(refused, &allowed), "{refused}");
+        }
     }
 }

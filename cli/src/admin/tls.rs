@@ -1,5 +1,5 @@
 //! The admin endpoint's HTTPS: its certificate and the client CA and CRLs, read again when their
-//! files change, and the listener whose TLS handshakes run on tasks of their own.
+//! files change (the connections are served in `serve.rs`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -358,79 +358,5 @@ impl rustls::server::danger::ClientCertVerifier for ReloadingClientVerifier {
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.provider.signature_verification_algorithms.supported_schemes()
-    }
-}
-
-/// How long a client may take over its TLS handshake.
-const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// The HTTPS side of the endpoint for `axum::serve`: connections are accepted and their TLS
-/// handshakes run on tasks of their own (a client that stalls its handshake holds up no other);
-/// `accept` hands out the finished ones.
-pub(super) struct TlsListener {
-    ready: tokio::sync::mpsc::Receiver<(
-        tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
-        std::net::SocketAddr,
-    )>,
-    local: std::net::SocketAddr,
-    accepting: tokio::task::JoinHandle<()>,
-}
-
-impl TlsListener {
-    pub(super) fn new(listener: tokio::net::TcpListener, config: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
-        let local = listener.local_addr()?;
-        let (tx, ready) = tokio::sync::mpsc::channel(16);
-        let acceptor = tokio_rustls::TlsAcceptor::from(config);
-        let accepting = tokio::spawn(async move {
-            loop {
-                let (tcp, peer) = match listener.accept().await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        // Out of descriptors and the like: wait, as axum does for plain TCP.
-                        tracing::debug!(error = %e, "Accepting an admin connection failed.");
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                let (acceptor, tx) = (acceptor.clone(), tx.clone());
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                        Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, peer)).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake with an admin client failed."),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake with an admin client timed out."),
-                    }
-                });
-            }
-        });
-        Ok(TlsListener {
-            ready,
-            local,
-            accepting,
-        })
-    }
-}
-
-impl Drop for TlsListener {
-    fn drop(&mut self) {
-        self.accepting.abort();
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(c) => c,
-            // The accepting task ended (it runs until dropped): nothing more to accept.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
     }
 }

@@ -79,6 +79,12 @@ pub struct JobSection {
     /// A file holding the admin token (e.g. a mounted Kubernetes Secret).
     #[serde(default)]
     pub admin_token_file: Option<PathBuf>,
+    /// Host names (beside IP addresses and `localhost`) under which clients reach the admin
+    /// endpoint, e.g. a Kubernetes Service's `["orders-job-admin"]`: a request naming another
+    /// host is refused, so a web page cannot reach the endpoint through a name it controls (DNS
+    /// rebinding).
+    #[serde(default)]
+    pub admin_allowed_hosts: Vec<String>,
     /// The admin endpoint's certificate chain (PEM, the server's certificate first): with
     /// `admin_tls_key` the endpoint speaks HTTPS only.
     #[serde(default)]
@@ -263,13 +269,14 @@ impl Job {
     /// The admin endpoint's token, from `admin_token` or `admin_token_file`.
     pub fn admin_token(&self) -> anyhow::Result<Option<exactly_core::secret::Secret>> {
         let j = &self.file.job;
-        match (&j.admin_token, &j.admin_token_file) {
-            (Some(t), _) => Ok(Some(t.clone())),
-            (None, Some(f)) => exactly_core::secret::Secret::from_file(f)
-                .map(Some)
-                .map_err(anyhow::Error::msg),
-            (None, None) => Ok(None),
-        }
+        let token = match (&j.admin_token, &j.admin_token_file) {
+            (Some(t), _) => t.clone(),
+            (None, Some(f)) => exactly_core::secret::Secret::from_file(f).map_err(anyhow::Error::msg)?,
+            (None, None) => return Ok(None),
+        };
+        // Checked again here: a file's content may have changed since the job file was checked.
+        crate::admin::check_token(&token).map_err(|m| anyhow::anyhow!("job.admin_token: {m}"))?;
+        Ok(Some(token))
     }
 
     /// The admin endpoint's TLS settings, read from `admin_tls_cert` and `admin_tls_key`.
@@ -427,8 +434,26 @@ impl Job {
             ));
         }
         if let Some(f) = &j.admin_token_file {
-            if let Err(m) = exactly_core::secret::Secret::from_file(f) {
-                return Err(err("job.admin_token_file", m));
+            match exactly_core::secret::Secret::from_file(f) {
+                Err(m) => return Err(err("job.admin_token_file", m)),
+                Ok(t) => {
+                    if let Err(m) = crate::admin::check_token(&t) {
+                        return Err(err("job.admin_token_file", m));
+                    }
+                }
+            }
+        }
+        if let Some(t) = &j.admin_token {
+            if let Err(m) = crate::admin::check_token(t) {
+                return Err(err("job.admin_token", m));
+            }
+        }
+        for h in &j.admin_allowed_hosts {
+            if h.is_empty() || h.contains([':', '/', ' ', '*']) {
+                return Err(err(
+                    "job.admin_allowed_hosts",
+                    format!("{h:?} is not a host name (give names without port or scheme, e.g. \"orders-job-admin\")"),
+                ));
             }
         }
         match (&j.admin_tls_cert, &j.admin_tls_key) {

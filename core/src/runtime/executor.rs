@@ -273,7 +273,7 @@ impl Job {
             let (end, failed_while) = match picked {
                 Err(e) => {
                     let while_ = if e.is_unavailable() {
-                        FailedWhile::ReadingLocation
+                        FailedWhile::LocationUnreachable
                     } else {
                         FailedWhile::Starting
                     };
@@ -319,6 +319,14 @@ impl Job {
                     if error.class() == ErrorClass::Fatal {
                         return Err(error);
                     }
+                    // A start that could not reach what it needs (refused, timed out, a server
+                    // error; the checkpoint store not answering): an outage, for a job that ran.
+                    let failed_while = match failed_while {
+                        FailedWhile::Starting if error.class() == ErrorClass::Retriable || error.is_unavailable() => {
+                            FailedWhile::Unreachable
+                        }
+                        other => other,
+                    };
                     match tracker.on_failure_while(started.elapsed(), failed_while) {
                         RestartDecision::GiveUp => {
                             return Err(CoreError::RestartsExhausted {
@@ -334,7 +342,10 @@ impl Job {
                         }
                         RestartDecision::Restart(delay) => {
                             self.metrics.restarts.fetch_add(1, Ordering::Relaxed);
-                            if failed_while == FailedWhile::Running {
+                            if !matches!(
+                                failed_while,
+                                FailedWhile::Unreachable | FailedWhile::LocationUnreachable
+                            ) {
                                 waiting_since = None;
                                 warn!(
                                     job = %self.config.name,
@@ -347,11 +358,11 @@ impl Job {
                                 let since = *waiting_since.get_or_insert_with(Instant::now);
                                 warn!(
                                     job = %self.config.name,
-                                    restart = tracker.restarts(),
+                                    attempt = tracker.waits(),
                                     cause = %error,
                                     delay_ms = delay.as_millis() as u64,
                                     waiting_s = since.elapsed().as_secs(),
-                                    "The job could not start (what it needs may be down); trying again, restarting from the latest completed checkpoint."
+                                    "The job cannot reach what it needs to start (down?); trying again, from the latest completed checkpoint."
                                 );
                             }
                             tokio::select! {

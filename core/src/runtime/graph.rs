@@ -182,6 +182,8 @@ pub struct Stream<T> {
     is_source: bool,
     attach: Attach<T>,
     record_size: Option<RecordSize<T>>,
+    /// `record_size` was given by the user ([`Stream::record_size`]), not the source's default.
+    size_explicit: bool,
     /// The stage input this chain reads (none for a chain that starts at a source).
     reads: Option<usize>,
 }
@@ -232,6 +234,7 @@ impl JobBuilder {
             is_source: true,
             attach,
             record_size: Some(Arc::new(|r: &T| S::record_size(r))),
+            size_explicit: false,
             reads: None,
         }
     }
@@ -310,6 +313,7 @@ impl<T: Send + 'static> Stream<T> {
             is_source: self.is_source,
             attach: Arc::new(move |ctx, next| prev(ctx, Box::new(Stateless { f: f.clone(), next }))),
             record_size: None,
+            size_explicit: false,
             reads: self.reads,
         }
     }
@@ -321,9 +325,10 @@ impl<T: Send + 'static> Stream<T> {
 
     /// Chains a filter (records keep the weight the stream gives them).
     pub fn filter(self, f: impl Fn(&T) -> bool + Send + Sync + 'static) -> Stream<T> {
-        let size = self.record_size.clone();
+        let (size, explicit) = (self.record_size.clone(), self.size_explicit);
         let mut filtered = self.flat_map(move |r, out| if f(&r) { out.emit(r) } else { Ok(()) });
         filtered.record_size = size;
+        filtered.size_explicit = explicit;
         filtered
     }
 
@@ -358,6 +363,7 @@ impl<T: Send + 'static> Stream<T> {
                 )
             }),
             record_size: None,
+            size_explicit: false,
             reads: self.reads,
         }
     }
@@ -371,6 +377,7 @@ impl<T: Send + 'static> Stream<T> {
     /// this is set, which misses what it owns on the heap.
     pub fn record_size(mut self, size: impl Fn(&T) -> usize + Send + Sync + 'static) -> Self {
         self.record_size = Some(Arc::new(size));
+        self.size_explicit = true;
         self
     }
 
@@ -515,6 +522,7 @@ impl<T: Send + 'static> Stream<T> {
                     is_source: false,
                     attach,
                     record_size: self.record_size.clone(),
+                    size_explicit: self.size_explicit,
                     reads: Some(at),
                 }
             })
@@ -573,6 +581,7 @@ impl<T: Send + 'static> KeyedStream<T> {
                 )
             }),
             record_size: None,
+            size_explicit: false,
             reads: inner.reads,
         }
     }
@@ -594,8 +603,15 @@ fn connect<T: Send + 'static>(
     parallelism: u32,
 ) -> Stream<T> {
     let graph = upstreams[0].0.graph.clone();
-    // The stage's input records are weighed as its upstreams say (the first that says).
-    let record_size = upstreams.iter().find_map(|(s, _)| s.record_size.clone());
+    // The stage's input records are weighed as a user said for one of its upstreams, else as
+    // the first upstream's source says.
+    let size_explicit = upstreams
+        .iter()
+        .any(|(s, _)| s.size_explicit && s.record_size.is_some());
+    let record_size = upstreams
+        .iter()
+        .filter(|(s, _)| s.size_explicit || !size_explicit)
+        .find_map(|(s, _)| s.record_size.clone());
     let size: RecordSize<T> = record_size
         .clone()
         .unwrap_or_else(|| Arc::new(|_: &T| std::mem::size_of::<T>()));
@@ -667,6 +683,41 @@ fn connect<T: Send + 'static>(
         is_source: false,
         attach,
         record_size,
+        size_explicit,
         reads: Some(reads),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::SourceStatus;
+
+    struct Nothing;
+
+    impl Source<Vec<u8>> for Nothing {
+        async fn poll_next(&mut self, _out: &mut Vec<Vec<u8>>) -> Result<SourceStatus> {
+            Ok(SourceStatus::End)
+        }
+    }
+
+    /// A weigher the user gave wins over the sources' defaults, on whichever input of a union it
+    /// stands; through `filter` too.
+    #[test]
+    fn a_stage_weighs_its_input_as_the_user_said() {
+        let mut job = JobBuilder::new(JobConfig::new("w"));
+        let a = job.source("a", 1, |_: &SubtaskInfo| Nothing);
+        let b = job
+            .source("b", 1, |_: &SubtaskInfo| Nothing)
+            .record_size(|r: &Vec<u8>| 1000 + r.len())
+            .filter(|_| true);
+        let merged = a.union(vec![b]);
+        let weigh = merged.record_size.clone().expect("weighed");
+        assert_eq!(weigh(&vec![0; 5]), 1005);
+        let plain = job.source("c", 1, |_: &SubtaskInfo| Nothing).rebalance(1);
+        assert_eq!(
+            (plain.record_size.clone().expect("weighed"))(&vec![0; 5]),
+            std::mem::size_of::<Vec<u8>>()
+        );
     }
 }

@@ -1,5 +1,5 @@
 //! Telling a dependency that is down from a job that cannot start: a job that ran before (it
-//! restores a checkpoint of its own location) waits for what fails its start, however many
+//! restores a checkpoint of its own location) waits for what its start cannot reach, however many
 //! attempts that takes; a job that never ran gives up after `startup_attempts`.
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -10,7 +10,8 @@ use super::*;
 use crate::coordinator::CheckpointConfig;
 use crate::error::CoreError;
 
-/// Counts up; its initialisation fails while `down` is above zero (a broker it cannot reach).
+/// Counts up; its initialisation fails while `down` is above zero: a broker it cannot reach
+/// (`ErrorClass::Retriable`).
 struct Counter {
     next: u64,
     down: Arc<AtomicU32>,
@@ -25,7 +26,7 @@ impl Source<u64> for Counter {
         {
             return Err(CoreError::operator(
                 "counter",
-                crate::ErrorClass::Restart,
+                crate::ErrorClass::Retriable,
                 "connecting to 127.0.0.1:1: connection refused",
             ));
         }

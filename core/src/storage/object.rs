@@ -42,6 +42,13 @@ pub(crate) fn is_url(location: &Path) -> bool {
         .is_some_and(|(scheme, _)| SCHEMES.contains(&scheme))
 }
 
+/// Whether `key` names one of the location's small control records (the owner's claim, the notes
+/// of explicit restores), read with the quick client. Checkpoint metadata is not one: it holds
+/// operator state inline, of any size.
+fn control_record(key: &str) -> bool {
+    matches!(key.rsplit('/').next(), Some("_owner" | "_restore" | "_restored_from"))
+}
+
 /// How long a request for a small object (a control record, a listing, a deletion) may take
 /// before it is given up (and retried): a store that stops answering mid-request — restarting,
 /// or cut off — must not hold a checkpoint for the client's default of 30 s, which the job would
@@ -56,7 +63,7 @@ const QUICK_PUT_BYTES: usize = 1 << 20;
 pub(crate) struct Bucket {
     /// For data files (their size unknown, up to a RocksDB file's).
     store: Arc<dyn ObjectStore>,
-    /// For small objects: control records (`_`-named), listings, deletions, small writes.
+    /// For small objects: control records ([`control_record`]), listings, deletions, small writes.
     quick: Arc<dyn ObjectStore>,
     /// The URL of the prefix, without a trailing slash.
     url: String,
@@ -136,6 +143,61 @@ fn retry() -> RetryConfig {
         backoff: BackoffConfig::default(),
         max_retries: 3,
         retry_timeout: Duration::from_secs(20),
+    }
+}
+
+/// The kind of an object store error that carries its cause only as text (object_store's
+/// `Generic`): `TimedOut` or `ConnectionRefused` for a store that cannot be reached (a refused or
+/// reset connection, a timeout, a server error: an outage, waited for), `Other` for anything else
+/// — a name that does not resolve, a certificate not trusted, a bucket or region that does not
+/// exist, a request refused (a configuration to fix, never waited for).
+fn unreachable_kind(e: &object_store::Error) -> std::io::ErrorKind {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    let text = text.to_ascii_lowercase();
+    let misconfigured = [
+        "dns error",
+        "failed to lookup",
+        "certificate",
+        "invalid peer",
+        "handshake",
+        "nosuchbucket",
+        "permanentredirect",
+        "authorizationheadermalformed",
+        "invalidaccesskeyid",
+        "signaturedoesnotmatch",
+        "credential",
+        "status code: 4",
+        "status: 4",
+    ];
+    if misconfigured.iter().any(|m| text.contains(m)) {
+        return std::io::ErrorKind::Other;
+    }
+    let unreachable_ = [
+        "connection refused",
+        "connection reset",
+        "connection closed",
+        "broken pipe",
+        "timed out",
+        "error sending request",
+        "status code: 5",
+        "status: 5",
+        "service unavailable",
+        "slowdown",
+        "slow down",
+        "internalerror",
+    ];
+    if text.contains("connection refused") {
+        std::io::ErrorKind::ConnectionRefused
+    } else if unreachable_.iter().any(|m| text.contains(m)) {
+        std::io::ErrorKind::TimedOut
+    } else {
+        std::io::ErrorKind::Other
     }
 }
 
@@ -239,7 +301,7 @@ impl Bucket {
             object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
                 std::io::ErrorKind::PermissionDenied
             }
-            _ => std::io::ErrorKind::Other,
+            ref other => unreachable_kind(other),
         };
         CoreError::io(action, self.locate(key), std::io::Error::new(kind, e))
     }
@@ -255,8 +317,7 @@ impl Blobs for Bucket {
     }
 
     fn get(&self, key: &str) -> Result<Vec<u8>> {
-        let control = key.rsplit('/').next().is_some_and(|name| name.starts_with('_'));
-        let store = if control { &self.quick } else { &self.store };
+        let store = if control_record(key) { &self.quick } else { &self.store };
         let (store, k) = (store.clone(), self.key(key));
         block(async move { store.get(&k).await?.bytes().await })
             .map(|b| b.to_vec())
@@ -342,5 +403,41 @@ impl Blobs for Bucket {
             Ok(())
         })
         .map_err(|e| self.error("removing", dir, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::ErrorKind;
+
+    fn generic(text: &str) -> object_store::Error {
+        object_store::Error::Generic {
+            store: "S3",
+            source: text.to_owned().into(),
+        }
+    }
+
+    /// What the store's client says, as seen against SeaweedFS and in object_store's messages:
+    /// an outage is waited for, anything else is a configuration to fix.
+    #[test]
+    fn an_unreachable_store_is_told_from_a_misconfigured_one() {
+        let retries = "Error performing PUT http://127.0.0.1:18333/b/k in 12.6s, after 3 retries, max_retries: 3, retry_timeout: 20s";
+        for (text, kind) in [
+            (format!("{retries} - HTTP error: error sending request: client error (Connect): tcp connect error: Connection refused (os error 111)"), ErrorKind::ConnectionRefused),
+            (format!("{retries} - HTTP error: error sending request"), ErrorKind::TimedOut),
+            (format!("{retries} - HTTP error: operation timed out"), ErrorKind::TimedOut),
+            (format!("{retries} - Server returned non-2xx status code: 503 Service Unavailable"), ErrorKind::TimedOut),
+            (format!("{retries} - HTTP error: error sending request: client error (Connect): dns error: failed to lookup address information"), ErrorKind::Other),
+            (format!("{retries} - HTTP error: error sending request: invalid peer certificate: UnknownIssuer"), ErrorKind::Other),
+            (format!("{retries} - Server returned non-2xx status code: 404 Not Found: <Code>NoSuchBucket</Code>"), ErrorKind::Other),
+            (format!("{retries} - Server returned non-2xx status code: 403 Forbidden"), ErrorKind::Other),
+            ("Error getting credentials from the instance metadata service: operation timed out".to_owned(), ErrorKind::Other),
+            ("something nobody foresaw".to_owned(), ErrorKind::Other),
+        ] {
+            assert_eq!(unreachable_kind(&generic(&text)), kind, "{text}");
+        }
+        assert!(control_record("prefix/_owner") && control_record("_restore"));
+        assert!(!control_record("chk-3/_metadata") && !control_record("chk-3/_sessions-0.keyed"));
     }
 }
