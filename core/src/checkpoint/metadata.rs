@@ -114,6 +114,14 @@ pub enum FileScope {
     Shared,
 }
 
+/// Whether `name` is one path component that stays where it is put: not empty, not `.` or `..`,
+/// no `/`, `\` or NUL, at most 255 bytes. A checkpoint's metadata names the files a restore
+/// writes, reads and retention deletes; a crafted one (a bucket others can write to, a savepoint
+/// handed over for `--from`) must not reach outside the checkpoint's or the backend's directory.
+pub fn is_single_component(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 255 && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
+}
+
 /// A state file, with what is needed to verify it on restore.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileHandle {

@@ -283,6 +283,12 @@ impl JobBuilder {
 
 fn register_uid(graph: &Rc<RefCell<Graph>>, uid: &str) {
     let mut g = graph.borrow_mut();
+    // A uid names the operator's state files (`UID-SUBTASK…`): one path component, always.
+    if !crate::checkpoint::is_single_component(uid) && g.error.is_none() {
+        g.error = Some(CoreError::InvalidJob(format!(
+            "operator uid {uid:?} must be usable as a file name: not empty, no '/', '\\' or NUL, not '.' or '..'"
+        )));
+    }
     if !g.uids.insert(uid.to_owned()) && g.error.is_none() {
         g.error = Some(CoreError::InvalidJob(format!("operator uid {uid:?} is used twice")));
     }
@@ -698,6 +704,25 @@ mod tests {
     impl Source<Vec<u8>> for Nothing {
         async fn poll_next(&mut self, _out: &mut Vec<Vec<u8>>) -> Result<SourceStatus> {
             Ok(SourceStatus::End)
+        }
+    }
+
+    #[test]
+    fn a_uid_that_is_not_a_file_name_is_refused() {
+        for uid in ["a/b", "..", "", "x\\y"] {
+            let mut job = JobBuilder::new(JobConfig::new("u"));
+            job.source(uid, 1, |_: &SubtaskInfo| Nothing)
+                .sink("out", |_: &SubtaskInfo| Discard);
+            let err = job.build().err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains("usable as a file name"), "{uid:?}: {err}");
+        }
+    }
+
+    struct Discard;
+
+    impl crate::runtime::Sink<Vec<u8>> for Discard {
+        async fn write(&mut self, _records: Vec<Vec<u8>>) -> Result<()> {
+            Ok(())
         }
     }
 

@@ -53,6 +53,16 @@ pub(crate) fn decode_metadata(path: &Path, bytes: &[u8]) -> Result<CheckpointMet
     }
     let (meta, _): (CheckpointMetadata, _) = bincode::serde::decode_from_slice(payload, bincode::config::standard())
         .map_err(|e| corrupt(format!("undecodable metadata: {e}")))?;
+    for f in meta.files() {
+        for name in [&f.name, &f.local_name] {
+            if !crate::checkpoint::is_single_component(name) {
+                return Err(corrupt(format!(
+                    "it names a state file {name:?}, which is not a single file name: refused (a restore \
+                     or retention would reach outside the checkpoint's directory)"
+                )));
+            }
+        }
+    }
     Ok(meta)
 }
 

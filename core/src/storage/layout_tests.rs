@@ -538,3 +538,42 @@ fn a_late_claim_write_of_an_earlier_attempt_is_still_this_runs() {
     checkpoint(&storage, 1, &[]);
     assert_eq!(storage.completed().unwrap(), vec![1]);
 }
+
+/// Checkpoint metadata is input too: a crafted `_metadata` whose file names leave their
+/// directory (`../`, an absolute path) is refused when it is read, before a restore could write
+/// or read there or retention delete there.
+#[test]
+fn a_checkpoint_naming_files_outside_its_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::new(dir.path().join("chk")).unwrap();
+    let outside = dir.path().join("outside");
+    fs::write(&outside, b"precious").unwrap();
+    for (name, local) in [
+        ("../../outside", "000012.sst"),
+        ("ok.sst", "../../../outside"),
+        ("ok.sst", "/etc/passwd"),
+        ("..", "000012.sst"),
+        ("", "000012.sst"),
+    ] {
+        let crafted = meta(
+            7,
+            vec![FileHandle {
+                scope: FileScope::Shared,
+                name: name.into(),
+                local_name: local.into(),
+                size: 8,
+                crc32: crc32fast::hash(b"precious"),
+            }],
+        );
+        let key = "chk-7/_metadata";
+        fs::create_dir_all(dir.path().join("chk/chk-7")).unwrap();
+        fs::write(dir.path().join("chk").join(key), encode_metadata(&crafted).unwrap()).unwrap();
+        let err = storage.open(7).unwrap_err();
+        assert!(
+            matches!(&err, CoreError::Corrupt { reason, .. } if reason.contains("not a single file name")),
+            "{name:?} / {local:?}: {err}"
+        );
+        assert!(storage.latest().is_err(), "{name:?} / {local:?}");
+        assert_eq!(fs::read(&outside).unwrap(), b"precious");
+    }
+}
