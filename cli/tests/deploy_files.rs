@@ -142,3 +142,28 @@ fn the_dockerfile_passes_hadolint() -> Result<()> {
     assert!(!out.status.success(), "hadolint passed a broken Dockerfile");
     Ok(())
 }
+
+/// The compose file publishes every port on 127.0.0.1 only: it runs Kafka without
+/// authentication and MySQL with a fixed root password, for tests on one machine.
+#[test]
+fn the_compose_file_publishes_ports_on_loopback_only() -> Result<()> {
+    let text = std::fs::read_to_string(repo().join("docker/compose.yaml"))?;
+    let mut published = Vec::new();
+    let mut in_ports = false;
+    for line in text.lines() {
+        let t = line.trim();
+        if t == "ports:" {
+            in_ports = true;
+            continue;
+        }
+        match t.strip_prefix("- ") {
+            Some(entry) if in_ports => published.push(entry.trim_matches('"').to_owned()),
+            _ => in_ports = false,
+        }
+    }
+    assert!(published.len() >= 3, "ports found: {published:?}");
+    for p in &published {
+        assert!(p.starts_with("127.0.0.1:"), "{p} is published on every interface");
+    }
+    Ok(())
+}

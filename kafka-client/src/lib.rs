@@ -448,11 +448,22 @@ impl KafkaSecurity {
             }
         }
         if let Some(p) = &k.principal {
-            if p.trim().is_empty() || p.contains(char::is_whitespace) {
-                return Err(format!("sasl.kerberos.principal {p:?}: expected name@REALM"));
+            // librdkafka runs its kinit command through the shell (`system()`), with the principal
+            // in it: only the principal grammar, nothing the shell would read.
+            if !kerberos_principal(p) {
+                return Err(format!(
+                    "sasl.kerberos.principal {p:?}: expected name@REALM (or name/instance@REALM) of letters, digits, '.', '_' and '-'"
+                ));
             }
         }
         if let Some(keytab) = &k.keytab {
+            // Inside double quotes in the same command: nothing the shell would expand there.
+            let path = keytab.to_string_lossy();
+            if path.contains(['"', '$', '`', '\\', '\n', '\r']) {
+                return Err(format!(
+                    "sasl.kerberos.keytab {path:?}: a path with '\"', '$', '`', '\\' or a line break cannot be handed to kinit safely"
+                ));
+            }
             if k.principal.is_none() {
                 return Err(
                     "sasl.kerberos.keytab needs sasl.kerberos.principal (the principal whose key it holds)".into(),
@@ -705,6 +716,20 @@ impl Cluster {
 /// The shorter wait lets commits resume within about a second of a broker or network coming back.
 const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
+/// Whether `p` is a Kerberos principal `name[/instance]@REALM` of letters, digits, '.', '_' and
+/// '-' (what a shell command may carry unquoted).
+fn kerberos_principal(p: &str) -> bool {
+    let part = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    };
+    match p.split_once('@') {
+        Some((name, realm)) => part(realm) && name.split('/').all(part),
+        None => false,
+    }
+}
+
 /// Whether a Kafka client error says the cluster cannot be reached *now* — brokers down, a
 /// connection refused or lost, a request timed out, a coordinator or leader moving — rather than
 /// that something is wrong with the job (an address that does not resolve, refused credentials,
@@ -928,6 +953,31 @@ sasl.oauthbearer.token.endpoint.url = "https://idp.example/token"
         assert!(e(&format!("{GSSAPI}sasl.username = \"u\"\n")).contains("not sasl.username"));
         assert!(e(&format!("{GSSAPI}sasl.kerberos.service.name = \"kafka/host\"\n")).contains("service name alone"));
         assert!(e(&format!("{GSSAPI}sasl.kerberos.principal = \"\"\n")).contains("expected name@REALM"));
+        // librdkafka's kinit runs through the shell: nothing a shell reads gets there.
+        for principal in [
+            "job@EXAMPLE.COM;touch${IFS}/tmp/pwned",
+            "job$(id)@EXAMPLE.COM",
+            "job`id`@EXAMPLE.COM",
+            "job@EXAMPLE.COM|id",
+            "job",
+            "@EXAMPLE.COM",
+        ] {
+            assert!(
+                e(&format!("{GSSAPI}sasl.kerberos.principal = {principal:?}\n")).contains("expected name@REALM"),
+                "{principal}"
+            );
+        }
+        assert!(e(&format!(
+            "{GSSAPI}sasl.kerberos.principal = \"a@B\"\nsasl.kerberos.keytab = \"/tmp/$(id).keytab\"\n"
+        ))
+        .contains("cannot be handed to kinit safely"));
+        for good in [
+            "job@EXAMPLE.COM",
+            "kafka-client/host-1.example.com@EXAMPLE.COM",
+            "a_b.c@R-1",
+        ] {
+            assert!(kerberos_principal(good), "{good}");
+        }
         assert!(e(&format!("{GSSAPI}sasl.kerberos.realm = \"B\"\n")).contains("unknown field"));
         assert!(
             e("security.protocol = \"SASL_SSL\"\nsasl.mechanism = \"PLAIN\"\nsasl.kerberos.principal = \"a@B\"\n")
