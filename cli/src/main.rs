@@ -178,6 +178,11 @@ enum Command {
         /// PostgreSQL sink).
         #[arg(long)]
         postgres_url: Option<String>,
+        /// A file holding the password of --mysql-url / --postgres-url, so that it is not on the
+        /// command line (`ps` shows that). The URLs may also take it from the environment:
+        /// 'mysql://app:${DB_PASSWORD}@db/shop' (single quotes, so the shell leaves it).
+        #[arg(long)]
+        db_password_file: Option<PathBuf>,
         /// Examples shown per kind of problem.
         #[arg(long, default_value_t = 5)]
         examples: usize,
@@ -459,6 +464,7 @@ async fn main_inner(cli: Cli, mut loaded: Loaded) -> anyhow::Result<ExitCode> {
             kafka_config: _,
             mysql_url,
             postgres_url,
+            db_password_file,
             examples,
             spill_dir,
             stall_timeout,
@@ -491,6 +497,7 @@ async fn main_inner(cli: Cli, mut loaded: Loaded) -> anyhow::Result<ExitCode> {
                 kafka_config,
                 mysql_url,
                 postgres_url,
+                db_password_file,
                 examples,
                 spill_dir,
                 stall_timeout,

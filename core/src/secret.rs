@@ -58,8 +58,63 @@ impl fmt::Debug for Secret {
 
 impl<'de> Deserialize<'de> for Secret {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        Secret::from_config(&text).map_err(serde::de::Error::custom)
+        d.deserialize_any(SecretVisitor)
+    }
+}
+
+/// Takes a string; any other value is refused *without* echoing it (serde's own message would
+/// print an unquoted numeric password in the error).
+struct SecretVisitor;
+
+impl SecretVisitor {
+    fn not_a_string<E: serde::de::Error>(what: &str) -> E {
+        E::custom(format!(
+            "a secret must be a string, not {what} (its value is not shown): quote it, or better reference it as \"${{NAME}}\" from the environment"
+        ))
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for SecretVisitor {
+    type Value = Secret;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string (a secret, or a \"${NAME}\" reference)")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Secret, E> {
+        Secret::from_config(v).map_err(E::custom)
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Secret, E> {
+        Err(Self::not_a_string("a number"))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Secret, E> {
+        Err(Self::not_a_string("a number"))
+    }
+
+    fn visit_i128<E: serde::de::Error>(self, _: i128) -> Result<Secret, E> {
+        Err(Self::not_a_string("a number"))
+    }
+
+    fn visit_u128<E: serde::de::Error>(self, _: u128) -> Result<Secret, E> {
+        Err(Self::not_a_string("a number"))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Secret, E> {
+        Err(Self::not_a_string("a number"))
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Secret, E> {
+        Err(Self::not_a_string("a boolean"))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, _: A) -> Result<Secret, A::Error> {
+        Err(Self::not_a_string("a table"))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, _: A) -> Result<Secret, A::Error> {
+        Err(Self::not_a_string("an array"))
     }
 }
 
@@ -70,20 +125,52 @@ impl Serialize for Secret {
 }
 
 /// `url` with its password replaced by `***` (user, host, path and parameters kept), for logs
-/// and `Debug` output of connector configurations.
+/// and `Debug` output of connector configurations: the userinfo's password, and the value of
+/// every query parameter whose name says password, secret or token (`?password=…`, as
+/// PostgreSQL's URLs allow).
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
     let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    let tail = redact_query(tail);
     match authority.rsplit_once('@') {
         Some((userinfo, host)) => {
             let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
             let hidden = if userinfo.contains(':') { ":***" } else { "" };
             format!("{scheme}://{user}{hidden}@{host}{tail}")
         }
-        None => url.to_owned(),
+        None => format!("{scheme}://{authority}{tail}"),
     }
+}
+
+/// `text` (a URL's path and query, or a line holding one) with the value of every query
+/// parameter whose name says password, secret or token replaced by `***` (a `${NAME}` reference
+/// is kept: it holds no secret).
+pub fn redact_query(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(['?', '&']) {
+        out.push_str(&rest[..=i]);
+        rest = &rest[i + 1..];
+        let end = rest.find(['&', '#', '"', '\'', ' ', '\n']).unwrap_or(rest.len());
+        let param = &rest[..end];
+        match param.split_once('=') {
+            Some((name, value))
+                if ["password", "secret", "token"]
+                    .iter()
+                    .any(|w| name.to_ascii_lowercase().contains(w))
+                    && !value.starts_with("${") =>
+            {
+                out.push_str(name);
+                out.push_str("=***");
+            }
+            _ => out.push_str(param),
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Replaces every `${NAME}` in `text` by the environment variable NAME; `$${` is a literal `${`.
@@ -140,5 +227,50 @@ mod tests {
         let e = expand_env("${EXACTLY_SECRET_TEST_UNSET}").unwrap_err();
         assert!(e.contains("EXACTLY_SECRET_TEST_UNSET") && e.contains("not set"), "{e}");
         assert!(expand_env("${oops").is_err());
+    }
+
+    #[test]
+    fn passwords_in_url_parameters_are_hidden() {
+        assert_eq!(
+            redact_url("postgres://app@db:5432/shop?sslmode=verify-full&password=hunter2&application_name=x"),
+            "postgres://app@db:5432/shop?sslmode=verify-full&password=***&application_name=x"
+        );
+        assert_eq!(
+            redact_url("postgres://db/shop?sslpassword=k3y&user=app"),
+            "postgres://db/shop?sslpassword=***&user=app"
+        );
+        assert_eq!(
+            redact_url("mysql://app:pw@db/shop?ssl-mode=required"),
+            "mysql://app:***@db/shop?ssl-mode=required"
+        );
+        assert_eq!(
+            redact_url("postgres://db/shop?password=${PG_PASSWORD}"),
+            "postgres://db/shop?password=${PG_PASSWORD}"
+        );
+    }
+
+    #[derive(Debug, Deserialize)]
+    struct WithSecret {
+        #[allow(dead_code)]
+        password: Secret,
+    }
+
+    #[test]
+    fn a_secret_that_is_not_a_string_is_refused_without_its_value() {
+        for text in [
+            r#"{"password": 8675309}"#,
+            r#"{"password": 86753.09}"#,
+            r#"{"password": true}"#,
+            r#"{"password": [8675309]}"#,
+        ] {
+            let err = serde_json::from_str::<WithSecret>(text).unwrap_err().to_string();
+            assert!(err.contains("a secret must be a string"), "{text}: {err}");
+            assert!(
+                !err.contains("8675309") && !err.contains("86753"),
+                "{text} echoed: {err}"
+            );
+        }
+        let ok: WithSecret = serde_json::from_str(r#"{"password": "8675309"}"#).unwrap();
+        assert_eq!(ok.password.expose(), "8675309");
     }
 }

@@ -279,6 +279,21 @@ fn secrets_are_masked_but_references_and_files_shown() {
 }
 
 #[test]
+fn multi_line_secrets_and_url_parameters_are_masked() {
+    let src = "[sink.mysql]\npassword = \"\"\"\nhunter2\nand-more\n\"\"\"\nname = \"orders\"\n\
+               sasl.password = '''\nl1ter4l\n'''\n\
+               url = \"postgres://app@db/shop?sslmode=verify-full&password=s3cret&x=1\"\n\
+               other = \"postgres://db/shop?password=${PG_PASSWORD}\"\n";
+    let m = masked(src);
+    for leaked in ["hunter2", "and-more", "l1ter4l", "s3cret"] {
+        assert!(!m.contains(leaked), "{leaked} in:\n{m}");
+    }
+    assert!(m.contains("password = \"***\"\nname = \"orders\""), "{m}");
+    assert!(m.contains("sslmode=verify-full&password=***&x=1"), "{m}");
+    assert!(m.contains("password=${PG_PASSWORD}"), "{m}");
+}
+
+#[test]
 fn transforms_filter_project_rename_and_key() {
     let mut v = json!({"id": 7, "status": "paid", "customer": {"id": "c1"}, "note": "x"});
     let mut key = None;

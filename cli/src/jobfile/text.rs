@@ -63,7 +63,15 @@ pub(super) fn segs(path: &str) -> Vec<Seg<'_>> {
 /// `***` — unless they are `${NAME}` references, which hold no secret.
 pub fn masked(src: &str) -> String {
     let mut out = String::with_capacity(src.len());
+    // The closing delimiter of a masked multi-line string whose lines are being left out.
+    let mut skipping: Option<&str> = None;
     for line in src.split_inclusive('\n') {
+        if let Some(close) = skipping {
+            if line.contains(close) {
+                skipping = None;
+            }
+            continue;
+        }
         let mut line = line.to_owned();
         if let Some((key, value)) = line.split_once('=') {
             let k = key.trim().to_ascii_lowercase();
@@ -85,6 +93,14 @@ pub fn masked(src: &str) -> String {
                 && !k.ends_with(".url")
                 && !v.starts_with("\"${")
             {
+                // A multi-line string: its other lines are left out too, up to its end.
+                for delim in ["\"\"\"", "'''"] {
+                    if let Some(body) = v.strip_prefix(delim) {
+                        if !body.contains(delim) {
+                            skipping = Some(delim);
+                        }
+                    }
+                }
                 let end = if line.ends_with('\n') { "\n" } else { "" };
                 line = format!("{key}= \"***\"{end}");
             }
@@ -106,6 +122,8 @@ pub fn masked(src: &str) -> String {
             }
             at = start;
         }
+        // ?password=… in a URL (PostgreSQL's URLs take one).
+        let line = exactly_core::secret::redact_query(&line);
         out.push_str(&line);
     }
     out

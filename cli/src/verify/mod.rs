@@ -100,6 +100,9 @@ pub struct VerifyArgs {
     pub mysql_url: Option<String>,
     /// PostgreSQL URL (default: the job's PostgreSQL sink).
     pub postgres_url: Option<String>,
+    /// A file holding the password of `mysql_url` / `postgres_url` (so it is not on the command
+    /// line, which `ps` shows); those URLs may also reference the environment (`${NAME}`).
+    pub db_password_file: Option<PathBuf>,
     /// Examples per kind of problem.
     pub examples: usize,
     /// Where sorted runs are spilled (default: the system's temporary directory).
@@ -624,15 +627,19 @@ fn column_id(mapping: &exactly_mysql_sink::Mapping, i: usize, value: Option<&[u8
     }
 }
 
-/// The server of a table output: `--mysql-url` / `--postgres-url`, or the job's sink of that
-/// database (with its password file, which does not apply to a URL given on the command line).
+/// The server of a table output: `--mysql-url` / `--postgres-url` (`${NAME}` taken from the
+/// environment, with `--db-password-file`), or the job's sink of that database (with its password
+/// file).
 fn db_server(args: &VerifyArgs, job: &FromJob, db: Database) -> Result<(String, Option<PathBuf>)> {
     let (flag, given, name) = match db {
         Database::Mysql => ("--mysql-url", &args.mysql_url, "MySQL"),
         Database::Postgres => ("--postgres-url", &args.postgres_url, "PostgreSQL"),
     };
     match (given, &job.database) {
-        (Some(url), _) => Ok((url.clone(), None)),
+        (Some(url), _) => Ok((
+            exactly_core::secret::expand_env(url).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?,
+            args.db_password_file.clone(),
+        )),
         (None, Some((d, url, password_file))) if *d == db => Ok((url.clone(), password_file.clone())),
         _ => bail!("{flag} is required (or --job, whose {name} sink names it)"),
     }
@@ -703,6 +710,52 @@ pub fn print(r: &Report) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_database_url_given_on_the_command_line_takes_its_password_from_the_environment_or_a_file() {
+        std::env::set_var("EXACTLY_VERIFY_TEST_DB_PASSWORD", "from-env");
+        let args = VerifyArgs {
+            source: SourceRange {
+                topic: "in".into(),
+                from: read::Bound::Start,
+                to: read::Bound::End,
+            },
+            output: Output::Table(Database::Mysql, "orders".into()),
+            id: "id".into(),
+            key: None,
+            order: None,
+            job: None,
+            sink: None,
+            bootstrap: None,
+            kafka_config: None,
+            mysql_url: Some("mysql://app:${EXACTLY_VERIFY_TEST_DB_PASSWORD}@db/shop".into()),
+            postgres_url: Some("postgres://app@db/shop".into()),
+            db_password_file: Some("/run/secrets/db".into()),
+            examples: 5,
+            spill_dir: None,
+            stall_timeout: Duration::from_secs(1),
+        };
+        let job = FromJob {
+            transforms: Vec::new(),
+            columns: None,
+            bootstrap: None,
+            group: None,
+            database: None,
+            input_field: None,
+        };
+        let (url, file) = db_server(&args, &job, Database::Mysql).unwrap();
+        assert_eq!(url, "mysql://app:from-env@db/shop");
+        assert_eq!(file.as_deref(), Some(std::path::Path::new("/run/secrets/db")));
+        let unset = VerifyArgs {
+            mysql_url: Some("mysql://app:${EXACTLY_VERIFY_TEST_UNSET}@db/shop".into()),
+            ..args
+        };
+        let err = db_server(&unset, &job, Database::Mysql).unwrap_err().to_string();
+        assert!(
+            err.contains("--mysql-url") && err.contains("EXACTLY_VERIFY_TEST_UNSET"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn outputs_and_ids_parse() {
