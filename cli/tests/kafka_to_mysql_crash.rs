@@ -181,3 +181,40 @@ async fn a_fresh_start_behind_what_the_table_holds_is_refused() -> Result<()> {
     assert_eq!(after, before, "the table was written again");
     Ok(())
 }
+
+/// The newest checkpoint unreadable after a crash between its metadata becoming durable and its
+/// commits: the table's progress rows show none of its transactions committed, so the job
+/// restores the one before (the progress rows prove it safe), sets the unreadable one aside, and
+/// the output ends exactly once. (It stopped with "cannot be read" before.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_newest_checkpoint_the_table_never_committed_is_restored_past() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let dir = tempfile::tempdir()?;
+    let s = setup(env, "xa", dir.path());
+    create_topic(env, &s.input, 2).await?;
+    let feeder = feed(env, &s)?;
+    let mut job = ChildJob::spawn(exactly(), &s.args, "checkpoint.after_durable=freeze@3")?;
+    let reached = job.wait_for_failpoint("checkpoint.after_durable", Duration::from_secs(60));
+    job.kill();
+    stop_feed(feeder)?;
+    reached?;
+    // The newest checkpoint's metadata, damaged (one flipped byte).
+    let checkpoints = dir.path().join("checkpoints");
+    let newest = std::fs::read_dir(&checkpoints)?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("chk-")?.parse::<u64>().ok())
+        .filter(|id| checkpoints.join(format!("chk-{id}/_metadata")).exists())
+        .max()
+        .context("a completed checkpoint")?;
+    let md = checkpoints.join(format!("chk-{newest}/_metadata"));
+    let mut bytes = std::fs::read(&md)?;
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    std::fs::write(&md, bytes)?;
+
+    drain_and_verify(env, &s).await?;
+    assert!(
+        checkpoints.join(format!("chk-{newest}/_metadata.unusable")).exists(),
+        "the unreadable checkpoint {newest} is set aside"
+    );
+    Ok(())
+}

@@ -80,6 +80,25 @@ pub enum CoreError {
         /// Older checkpoints that exist, as a hint (", older ones: 40, 41" or empty).
         older: String,
     },
+    /// The newest checkpoint cannot be read and a sink could not show that none of its
+    /// transactions after the newest readable one committed: restoring that one could write
+    /// output again.
+    #[error(
+        "{unusable}. The newest readable checkpoint, {restored}, would be restored only if every sink \
+         showed that none of its transactions after it committed; {unproven} of {sinks} sink \
+         subtask(s) cannot tell (a Kafka sink, or a sink that keeps no record of its commits)"
+    )]
+    FallbackNotProven {
+        /// Why the newest checkpoint cannot be read, and what to do (the `NewestCheckpointUnusable`
+        /// message).
+        unusable: String,
+        /// The newest readable checkpoint.
+        restored: CheckpointId,
+        /// Sink subtasks that did not prove it.
+        unproven: usize,
+        /// Sink subtasks of this run.
+        sinks: usize,
+    },
     /// The checkpoint directory has held completed checkpoints but holds none now. Starting from
     /// the source's start position would replay everything into exactly-once sinks.
     #[error(
@@ -227,6 +246,7 @@ impl CoreError {
             CoreError::RocksDb(_) => ErrorClass::Restart,
             CoreError::Corrupt { .. }
             | CoreError::NewestCheckpointUnusable { .. }
+            | CoreError::FallbackNotProven { .. }
             | CoreError::CheckpointsVanished(_)
             | CoreError::RestoreOlderThanNewest { .. }
             | CoreError::LocationOwned { .. }

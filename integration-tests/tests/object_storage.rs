@@ -319,5 +319,7 @@ async fn a_store_error_is_a_retriable_io_error() -> Result<()> {
     assert!(matches!(err, CoreError::Io { .. }), "{err}");
     assert_eq!(err.class(), ErrorClass::Restart);
     assert!(err.to_string().contains("no-such-bucket"), "{err}");
+    // A store that answers "no such bucket" is misconfigured, not down: never waited for.
+    assert!(!err.is_unavailable(), "{err}");
     Ok(())
 }

@@ -325,6 +325,11 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
         Ok(())
     }
 
+    /// Its progress rows record every commit (written in the committed transaction).
+    fn records_commits(&self) -> bool {
+        true
+    }
+
     async fn committed_through(
         &mut self,
         ctx: &RecoveryContext<'_, XaCommittable>,

@@ -257,6 +257,11 @@ impl TwoPhaseCommitSink<PgRecord> for TwoPhasePostgresSink {
         Ok(())
     }
 
+    /// Its progress rows record every commit (written in the committed transaction).
+    fn records_commits(&self) -> bool {
+        true
+    }
+
     async fn committed_through(
         &mut self,
         ctx: &RecoveryContext<'_, PgCommittable>,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use exactly_core::runtime::{DeferredState, InitContext, Sink, SnapshotContext, SubtaskInfo};
-use exactly_core::{failpoint, CheckpointId, CoreError};
+use exactly_core::{failpoint, CheckpointId, CoreError, ErrorClass};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
@@ -534,6 +534,22 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
     async fn initialize_state(&mut self, ctx: &InitContext<'_>) -> exactly_core::Result<()> {
         self.info = Some(ctx.info.clone());
         self.uid = ctx.info.uid.clone();
+        // Restoring an older checkpoint because the newest cannot be read: only a sink that
+        // records its commits can show that safe, and nothing is opened (nothing changed in the
+        // external system) before every sink has.
+        if let Some(unreadable) = ctx.unreadable_newer() {
+            if !self.sink.records_commits() {
+                return Err(CoreError::operator(
+                    &self.uid,
+                    ErrorClass::Fatal,
+                    format!(
+                        "checkpoint {unreadable} cannot be read, and sink '{}' keeps no record of what it committed: it cannot show that none of its transactions after checkpoint {} committed, so that one is not restored",
+                        self.uid,
+                        ctx.info.restored_checkpoint.unwrap_or(0)
+                    ),
+                ));
+            }
+        }
         self.sink.open(ctx.info).await?;
         // Union state: every subtask sees every committable (so a cleanup can spare the ones
         // others commit); each commits those whose origin maps to it, which with unchanged
@@ -563,6 +579,15 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
             is_restored: ctx.is_restored(),
             restored_checkpoint: info.restored_checkpoint,
         };
+        if ctx.unreadable_newer().is_some() {
+            // Refused here when behind (the sink committed past the restored checkpoint).
+            if self.check_not_behind(&recovery).await?.is_none()
+                && self.sink.committed_through(&recovery).await?.is_some()
+            {
+                ctx.prove_nothing_newer_committed();
+            }
+            ctx.proofs_settled().await?;
+        }
         let forget = self.check_not_behind(&recovery).await?;
         // Open transactions nobody needs go first, so that checking a restored one never waits
         // on them; the restored ones are committed before anything else may touch them (a

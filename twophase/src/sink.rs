@@ -270,6 +270,16 @@ pub trait TwoPhaseCommitSink<T>: Send + 'static {
         async { Ok(None) }
     }
 
+    /// Whether [`committed_through`](Self::committed_through) reads a record of this sink's
+    /// commits (the database sinks' progress rows). Asked, before [`open`](Self::open), when the
+    /// job would restore an older checkpoint because the newest cannot be read: only a sink that
+    /// keeps such a record can show that restoring it is safe; any other stops the job at once,
+    /// having changed nothing (an `open` may abort open transactions the unreadable checkpoint
+    /// still needs).
+    fn records_commits(&self) -> bool {
+        false
+    }
+
     /// Forgets the record of commits of checkpoints after `id` (the operator accepted replay
     /// from `id`, or from the start for 0): the checkpoints that follow may get ids that the
     /// record would otherwise show committed already. Runs before recovery when

@@ -48,13 +48,132 @@ pub struct InitContext<'a> {
     /// This subtask.
     pub info: &'a SubtaskInfo,
     pub(crate) restored: Option<&'a RestoredState>,
+    /// For a sink, when the job restores past checkpoints it cannot read.
+    pub(crate) proof: Option<&'a RestoreProof>,
+    /// This sink subtask proved it (see [`InitContext::prove_nothing_newer_committed`]).
+    pub(crate) proved_here: std::sync::atomic::AtomicBool,
+}
+
+/// A restore that went back past checkpoints it cannot read: safe only if every sink proves that
+/// none of its transactions after the restored checkpoint committed. Counted per sink subtask
+/// (`expected` as each opens, `proved` as each proves); the run checks once every task opened.
+#[derive(Debug)]
+pub(crate) struct RestoreProof {
+    /// The newest checkpoint, which cannot be read.
+    pub(crate) unusable: CheckpointId,
+    /// Sink subtasks of the run (counted as they are made, before any opens).
+    pub(crate) expected: std::sync::atomic::AtomicUsize,
+    pub(crate) proved: std::sync::atomic::AtomicUsize,
+    pub(crate) declined: std::sync::atomic::AtomicUsize,
+    /// Every task of the run is made (`expected` is final).
+    pub(crate) made: std::sync::atomic::AtomicBool,
+    /// `Some(true)` once every sink subtask proved, `Some(false)` once one could not.
+    pub(crate) settled: tokio::sync::watch::Sender<Option<bool>>,
+}
+
+impl RestoreProof {
+    pub(crate) fn new(unusable: CheckpointId) -> Self {
+        RestoreProof {
+            unusable,
+            expected: Default::default(),
+            proved: Default::default(),
+            declined: Default::default(),
+            made: Default::default(),
+            settled: tokio::sync::watch::channel(None).0,
+        }
+    }
+
+    /// Every task of the run is made: settles if every sink subtask already proved it.
+    pub(crate) fn all_made(&self) {
+        self.made.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.evaluate();
+    }
+
+    fn evaluate(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.declined.load(SeqCst) > 0 {
+            self.settled.send_replace(Some(false));
+        } else if self.made.load(SeqCst) && self.proved.load(SeqCst) >= self.expected.load(SeqCst) {
+            self.settled.send_replace(Some(true));
+        }
+    }
+
+    /// One sink subtask proved it, or could not.
+    pub(crate) fn record(&self, proved: bool) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if proved {
+            self.proved.fetch_add(1, SeqCst);
+        } else {
+            self.declined.fetch_add(1, SeqCst);
+        }
+        self.evaluate();
+    }
+
+    /// Whether every sink subtask proved it (false: one could not, or none was asked).
+    pub(crate) fn all_proved(&self) -> bool {
+        *self.settled.borrow() == Some(true)
+    }
 }
 
 impl<'a> InitContext<'a> {
     /// A context for `info` with `restored` state (the runtime builds these; public so that user
     /// functions can be tested on their own).
     pub fn new(info: &'a SubtaskInfo, restored: Option<&'a RestoredState>) -> Self {
-        InitContext { info, restored }
+        InitContext {
+            info,
+            restored,
+            proof: None,
+            proved_here: Default::default(),
+        }
+    }
+
+    /// (Sinks) When the job restores `info.restored_checkpoint` although newer checkpoints exist
+    /// that cannot be read: the newest of those. Restoring is safe only if no sink committed a
+    /// transaction of a checkpoint after the restored one; a sink whose external system records
+    /// what it committed checks that and says so with
+    /// [`InitContext::prove_nothing_newer_committed`]. The job goes on only if every sink subtask
+    /// does; otherwise it stops, reporting the unreadable checkpoint.
+    pub fn unreadable_newer(&self) -> Option<CheckpointId> {
+        self.proof.map(|p| p.unusable)
+    }
+
+    /// (Sinks) This sink subtask shows that none of its transactions of a checkpoint after the
+    /// restored one committed (see [`InitContext::unreadable_newer`]).
+    pub fn prove_nothing_newer_committed(&self) {
+        if let Some(p) = self.proof {
+            if !self.proved_here.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                p.record(true);
+            }
+        }
+    }
+
+    /// (Sinks) After [`InitContext::prove_nothing_newer_committed`]: waits until every sink
+    /// subtask of the run proved it (`Ok`), or one could not (an error: the job stops, and this
+    /// sink must change nothing in its external system). Without a restore past unreadable
+    /// checkpoints: `Ok` at once.
+    pub async fn proofs_settled(&self) -> Result<()> {
+        let Some(p) = self.proof else {
+            return Ok(());
+        };
+        let mut rx = p.settled.subscribe();
+        let settled = rx
+            .wait_for(Option::is_some)
+            .await
+            .map(|v| *v == Some(true))
+            .unwrap_or(false);
+        if settled {
+            Ok(())
+        } else {
+            Err(crate::CoreError::operator(
+                self.info.uid.clone(),
+                crate::ErrorClass::Fatal,
+                format!(
+                    "checkpoint {} cannot be read, and another sink of the job cannot show that none of its transactions after checkpoint {} committed (see its error): nothing is restored",
+                    p.unusable,
+                    self.info.restored_checkpoint.unwrap_or(0)
+                ),
+            ))
+        }
     }
 
     /// Whether the job restores from a checkpoint or savepoint that has state for this operator.

@@ -145,7 +145,7 @@ fn push_state(info: &SubtaskInfo, ctx: &mut BarrierCtx<'_>, sctx: SnapshotContex
 
 /// Runs `initialize_state` of a chained function with its restored state.
 fn init_function(info: &SubtaskInfo, restored: Option<&RestoredState>, f: &mut dyn CheckpointedFunction) -> Result<()> {
-    f.initialize_state(&InitContext { info, restored })
+    f.initialize_state(&InitContext::new(info, restored))
         .map_err(|e| user_error(&info.uid, e))
 }
 
@@ -337,6 +337,8 @@ pub(crate) struct SinkNode<T, S> {
     pub(crate) sink: S,
     pub(crate) restored: Option<RestoredState>,
     pub(crate) buffer: Vec<T>,
+    /// The run's restore past unreadable checkpoints, which this sink must prove safe.
+    pub(crate) proof: Option<Arc<crate::runtime::api::RestoreProof>>,
 }
 
 impl<T: Send + 'static, S: Sink<T>> SinkNode<T, S> {
@@ -361,11 +363,18 @@ impl<T: Send + 'static, S: Sink<T>> Output<T> for SinkNode<T, S> {
             let ctx = InitContext {
                 info: &self.info,
                 restored: self.restored.as_ref(),
+                proof: self.proof.as_deref(),
+                proved_here: Default::default(),
             };
-            self.sink
-                .initialize_state(&ctx)
-                .await
-                .map_err(|e| user_error(&self.info.uid, e))?;
+            let opened = self.sink.initialize_state(&ctx).await;
+            // A sink that returns without having proved a restore past unreadable checkpoints
+            // safe (it cannot tell, or failed) stops the others, which wait for the proofs.
+            if let Some(p) = &self.proof {
+                if !ctx.proved_here.load(std::sync::atomic::Ordering::SeqCst) {
+                    p.record(false);
+                }
+            }
+            opened.map_err(|e| user_error(&self.info.uid, e))?;
             self.restored = None;
             Ok(())
         })

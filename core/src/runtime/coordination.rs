@@ -286,6 +286,9 @@ impl Run<'_> {
             }
             TaskEvent::Opened { task } => {
                 self.opened.insert(task);
+                if self.opened.len() == self.controls.len() {
+                    self.settle_fallback().await?;
+                }
             }
             TaskEvent::Ended { task } => {
                 self.ended.insert(task);
@@ -311,6 +314,41 @@ impl Run<'_> {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Once every task started in a run that restored past checkpoints it cannot read: every
+    /// sink subtask must have proved that none of its transactions after the restored checkpoint
+    /// committed, or the job stops; then those checkpoints are set aside (before any new one
+    /// completes: every task starts before it acknowledges one).
+    async fn settle_fallback(&mut self) -> Result<()> {
+        let (Some(proof), Some(fallback)) = (self.spawner.proof.take(), self.plan.fallback.as_ref()) else {
+            return Ok(());
+        };
+        let expected = proof.expected.load(std::sync::atomic::Ordering::SeqCst);
+        let proved = proof.proved.load(std::sync::atomic::Ordering::SeqCst);
+        if expected > 0 && !proof.all_proved() {
+            return Err(CoreError::FallbackNotProven {
+                unusable: fallback.error.clone(),
+                restored: fallback.restored,
+                unproven: expected - proved,
+                sinks: expected,
+            });
+        }
+        let storage = self.storage.clone().expect("a fallback restores from storage");
+        let kept = fallback.restored;
+        let set_aside = tokio::task::spawn_blocking(move || storage.set_aside_newer_than(kept))
+            .await
+            .map_err(|e| CoreError::TaskLost {
+                task: "checkpoint storage".into(),
+                reason: e.to_string(),
+            })??;
+        warn!(
+            restored = fallback.restored,
+            set_aside = ?set_aside,
+            sink_subtasks = expected,
+            "Restored the newest readable checkpoint: every sink showed that none of its transactions after it committed. The unreadable newer ones are set aside (their metadata kept as _metadata.unusable)."
+        );
         Ok(())
     }
 

@@ -385,7 +385,7 @@ impl Job {
         last_id: &mut CheckpointId,
     ) -> Result<Option<Arc<Snapshot>>> {
         let chosen = match plan {
-            Some(p) => p.later(storage)?,
+            Some(p) => p.later_job(storage)?,
             None => {
                 // A first attempt tried again (an outage while it restored): the claim may have
                 // lapsed meanwhile, and been taken over.
@@ -473,10 +473,15 @@ impl Job {
         let mut places = Vec::new();
         let mut set = JoinSet::new();
         let mut tokio_ids = BTreeMap::new();
+        let proof = plan
+            .fallback
+            .as_ref()
+            .map(|f| Arc::new(super::api::RestoreProof::new(f.unusable)));
         let spawner = Spawner {
             job: self,
             storage: storage.clone(),
             events: events_tx.clone(),
+            proof,
         };
         for (vi, v) in self.vertices.iter().enumerate() {
             for index in 0..v.parallelism {
@@ -504,6 +509,9 @@ impl Job {
             }
         }
         drop(events_tx);
+        if let Some(p) = &spawner.proof {
+            p.all_made();
+        }
         let mut run = Run {
             job: self,
             spawner,
@@ -586,6 +594,8 @@ pub(super) struct Spawner<'a> {
     pub(super) job: &'a Job,
     pub(super) storage: Option<Arc<Storage>>,
     pub(super) events: mpsc::UnboundedSender<TaskEvent>,
+    /// The run's restore past unreadable checkpoints, which its sinks must prove safe.
+    pub(super) proof: Option<Arc<super::api::RestoreProof>>,
 }
 
 impl Spawner<'_> {
@@ -628,6 +638,7 @@ impl Spawner<'_> {
             max_alignment_bytes,
             control: Some(ctl_rx),
             events: self.events.clone(),
+            proof: self.proof.clone(),
         };
         let body = (v.make)(&mut ctx)?;
         let handle = set.spawn(async move { (id, body.await) });

@@ -433,6 +433,10 @@ impl<T: Send + 'static> Stream<T> {
             let info = ctx.info(&uid);
             let restored = ctx.restored(&uid);
             let sink = factory(&info);
+            // Counted as made: every sink subtask of the run before any opens.
+            if let Some(p) = &ctx.proof {
+                p.expected.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
             attach(
                 ctx,
                 Box::new(SinkNode {
@@ -440,6 +444,7 @@ impl<T: Send + 'static> Stream<T> {
                     sink,
                     restored,
                     buffer: Vec::new(),
+                    proof: ctx.proof.clone(),
                 }),
             )
         });

@@ -223,6 +223,8 @@ impl JobConfig {
 #[cfg(test)]
 mod deferred_tests;
 #[cfg(test)]
+mod fallback_tests;
+#[cfg(test)]
 mod start_tests;
 #[cfg(test)]
 mod tests;

@@ -28,6 +28,47 @@ pub(super) struct RestorePlan {
     /// The explicit snapshot and the newest checkpoint id its directory held when it was chosen
     /// (those and older ones are never restored by this job).
     explicit: Option<(PathBuf, CheckpointId)>,
+    /// The last pick went back past checkpoints it could not read: the run must have every sink
+    /// prove that none of its transactions after the restored checkpoint committed.
+    pub(super) fallback: Option<Fallback>,
+}
+
+/// A restore of an older checkpoint than the newest, which cannot be read (see `latest_or_back`).
+#[derive(Debug, Clone)]
+pub(super) struct Fallback {
+    /// The checkpoint restored instead.
+    pub(super) restored: CheckpointId,
+    /// The newest one, which cannot be read.
+    pub(super) unusable: CheckpointId,
+    /// Why it cannot (the error a restore without proofs reports).
+    pub(super) error: String,
+}
+
+/// The newest checkpoint of `storage`; when it cannot be read (`NewestCheckpointUnusable`), the
+/// newest older one that can, with the [`Fallback`] the run must then prove safe: restoring it is
+/// safe exactly when no sink committed a transaction of a later checkpoint, which only the sinks
+/// can tell. Without an older readable checkpoint, the error stands.
+fn latest_or_back(storage: &Storage) -> Result<(Option<Snapshot>, Option<Fallback>)> {
+    match storage.latest() {
+        Err(e @ CoreError::NewestCheckpointUnusable { id, .. }) => match storage.newest_readable_below(id)? {
+            Some(older) => {
+                tracing::warn!(
+                    unusable = id,
+                    restoring = older.meta.id,
+                    error = %e,
+                    "The newest checkpoint cannot be read: restoring the newest older one, if every sink proves that none of its transactions after it committed (else the job stops)."
+                );
+                let fallback = Fallback {
+                    restored: older.meta.id,
+                    unusable: id,
+                    error: e.to_string(),
+                };
+                Ok((Some(older), Some(fallback)))
+            }
+            None => Err(e),
+        },
+        other => other.map(|s| (s, None)),
+    }
 }
 
 impl RestorePlan {
@@ -38,8 +79,17 @@ impl RestorePlan {
         accept_replay: bool,
     ) -> Result<(Option<Snapshot>, RestorePlan)> {
         let Some(path) = restore_from else {
-            let latest = storage.map(CheckpointStorage::latest).transpose()?.flatten();
-            return Ok((latest, RestorePlan { explicit: None }));
+            let (latest, fallback) = match storage {
+                Some(s) => latest_or_back(s)?,
+                None => (None, None),
+            };
+            return Ok((
+                latest,
+                RestorePlan {
+                    explicit: None,
+                    fallback,
+                },
+            ));
         };
         let newest = match storage {
             Some(s) => s.completed()?.last().copied().unwrap_or(0),
@@ -56,7 +106,13 @@ impl RestorePlan {
                     location = %s.root().display(),
                     "Already restored from this snapshot: restoring the newest checkpoint made since, as a restart does (to restore the snapshot itself again, remove the location's _restore first)."
                 );
-                return Ok((s.latest()?, RestorePlan { explicit: None }));
+                return Ok((
+                    s.latest()?,
+                    RestorePlan {
+                        explicit: None,
+                        fallback: None,
+                    },
+                ));
             }
         }
         let snapshot = Storage::open_verified(path)?;
@@ -85,6 +141,7 @@ impl RestorePlan {
         }
         let plan = RestorePlan {
             explicit: Some((path.to_path_buf(), newest)),
+            fallback: None,
         };
         Ok((Some(snapshot), plan))
     }
@@ -94,7 +151,21 @@ impl RestorePlan {
         self.explicit.is_none()
     }
 
-    /// The choice of every later attempt (job or region restart).
+    /// The choice of a later attempt of the whole job, which may go back past checkpoints it
+    /// cannot read as the first may ([`RestorePlan::fallback`] says whether it did).
+    pub(super) fn later_job(&mut self, storage: Option<&Storage>) -> Result<Option<Snapshot>> {
+        if let (None, Some(s)) = (&self.explicit, storage) {
+            s.renew_claim()?;
+            let (latest, fallback) = latest_or_back(s)?;
+            self.fallback = fallback;
+            return Ok(latest);
+        }
+        self.fallback = None;
+        self.later(storage)
+    }
+
+    /// The choice of every later attempt (job or region restart); a region restart never goes
+    /// back past a checkpoint it cannot read.
     pub(super) fn later(&self, storage: Option<&Storage>) -> Result<Option<Snapshot>> {
         // A run that lost its location (taken over while it failed) stops here, before its
         // sinks' recovery could fence or abort anything of the new owner's; one whose claim

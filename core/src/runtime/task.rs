@@ -95,6 +95,8 @@ pub(crate) struct TaskContext {
     pub(crate) max_alignment_bytes: usize,
     pub(crate) control: Option<mpsc::UnboundedReceiver<Control>>,
     pub(crate) events: mpsc::UnboundedSender<TaskEvent>,
+    /// The run's restore past unreadable checkpoints, which its sinks must prove safe.
+    pub(crate) proof: Option<Arc<crate::runtime::api::RestoreProof>>,
 }
 
 impl TaskContext {
@@ -340,10 +342,7 @@ pub(crate) fn source_task<T: Send + 'static, S: Source<T>>(
     Box::pin(async move {
         chain.open().await?;
         source
-            .initialize_state(&InitContext {
-                info: &info,
-                restored: restored.as_ref(),
-            })
+            .initialize_state(&InitContext::new(&info, restored.as_ref()))
             .await
             .map_err(|e| user_error(&info.uid, e))?;
         drop(restored);

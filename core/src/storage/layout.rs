@@ -132,6 +132,39 @@ fn chk(id: CheckpointId) -> String {
 }
 
 impl Storage {
+    /// The newest completed checkpoint older than `newer` whose metadata and files read well
+    /// (`None`: none). For a restore past checkpoints that cannot be read, which only proofs from
+    /// every sink make safe (see `runtime/restore.rs`). I/O errors are returned (an outage is not
+    /// a reason to go further back).
+    pub fn newest_readable_below(&self, newer: CheckpointId) -> Result<Option<Snapshot>> {
+        let ids = self.completed()?;
+        for &id in ids.iter().rev().filter(|&&id| id < newer) {
+            match self.open(id).and_then(|s| verify_files(&s).map(|()| s)) {
+                Ok(s) => return Ok(Some(s)),
+                Err(CoreError::Corrupt { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Sets aside the completed checkpoints newer than `kept` (ones that could not be read, past
+    /// which the job restored `kept` once every sink proved none of their transactions
+    /// committed): each `_metadata` is kept as `_metadata.unusable` for inspection, and the
+    /// checkpoint is no longer listed, restored or read by retention.
+    pub fn set_aside_newer_than(&self, kept: CheckpointId) -> Result<Vec<CheckpointId>> {
+        let mut set_aside = Vec::new();
+        for id in self.completed()?.into_iter().filter(|&id| id > kept) {
+            let key = join(&chk(id), METADATA_FILE);
+            if let Ok(bytes) = self.blobs.get(&key) {
+                self.blobs.put(&format!("{key}.unusable"), &bytes, Put::Replace)?;
+            }
+            self.blobs.delete(&key)?;
+            set_aside.push(id);
+        }
+        Ok(set_aside)
+    }
+
     /// Storage at `location`: a local directory (created if missing) or an object store URL.
     pub fn new(location: impl Into<PathBuf>) -> Result<Self> {
         let root = location.into();
