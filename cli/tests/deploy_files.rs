@@ -112,7 +112,7 @@ fn the_configmaps_job_file_passes_exactly_check() -> Result<()> {
     let out = Command::new(exactly())
         .arg("check")
         .arg(&file)
-        .env("EXACTLY_ADMIN_TOKEN", "token")
+        .env("EXACTLY_ADMIN_TOKEN", "a-token-of-at-least-16-bytes")
         .env("KAFKA_PASSWORD", "password")
         .output()?;
     assert!(

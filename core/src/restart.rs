@@ -181,6 +181,8 @@ pub struct RestartTracker {
     recovered: bool,
     /// Attempts that waited for what the job needs ([`FailedWhile::Unreachable`]).
     waits: u32,
+    /// The job ran before (it restores a checkpoint of its own location).
+    ran_before: bool,
 }
 
 impl RestartTracker {
@@ -203,6 +205,7 @@ impl RestartTracker {
             startup_failures: 0,
             recovered: false,
             waits: 0,
+            ran_before: false,
         }
     }
 
@@ -230,7 +233,7 @@ impl RestartTracker {
     /// reach what it needs ([`FailedWhile::Unreachable`]) is an outage to wait for, not a
     /// configuration that never worked.
     pub fn mark_ran_before(&mut self) {
-        self.started = true;
+        self.ran_before = true;
     }
 
     /// Restarts granted so far.
@@ -252,7 +255,7 @@ impl RestartTracker {
             self.consecutive = 0;
         }
         let waiting = match while_ {
-            FailedWhile::Unreachable => self.started,
+            FailedWhile::Unreachable => self.started || self.ran_before,
             FailedWhile::LocationUnreachable => true,
             FailedWhile::Running | FailedWhile::Starting => false,
         };
@@ -480,24 +483,38 @@ mod tests {
     fn a_job_that_ran_before_waits_for_what_it_cannot_reach_at_a_short_cadence() {
         let mut t = RestartTracker::new(exponential(60)).with_startup_attempts(Some(3));
         t.mark_ran_before();
-        // Running failures back off; then what it needs cannot be reached at every start: tried
-        // again within WAIT_CADENCE, for as long as it takes, never given up on.
-        assert_eq!(delay(t.on_failure(s(0))), 1);
-        assert_eq!(delay(t.on_failure(s(1))), 2);
-        assert_eq!(delay(t.on_failure(s(3))), 4);
+        // What it needs cannot be reached at every start: tried again within WAIT_CADENCE, for as
+        // long as it takes, never given up on; the job still counts as starting (its connectors
+        // check their settings at once, as on a first start).
         for i in 0..100 {
-            let d = t.on_failure_while(s(10 + 2 * i), FailedWhile::Unreachable);
+            let d = t.on_failure_while(s(10 + i), FailedWhile::Unreachable);
             assert_eq!(d, RestartDecision::Restart(s(1)), "attempt {i}");
         }
         assert_eq!(t.waits(), 100);
-        // Waiting did not grow the back-off, nor count as restarts.
-        assert_eq!(delay(t.on_failure(s(500))), 8);
-        assert_eq!(t.restarts(), 4);
-        // Another failure to start (a topic that does not exist) is not waited for.
-        let mut t = RestartTracker::new(exponential(60)).with_startup_attempts(Some(2));
+        assert!(!t.has_started());
+        // Another failure to start (a topic that does not exist, a missing ACL) is not waited
+        // for: it counts against the start-up bound as on a first start.
+        assert_eq!(delay(t.on_failure_while(s(110), FailedWhile::Starting)), 1);
+        assert_eq!(delay(t.on_failure_while(s(111), FailedWhile::Starting)), 2);
+        assert_eq!(
+            t.on_failure_while(s(113), FailedWhile::Starting),
+            RestartDecision::StartupFailed(3)
+        );
+        // Once started, running failures back off, and waiting does not grow the back-off nor
+        // count as restarts.
+        let mut t = RestartTracker::new(exponential(60)).with_startup_attempts(Some(3));
         t.mark_ran_before();
-        assert_eq!(delay(t.on_failure_while(s(0), FailedWhile::Starting)), 1);
-        assert_eq!(delay(t.on_failure_while(s(1), FailedWhile::Starting)), 2);
+        t.mark_started();
+        assert_eq!(delay(t.on_failure(s(0))), 1);
+        assert_eq!(delay(t.on_failure(s(1))), 2);
+        for i in 0..10 {
+            assert_eq!(
+                t.on_failure_while(s(10 + i), FailedWhile::Unreachable),
+                RestartDecision::Restart(s(1))
+            );
+        }
+        assert_eq!(delay(t.on_failure(s(100))), 4);
+        assert_eq!(t.restarts(), 3);
     }
 
     #[test]

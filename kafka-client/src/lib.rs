@@ -721,6 +721,7 @@ const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 fn kerberos_principal(p: &str) -> bool {
     let part = |s: &str| {
         !s.is_empty()
+            && !s.starts_with('-')
             && s.chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
     };
@@ -959,6 +960,7 @@ sasl.oauthbearer.token.endpoint.url = "https://idp.example/token"
             "job$(id)@EXAMPLE.COM",
             "job`id`@EXAMPLE.COM",
             "job@EXAMPLE.COM|id",
+            "-c/tmp/x@EXAMPLE.COM",
             "job",
             "@EXAMPLE.COM",
         ] {

@@ -53,6 +53,7 @@ impl SinkError {
             SinkError::Kafka { source, .. } if authorization(source) => ErrorClass::Fatal,
             // The cluster cannot be reached now: an outage, for a job that ran before.
             SinkError::Kafka { source, .. } if exactly_kafka_client::unreachable(source) => ErrorClass::Retriable,
+            SinkError::Unreachable(_) => ErrorClass::Retriable,
             _ => ErrorClass::Restart,
         }
     }

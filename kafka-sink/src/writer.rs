@@ -147,6 +147,12 @@ impl KafkaSink {
 }
 
 impl Sink<ProducerRecord> for KafkaSink {
+    fn can_prove_restores(&self) -> bool {
+        match self {
+            KafkaSink::Plain(s) => s.can_prove_restores(),
+            KafkaSink::Transactional(s) => s.can_prove_restores(),
+        }
+    }
     async fn initialize_state(&mut self, ctx: &InitContext<'_>) -> exactly_core::Result<()> {
         match self {
             KafkaSink::Plain(s) => s.initialize_state(ctx).await,

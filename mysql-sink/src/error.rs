@@ -48,7 +48,25 @@ impl MysqlSinkError {
 /// A connection the server refused or lost, or none within the pool's timeout: what a server
 /// that is down or restarting answers.
 fn unreachable(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut)
+    use std::io::ErrorKind as K;
+    match e {
+        // Refused, reset, timed out: not a name that does not resolve (a configuration).
+        sqlx::Error::Io(io) => matches!(
+            io.kind(),
+            K::ConnectionRefused
+                | K::ConnectionReset
+                | K::ConnectionAborted
+                | K::NotConnected
+                | K::TimedOut
+                | K::BrokenPipe
+                | K::UnexpectedEof
+                | K::HostUnreachable
+                | K::NetworkUnreachable
+                | K::NetworkDown
+        ),
+        sqlx::Error::PoolTimedOut => true,
+        _ => false,
+    }
 }
 
 fn permanent(e: &sqlx::Error) -> bool {

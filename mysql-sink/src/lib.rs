@@ -128,6 +128,12 @@ impl MysqlSink {
 }
 
 impl Sink<SinkRecord> for MysqlSink {
+    fn can_prove_restores(&self) -> bool {
+        match self {
+            MysqlSink::Xa(s) => s.can_prove_restores(),
+            MysqlSink::Upsert(s) => s.can_prove_restores(),
+        }
+    }
     async fn initialize_state(&mut self, ctx: &InitContext<'_>) -> exactly_core::Result<()> {
         match self {
             MysqlSink::Xa(s) => s.initialize_state(ctx).await,

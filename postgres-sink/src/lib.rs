@@ -119,6 +119,12 @@ impl PostgresSink {
 }
 
 impl Sink<PgRecord> for PostgresSink {
+    fn can_prove_restores(&self) -> bool {
+        match self {
+            PostgresSink::TwoPhase(s) => s.can_prove_restores(),
+            PostgresSink::Upsert(s) => s.can_prove_restores(),
+        }
+    }
     async fn initialize_state(&mut self, ctx: &InitContext<'_>) -> exactly_core::Result<()> {
         match self {
             PostgresSink::TwoPhase(s) => s.initialize_state(ctx).await,

@@ -580,10 +580,9 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
             restored_checkpoint: info.restored_checkpoint,
         };
         if ctx.unreadable_newer().is_some() {
-            // Refused here when behind (the sink committed past the restored checkpoint).
-            if self.check_not_behind(&recovery).await?.is_none()
-                && self.sink.committed_through(&recovery).await?.is_some()
-            {
+            // Refused here when behind (the sink committed past the restored checkpoint); a
+            // record that holds nothing of this subtask (it never committed) proves it too.
+            if self.check_not_behind(&recovery).await?.is_none() {
                 ctx.prove_nothing_newer_committed();
             }
             ctx.proofs_settled().await?;
@@ -605,6 +604,11 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
         }
         self.current_id = all.iter().map(|(id, _)| id + 1).max().unwrap_or(1);
         Ok(())
+    }
+
+    /// When its external system records what it committed ([`TwoPhaseCommitSink::records_commits`]).
+    fn can_prove_restores(&self) -> bool {
+        self.sink.records_commits()
     }
 
     async fn write(&mut self, records: Vec<T>) -> exactly_core::Result<()> {

@@ -67,13 +67,19 @@ pub enum TwoPhaseError {
 impl From<TwoPhaseError> for CoreError {
     fn from(e: TwoPhaseError) -> Self {
         let class = match &e {
-            // Still failing after the driver's retries (a server down): an outage.
+            // Still failing after the driver's retries: an outage when its cause says the system
+            // cannot be reached (an error the connector classed so), else a restart.
             TwoPhaseError::Commit {
-                source: CommitError::Retriable(_),
+                source: CommitError::Retriable(cause),
                 ..
-            } => ErrorClass::Retriable,
+            } if cause
+                .downcast_ref::<CoreError>()
+                .is_some_and(|c| c.class() == ErrorClass::Retriable) =>
+            {
+                ErrorClass::Retriable
+            }
             TwoPhaseError::Commit {
-                source: CommitError::Fenced(_),
+                source: CommitError::Retriable(_) | CommitError::Fenced(_),
                 ..
             } => ErrorClass::Restart,
             TwoPhaseError::Commit { .. } | TwoPhaseError::Decode(_) | TwoPhaseError::BehindSink { .. } => {

@@ -640,6 +640,9 @@ fn db_server(args: &VerifyArgs, job: &FromJob, db: Database) -> Result<(String, 
             exactly_core::secret::expand_env(url).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?,
             args.db_password_file.clone(),
         )),
+        (None, _) if args.db_password_file.is_some() => {
+            bail!("--db-password-file is for the URL of --mysql-url / --postgres-url (a job's sink names its own password file)")
+        }
         (None, Some((d, url, password_file))) if *d == db => Ok((url.clone(), password_file.clone())),
         _ => bail!("{flag} is required (or --job, whose {name} sink names it)"),
     }

@@ -61,23 +61,29 @@ pub struct InitContext<'a> {
 pub(crate) struct RestoreProof {
     /// The newest checkpoint, which cannot be read.
     pub(crate) unusable: CheckpointId,
+    /// Why (the error a restore without proofs reports).
+    pub(crate) reason: String,
     /// Sink subtasks of the run (counted as they are made, before any opens).
     pub(crate) expected: std::sync::atomic::AtomicUsize,
     pub(crate) proved: std::sync::atomic::AtomicUsize,
     pub(crate) declined: std::sync::atomic::AtomicUsize,
     /// Every task of the run is made (`expected` is final).
     pub(crate) made: std::sync::atomic::AtomicBool,
-    /// `Some(true)` once every sink subtask proved, `Some(false)` once one could not.
-    pub(crate) settled: tokio::sync::watch::Sender<Option<bool>>,
+    /// Sink subtasks whose initialisation failed otherwise (an outage): the attempt restarts.
+    pub(crate) aborted: std::sync::atomic::AtomicUsize,
+    /// `Some(Settled::…)` once decided.
+    pub(crate) settled: tokio::sync::watch::Sender<Option<Settled>>,
 }
 
 impl RestoreProof {
-    pub(crate) fn new(unusable: CheckpointId) -> Self {
+    pub(crate) fn new(unusable: CheckpointId, reason: String) -> Self {
         RestoreProof {
             unusable,
+            reason,
             expected: Default::default(),
             proved: Default::default(),
             declined: Default::default(),
+            aborted: Default::default(),
             made: Default::default(),
             settled: tokio::sync::watch::channel(None).0,
         }
@@ -92,10 +98,19 @@ impl RestoreProof {
     fn evaluate(&self) {
         use std::sync::atomic::Ordering::SeqCst;
         if self.declined.load(SeqCst) > 0 {
-            self.settled.send_replace(Some(false));
+            self.settled.send_replace(Some(Settled::Declined));
+        } else if self.aborted.load(SeqCst) > 0 {
+            self.settled.send_replace(Some(Settled::Aborted));
         } else if self.made.load(SeqCst) && self.proved.load(SeqCst) >= self.expected.load(SeqCst) {
-            self.settled.send_replace(Some(true));
+            self.settled.send_replace(Some(Settled::Proved));
         }
+    }
+
+    /// A sink subtask's initialisation failed before it proved anything, for a reason that is not
+    /// a refusal (an outage): the others stop too, and the attempt restarts (proving again).
+    pub(crate) fn abort(&self) {
+        self.aborted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.evaluate();
     }
 
     /// One sink subtask proved it, or could not.
@@ -111,8 +126,19 @@ impl RestoreProof {
 
     /// Whether every sink subtask proved it (false: one could not, or none was asked).
     pub(crate) fn all_proved(&self) -> bool {
-        *self.settled.borrow() == Some(true)
+        *self.settled.borrow() == Some(Settled::Proved)
     }
+}
+
+/// How a restore past unreadable checkpoints was settled by the sinks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settled {
+    /// Every sink subtask proved it safe.
+    Proved,
+    /// A sink subtask could not (it committed past the restored checkpoint, or cannot tell).
+    Declined,
+    /// A sink subtask failed otherwise (an outage): this attempt ends and the next proves again.
+    Aborted,
 }
 
 impl<'a> InitContext<'a> {
@@ -156,15 +182,15 @@ impl<'a> InitContext<'a> {
             return Ok(());
         };
         let mut rx = p.settled.subscribe();
-        let settled = rx
-            .wait_for(Option::is_some)
-            .await
-            .map(|v| *v == Some(true))
-            .unwrap_or(false);
-        if settled {
-            Ok(())
-        } else {
-            Err(crate::CoreError::operator(
+        let settled = rx.wait_for(Option::is_some).await.map(|v| *v).unwrap_or(None);
+        match settled {
+            Some(Settled::Proved) => Ok(()),
+            Some(Settled::Aborted) => Err(crate::CoreError::operator(
+                self.info.uid.clone(),
+                crate::ErrorClass::Restart,
+                "another sink failed while the restore past an unreadable checkpoint was being proved safe: this attempt ends, the next one proves it again",
+            )),
+            _ => Err(crate::CoreError::operator(
                 self.info.uid.clone(),
                 crate::ErrorClass::Fatal,
                 format!(
@@ -172,7 +198,7 @@ impl<'a> InitContext<'a> {
                     p.unusable,
                     self.info.restored_checkpoint.unwrap_or(0)
                 ),
-            ))
+            )),
         }
     }
 
@@ -506,6 +532,14 @@ pub trait Sink<T>: Send + 'static {
     /// Checkpoint `id` was aborted.
     fn notify_checkpoint_aborted(&mut self, _id: CheckpointId) -> impl Future<Output = Result<()>> + Send {
         async { Ok(()) }
+    }
+    /// Whether this sink can show, in [`Sink::initialize_state`], that none of its transactions
+    /// after a restored checkpoint committed ([`InitContext::prove_nothing_newer_committed`]).
+    /// Asked before `initialize_state` when the job would restore past checkpoints it cannot
+    /// read: a sink that cannot is not initialised at all (it might otherwise change its external
+    /// system) and the job stops. Default: false (a sink that wraps another forwards it).
+    fn can_prove_restores(&self) -> bool {
+        false
     }
     /// End of input: flush what is buffered (a final checkpoint follows when checkpointing is on).
     fn finish(&mut self) -> impl Future<Output = Result<()>> + Send {

@@ -360,6 +360,19 @@ impl<T: Send + 'static, S: Sink<T>> Output<T> for SinkNode<T, S> {
     }
     fn open(&mut self) -> BoxFut<'_, Result<()>> {
         Box::pin(async move {
+            // A restore past checkpoints that cannot be read: a sink that cannot prove it safe is
+            // not initialised at all (it could change its external system), and stops the job.
+            if let Some(p) = &self.proof {
+                if !self.sink.can_prove_restores() {
+                    p.record(false);
+                    return Err(crate::CoreError::FallbackNotProven {
+                        unusable: p.reason.clone(),
+                        restored: self.info.restored_checkpoint.unwrap_or(0),
+                        unproven: 1,
+                        sinks: p.expected.load(std::sync::atomic::Ordering::SeqCst),
+                    });
+                }
+            }
             let ctx = InitContext {
                 info: &self.info,
                 restored: self.restored.as_ref(),
@@ -367,11 +380,15 @@ impl<T: Send + 'static, S: Sink<T>> Output<T> for SinkNode<T, S> {
                 proved_here: Default::default(),
             };
             let opened = self.sink.initialize_state(&ctx).await;
-            // A sink that returns without having proved a restore past unreadable checkpoints
-            // safe (it cannot tell, or failed) stops the others, which wait for the proofs.
+            // A sink that returns without having proved it: a refusal (fatal) stops the others,
+            // which wait for the proofs; another failure (an outage) ends this attempt, and the
+            // next proves again.
             if let Some(p) = &self.proof {
                 if !ctx.proved_here.load(std::sync::atomic::Ordering::SeqCst) {
-                    p.record(false);
+                    match &opened {
+                        Err(e) if e.class() != crate::ErrorClass::Fatal => p.abort(),
+                        _ => p.record(false),
+                    }
                 }
             }
             opened.map_err(|e| user_error(&self.info.uid, e))?;

@@ -476,7 +476,7 @@ impl Job {
         let proof = plan
             .fallback
             .as_ref()
-            .map(|f| Arc::new(super::api::RestoreProof::new(f.unusable)));
+            .map(|f| Arc::new(super::api::RestoreProof::new(f.unusable, f.error.clone())));
         let spawner = Spawner {
             job: self,
             storage: storage.clone(),

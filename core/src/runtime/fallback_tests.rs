@@ -68,6 +68,10 @@ impl Sink<u64> for Recording {
         Ok(())
     }
 
+    fn can_prove_restores(&self) -> bool {
+        self.knows
+    }
+
     async fn notify_checkpoint_complete(&mut self, id: CheckpointId) -> crate::Result<()> {
         self.committed.fetch_max(id, Ordering::SeqCst);
         Ok(())

@@ -29,6 +29,9 @@ impl Run<'_> {
         error: CoreError,
     ) -> std::result::Result<(), RunEnd> {
         if !self.job.regions
+            // A restore past unreadable checkpoints not proved yet: only the whole job restarts
+            // (its restore goes back again, and proves again).
+            || self.spawner.proof.is_some()
             || error.class() == ErrorClass::Fatal
             || self.shutting_down
             || self.shutdown_after.is_some()

@@ -156,8 +156,13 @@ impl Storage {
         let mut set_aside = Vec::new();
         for id in self.completed()?.into_iter().filter(|&id| id > kept) {
             let key = join(&chk(id), METADATA_FILE);
-            if let Ok(bytes) = self.blobs.get(&key) {
-                self.blobs.put(&format!("{key}.unusable"), &bytes, Put::Replace)?;
+            match self.blobs.get(&key) {
+                Ok(bytes) => {
+                    self.blobs.put(&format!("{key}.unusable"), &bytes, Put::Replace)?;
+                }
+                Err(CoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {}
+                // Not read (an outage): not deleted either; the next attempt tries again.
+                Err(e) => return Err(e),
             }
             self.blobs.delete(&key)?;
             set_aside.push(id);

@@ -159,7 +159,19 @@ fn unreachable_kind(e: &object_store::Error) -> std::io::ErrorKind {
         text.push_str(&s.to_string());
         source = s.source();
     }
-    let text = text.to_ascii_lowercase();
+    // The request's URL names the bucket and key, which may contain any word: left out.
+    let text: String = text
+        .split_whitespace()
+        .filter(|w| !w.contains("://"))
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_ascii_lowercase();
+    if ["status code: 408", "status code: 429", "status: 408", "status: 429"]
+        .iter()
+        .any(|m| text.contains(m))
+    {
+        return std::io::ErrorKind::TimedOut; // throttled or slow: an outage of sorts
+    }
     let misconfigured = [
         "dns error",
         "failed to lookup",
@@ -432,6 +444,8 @@ mod tests {
             (format!("{retries} - HTTP error: error sending request: invalid peer certificate: UnknownIssuer"), ErrorKind::Other),
             (format!("{retries} - Server returned non-2xx status code: 404 Not Found: <Code>NoSuchBucket</Code>"), ErrorKind::Other),
             (format!("{retries} - Server returned non-2xx status code: 403 Forbidden"), ErrorKind::Other),
+            (format!("{retries} - Server returned non-2xx status code: 429 Too Many Requests"), ErrorKind::TimedOut),
+            ("Error performing GET http://s3/certificate-store/credentials/_owner in 3s - HTTP error: error sending request: Connection refused".to_owned(), ErrorKind::ConnectionRefused),
             ("Error getting credentials from the instance metadata service: operation timed out".to_owned(), ErrorKind::Other),
             ("something nobody foresaw".to_owned(), ErrorKind::Other),
         ] {
