@@ -231,6 +231,28 @@ pub enum CoreError {
     },
 }
 
+/// Whether an I/O error of this kind says that what was asked cannot be reached now (refused,
+/// reset or timed out; a network down) rather than that it refuses or is misnamed: an outage.
+/// For connectors too (a database connection's I/O error).
+pub fn unreachable_kind(kind: std::io::ErrorKind) -> bool {
+    use std::io::ErrorKind as K;
+    matches!(
+        kind,
+        K::ConnectionRefused
+            | K::ConnectionReset
+            | K::ConnectionAborted
+            | K::NotConnected
+            | K::TimedOut
+            | K::BrokenPipe
+            | K::Interrupted
+            | K::HostUnreachable
+            | K::NetworkUnreachable
+            | K::NetworkDown
+            | K::ResourceBusy
+            | K::StaleNetworkFileHandle
+    )
+}
+
 impl CoreError {
     /// How the runtime should react.
     pub fn class(&self) -> ErrorClass {
@@ -266,23 +288,8 @@ impl CoreError {
     /// for, not a configuration to fix. (A claim not renewed in time is one too.) The object
     /// store's errors are sorted into these kinds where they are made (`storage/object.rs`).
     pub fn is_unavailable(&self) -> bool {
-        use std::io::ErrorKind;
         match self {
-            CoreError::Io { source, .. } => matches!(
-                source.kind(),
-                ErrorKind::ConnectionRefused
-                    | ErrorKind::ConnectionReset
-                    | ErrorKind::ConnectionAborted
-                    | ErrorKind::NotConnected
-                    | ErrorKind::TimedOut
-                    | ErrorKind::BrokenPipe
-                    | ErrorKind::Interrupted
-                    | ErrorKind::HostUnreachable
-                    | ErrorKind::NetworkUnreachable
-                    | ErrorKind::NetworkDown
-                    | ErrorKind::ResourceBusy
-                    | ErrorKind::StaleNetworkFileHandle
-            ),
+            CoreError::Io { source, .. } => unreachable_kind(source.kind()),
             CoreError::ClaimNotRenewed { .. } => true,
             _ => false,
         }

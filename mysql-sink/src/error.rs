@@ -48,22 +48,12 @@ impl MysqlSinkError {
 /// A connection the server refused or lost, or none within the pool's timeout: what a server
 /// that is down or restarting answers.
 fn unreachable(e: &sqlx::Error) -> bool {
-    use std::io::ErrorKind as K;
     match e {
         // Refused, reset, timed out: not a name that does not resolve (a configuration).
-        sqlx::Error::Io(io) => matches!(
-            io.kind(),
-            K::ConnectionRefused
-                | K::ConnectionReset
-                | K::ConnectionAborted
-                | K::NotConnected
-                | K::TimedOut
-                | K::BrokenPipe
-                | K::UnexpectedEof
-                | K::HostUnreachable
-                | K::NetworkUnreachable
-                | K::NetworkDown
-        ),
+        // (A server that closes the connection mid-handshake: restarting.)
+        sqlx::Error::Io(io) => {
+            exactly_core::error::unreachable_kind(io.kind()) || io.kind() == std::io::ErrorKind::UnexpectedEof
+        }
         sqlx::Error::PoolTimedOut => true,
         _ => false,
     }
@@ -96,3 +86,28 @@ impl From<MysqlSinkError> for CoreError {
 
 /// Result of the MySQL sink.
 pub type Result<T, E = MysqlSinkError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Error, ErrorKind};
+
+    /// A server that refuses, resets or does not answer is down (waited for by a job that ran
+    /// before); a name that does not resolve is a configuration to fix.
+    #[test]
+    fn a_server_down_is_told_from_a_wrong_address() {
+        for kind in [
+            ErrorKind::ConnectionRefused,
+            ErrorKind::ConnectionReset,
+            ErrorKind::TimedOut,
+            ErrorKind::UnexpectedEof,
+        ] {
+            assert!(unreachable(&sqlx::Error::Io(Error::from(kind))), "{kind:?}");
+        }
+        assert!(unreachable(&sqlx::Error::PoolTimedOut));
+        assert!(!unreachable(&sqlx::Error::Io(Error::other(
+            "failed to lookup address information"
+        ))));
+        assert!(!unreachable(&sqlx::Error::RowNotFound));
+    }
+}
