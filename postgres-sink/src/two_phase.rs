@@ -235,9 +235,10 @@ impl TwoPhaseCommitSink<PgRecord> for TwoPhasePostgresSink {
     }
 
     async fn commit(&mut self, c: &PgCommittable) -> Result<(), CommitError> {
+        // Classified (a server that refuses or does not answer is an outage).
         let mut conn = db::connect(&self.config)
             .await
-            .map_err(|e| CommitError::Retriable(e.into()))?;
+            .map_err(|e| CommitError::Retriable(exactly_core::CoreError::from(e).into()))?;
         let outcome = self.commit_on(&mut conn, c).await;
         if outcome.is_ok() {
             // Bounded progress table; a failure here loses nothing (the rows stay a while longer).

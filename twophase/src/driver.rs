@@ -582,9 +582,20 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
         if ctx.unreadable_newer().is_some() {
             // Refused here when behind (the sink committed past the restored checkpoint); a
             // record that holds nothing of this subtask (it never committed) proves it too.
-            if self.check_not_behind(&recovery).await?.is_none() {
-                ctx.prove_nothing_newer_committed();
+            if self.check_not_behind(&recovery).await?.is_some() {
+                // Behind, with replay accepted: that is no proof that nothing newer committed.
+                return Err(CoreError::operator(
+                    &self.uid,
+                    ErrorClass::Fatal,
+                    format!(
+                        "checkpoint {} cannot be read, and sink '{}' committed after checkpoint {}: restoring that one would write output again",
+                        ctx.unreadable_newer().unwrap_or(0),
+                        self.uid,
+                        ctx.info.restored_checkpoint.unwrap_or(0)
+                    ),
+                ));
             }
+            ctx.prove_nothing_newer_committed();
             ctx.proofs_settled().await?;
         }
         let forget = self.check_not_behind(&recovery).await?;

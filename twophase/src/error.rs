@@ -93,3 +93,34 @@ impl From<TwoPhaseError> for CoreError {
 /// Result of the sink trait's operations (errors of the external system are `CoreError`s with a
 /// class, so the runtime knows whether to restart).
 pub type Result<T, E = CoreError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A commit still failing is an outage only when its cause was classed one by the connector.
+    #[test]
+    fn a_commit_still_failing_is_an_outage_only_when_its_cause_says_so() {
+        let commit = |source: CommitError| -> CoreError {
+            TwoPhaseError::Commit {
+                checkpoint_id: 3,
+                source,
+            }
+            .into()
+        };
+        let refused = CoreError::operator("db", ErrorClass::Retriable, "connection refused");
+        assert_eq!(
+            commit(CommitError::Retriable(refused.into())).class(),
+            ErrorClass::Retriable
+        );
+        let other = "XA COMMIT keeps answering XAER_NOTA";
+        assert_eq!(
+            commit(CommitError::Retriable(other.into())).class(),
+            ErrorClass::Restart
+        );
+        assert_eq!(
+            commit(CommitError::Fenced("fenced".into())).class(),
+            ErrorClass::Restart
+        );
+    }
+}

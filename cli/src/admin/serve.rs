@@ -100,7 +100,11 @@ where
         r = conn.as_mut() => r,
         () = tokio::time::sleep(MAX_CONNECTION_LIFETIME) => {
             conn.as_mut().graceful_shutdown();
-            conn.await
+            // The request in progress gets the header timeout to finish; then it is dropped.
+            match tokio::time::timeout(HEADER_READ_TIMEOUT, conn).await {
+                Ok(r) => r,
+                Err(_) => Ok(()),
+            }
         }
     };
     if let Err(e) = served {

@@ -185,9 +185,10 @@ impl<'a> InitContext<'a> {
         let settled = rx.wait_for(Option::is_some).await.map(|v| *v).unwrap_or(None);
         match settled {
             Some(Settled::Proved) => Ok(()),
+            // Another sink could not reach its system: an outage, as that one's error says.
             Some(Settled::Aborted) => Err(crate::CoreError::operator(
                 self.info.uid.clone(),
-                crate::ErrorClass::Restart,
+                crate::ErrorClass::Retriable,
                 "another sink failed while the restore past an unreadable checkpoint was being proved safe: this attempt ends, the next one proves it again",
             )),
             _ => Err(crate::CoreError::operator(

@@ -166,11 +166,19 @@ fn unreachable_kind(e: &object_store::Error) -> std::io::ErrorKind {
         .collect::<Vec<_>>()
         .join(" ")
         .to_ascii_lowercase();
-    if ["status code: 408", "status code: 429", "status: 408", "status: 429"]
-        .iter()
-        .any(|m| text.contains(m))
+    // The status first: a response body may name the bucket or key, with any word in it.
+    if [
+        "status code: 408",
+        "status code: 429",
+        "status: 408",
+        "status: 429",
+        "status code: 5",
+        "status: 5",
+    ]
+    .iter()
+    .any(|m| text.contains(m))
     {
-        return std::io::ErrorKind::TimedOut; // throttled or slow: an outage of sorts
+        return std::io::ErrorKind::TimedOut; // throttled, slow or failing: an outage
     }
     let misconfigured = [
         "dns error",
@@ -445,6 +453,7 @@ mod tests {
             (format!("{retries} - Server returned non-2xx status code: 404 Not Found: <Code>NoSuchBucket</Code>"), ErrorKind::Other),
             (format!("{retries} - Server returned non-2xx status code: 403 Forbidden"), ErrorKind::Other),
             (format!("{retries} - Server returned non-2xx status code: 429 Too Many Requests"), ErrorKind::TimedOut),
+            (format!("{retries} - Server returned non-2xx status code: 503 Service Unavailable: <Key>certificate-store/x</Key>"), ErrorKind::TimedOut),
             ("Error performing GET http://s3/certificate-store/credentials/_owner in 3s - HTTP error: error sending request: Connection refused".to_owned(), ErrorKind::ConnectionRefused),
             ("Error getting credentials from the instance metadata service: operation timed out".to_owned(), ErrorKind::Other),
             ("something nobody foresaw".to_owned(), ErrorKind::Other),
