@@ -579,26 +579,25 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
             is_restored: ctx.is_restored(),
             restored_checkpoint: info.restored_checkpoint,
         };
-        if ctx.unreadable_newer().is_some() {
-            // Refused here when behind (the sink committed past the restored checkpoint); a
-            // record that holds nothing of this subtask (it never committed) proves it too.
-            if self.check_not_behind(&recovery).await?.is_some() {
+        // Refused here when behind (the sink committed past the restored checkpoint).
+        let forget = self.check_not_behind(&recovery).await?;
+        if let Some(unreadable) = ctx.unreadable_newer() {
+            if forget.is_some() {
                 // Behind, with replay accepted: that is no proof that nothing newer committed.
                 return Err(CoreError::operator(
                     &self.uid,
                     ErrorClass::Fatal,
                     format!(
-                        "checkpoint {} cannot be read, and sink '{}' committed after checkpoint {}: restoring that one would write output again",
-                        ctx.unreadable_newer().unwrap_or(0),
+                        "checkpoint {unreadable} cannot be read, and sink '{}' committed after checkpoint {}: restoring that one would write output again",
                         self.uid,
                         ctx.info.restored_checkpoint.unwrap_or(0)
                     ),
                 ));
             }
+            // Not behind (a record that holds nothing of this subtask: it never committed).
             ctx.prove_nothing_newer_committed();
             ctx.proofs_settled().await?;
         }
-        let forget = self.check_not_behind(&recovery).await?;
         // Open transactions nobody needs go first, so that checking a restored one never waits
         // on them; the restored ones are committed before anything else may touch them (a
         // producer re-initialising an id would abort them).

@@ -3,41 +3,16 @@
 //! aside and the job goes on); a sink that committed past it, or one that cannot tell, stops it
 //! with nothing restored.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::start_tests::Counter;
 use super::*;
 use crate::coordinator::CheckpointConfig;
 use crate::error::{CoreError, ErrorClass};
 use crate::message::CheckpointId;
 use crate::storage::{CheckpointStorage, Storage};
-
-/// Counts up, one number every 2 ms, its position in list state.
-struct Counter {
-    next: u64,
-}
-
-impl Source<u64> for Counter {
-    async fn initialize_state(&mut self, ctx: &InitContext<'_>) -> crate::Result<()> {
-        if let Some(pos) = ctx.list_state("pos").first() {
-            self.next = u64::from_be_bytes(pos.as_slice().try_into().expect("8 bytes"));
-        }
-        Ok(())
-    }
-
-    async fn poll_next(&mut self, out: &mut Vec<u64>) -> crate::Result<SourceStatus> {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        out.push(self.next);
-        self.next += 1;
-        Ok(SourceStatus::More)
-    }
-
-    async fn snapshot_state(&mut self, ctx: &mut SnapshotContext) -> crate::Result<()> {
-        ctx.put_list_state("pos", vec![self.next.to_be_bytes().to_vec()]);
-        Ok(())
-    }
-}
 
 /// A sink whose external system records the newest checkpoint it committed (`committed`); with
 /// `knows` false it keeps no such record and cannot prove anything.
@@ -86,7 +61,10 @@ fn job(dir: &std::path::Path, committed: &Arc<AtomicU64>, knowing: [bool; 2]) ->
     config.checkpointing = Some(checkpoint);
     config.restart = crate::restart::RestartStrategy::None;
     let mut job = JobBuilder::new(config);
-    let counts = job.source("counter", 1, |_: &SubtaskInfo| Counter { next: 0 });
+    let counts = job.source("counter", 1, |_: &SubtaskInfo| Counter {
+        next: 0,
+        down: Arc::new(AtomicU32::new(0)),
+    });
     let branches = counts.fan_out(&["a", "b"]);
     for (branch, (name, knows)) in branches
         .into_iter()

@@ -12,9 +12,9 @@ use crate::error::CoreError;
 
 /// Counts up; its initialisation fails while `down` is above zero: a broker it cannot reach
 /// (`ErrorClass::Retriable`).
-struct Counter {
-    next: u64,
-    down: Arc<AtomicU32>,
+pub(super) struct Counter {
+    pub(super) next: u64,
+    pub(super) down: Arc<AtomicU32>,
 }
 
 impl Source<u64> for Counter {

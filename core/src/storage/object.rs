@@ -198,15 +198,13 @@ fn unreachable_kind(e: &object_store::Error) -> std::io::ErrorKind {
     if misconfigured.iter().any(|m| text.contains(m)) {
         return std::io::ErrorKind::Other;
     }
-    let unreachable_ = [
+    let outage = [
         "connection refused",
         "connection reset",
         "connection closed",
         "broken pipe",
         "timed out",
         "error sending request",
-        "status code: 5",
-        "status: 5",
         "service unavailable",
         "slowdown",
         "slow down",
@@ -214,7 +212,7 @@ fn unreachable_kind(e: &object_store::Error) -> std::io::ErrorKind {
     ];
     if text.contains("connection refused") {
         std::io::ErrorKind::ConnectionRefused
-    } else if unreachable_.iter().any(|m| text.contains(m)) {
+    } else if outage.iter().any(|m| text.contains(m)) {
         std::io::ErrorKind::TimedOut
     } else {
         std::io::ErrorKind::Other
