@@ -59,6 +59,7 @@ async fn a_job_with_only_the_documented_acls_is_exactly_once_and_a_missing_one_f
             acl(Resource::Topic, &output, false, Operation::Describe),
             acl(Resource::Topic, &output, false, Operation::Read),
             acl(Resource::Group, "exactly-probe", false, Operation::Read),
+            acl(Resource::Group, &format!("{}-", spec.prefix), true, Operation::Read),
             acl(
                 Resource::TransactionalId,
                 &format!("{}-", spec.prefix),
@@ -124,6 +125,35 @@ async fn a_job_with_only_the_documented_acls_is_exactly_once_and_a_missing_one_f
         exactly(),
         &args,
         &[&format!("may not Write (and Describe) topic {denied:?}")],
+    )?;
+
+    // Without Read on the groups under the prefix (where the sink records its commits): refused
+    // at start, naming the group and the ACL.
+    let unrecorded = unique("acl-unrecorded");
+    create_topic(env, &unrecorded, 1).await?;
+    allow(
+        env,
+        &principal,
+        &[
+            acl(Resource::Topic, &unrecorded, false, Operation::Write),
+            acl(Resource::Topic, &unrecorded, false, Operation::Describe),
+            acl(Resource::Topic, &unrecorded, false, Operation::Read),
+        ],
+    )
+    .await?;
+    let spec = Job {
+        output: &unrecorded,
+        ..spec
+    };
+    let own = tempfile::tempdir()?;
+    let args = spec.write(env, own.path(), "unrecorded");
+    fails_at_start(
+        exactly(),
+        &args,
+        &[
+            &format!("may not Read consumer group \"{}-progress-", spec.prefix),
+            &format!("grant Read on groups prefixed \"{}-\"", spec.prefix),
+        ],
     )?;
     Ok(())
 }

@@ -24,6 +24,7 @@ use crate::pool::{
     all_delivered, check_deliveries, create_producer, flush_blocking, queue_cap, send_all, wait_all_delivered,
     Deliveries, Producer_,
 };
+use crate::progress;
 use crate::protocol::TxnDescription;
 use crate::protocol::Wire;
 use crate::recovery::commit_recovered;
@@ -45,6 +46,8 @@ pub struct TransactionalKafkaSink {
     brokers: Vec<String>,
     wire: Wire,
     info: Option<SubtaskInfo>,
+    /// The group each transaction records its checkpoint in (see `progress`).
+    progress: Option<progress::Group>,
     slots: Vec<Slot>,
     next_slot: usize,
     /// The producer of the latest pre-committed transaction while its flush goes on in the
@@ -168,6 +171,7 @@ impl TransactionalKafkaSink {
             brokers: Vec::new(),
             wire,
             info: None,
+            progress: None,
             slots: Vec::new(),
             next_slot: 0,
             draining: None,
@@ -194,6 +198,19 @@ impl TransactionalKafkaSink {
             .init_transactions(TIMEOUT)
             .map_err(|e| SinkError::kafka(format!("init_transactions for {id}"), e))?;
         Ok((producer, deliveries))
+    }
+
+    /// Where this subtask's record of commits is (see `progress`).
+    fn record<'a>(&'a self, info: &SubtaskInfo) -> progress::Record<'a> {
+        progress::Record {
+            cluster: self.config.cluster(),
+            wire: &self.wire,
+            brokers: &self.brokers,
+            prefix: &self.prefix,
+            topic: &self.config.topic,
+            subtask: info.index,
+            parallelism: info.parallelism,
+        }
     }
 
     /// Producers in the pool now (`pool_size`, more while checkpoints fail).
@@ -400,6 +417,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         self.partitions = facts.partitions;
         self.brokers = facts.brokers;
         self.partitioner.open(info.index, info.parallelism);
+        self.progress = Some(progress::Group::new(&self.config.cluster(), &self.prefix, info.index)?);
         self.info = Some(info.clone());
         Ok(())
     }
@@ -497,7 +515,18 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             longest_queue_full_ms = txn.longest_queue_full.as_millis() as u64,
             "Pre-committing a transaction."
         );
+        // The checkpoint's id goes into the transaction too: committed with its records, it is
+        // the sink's record of what it committed (see `progress`). Here, not with the flush in
+        // the background: of two committed records the broker keeps the one appended last, so
+        // they are appended in checkpoint order.
+        let group = self
+            .progress
+            .as_ref()
+            .ok_or_else(|| SinkError::Protocol("pre-commit before open".into()))?;
         let s = &mut self.slots[txn.slot];
+        tokio::task::block_in_place(|| {
+            progress::record(&s.producer, group, &self.config.topic, checkpoint_id, TIMEOUT)
+        })?;
         s.state = SlotState::Prepared(checkpoint_id);
         self.draining = Some(s.producer.clone());
         let (producer, deliveries) = (s.producer.clone(), s.deliveries.clone());
@@ -677,6 +706,26 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             "Transactional producers ready."
         );
         Ok(())
+    }
+
+    /// Each transaction records its checkpoint in a consumer group's offset (see `progress`).
+    fn records_commits(&self) -> bool {
+        true
+    }
+
+    async fn committed_through(
+        &mut self,
+        ctx: &RecoveryContext<'_, KafkaCommittable>,
+    ) -> exactly_core::Result<Option<CheckpointId>> {
+        Ok(self.record(ctx.info).committed_through(TIMEOUT).await?)
+    }
+
+    async fn forget_commits_after(
+        &mut self,
+        ctx: &RecoveryContext<'_, KafkaCommittable>,
+        id: CheckpointId,
+    ) -> exactly_core::Result<()> {
+        Ok(self.record(ctx.info).forget_after(id).await?)
     }
 
     fn transaction_timeout(&self) -> Option<Duration> {

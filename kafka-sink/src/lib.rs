@@ -12,7 +12,11 @@
 //!   probing), and every id of the pool is initialised, which fences zombies;
 //! - a transaction the broker aborted before its commit is reported as data loss, never success;
 //! - when every producer of the pool waits for a checkpoint, the next checkpoint is declined
-//!   (backpressure) instead of failing the job.
+//!   (backpressure) instead of failing the job;
+//! - each transaction also commits its checkpoint's id as an offset of the consumer group
+//!   `{prefix}-progress-{subtask}`: the sink's record of what it committed, read before a restore
+//!   (a restore behind it is refused; an unreadable newest checkpoint is restored past only when
+//!   it shows none of that checkpoint's transactions committed).
 //!
 //! Consumers of the output must read with `isolation.level=read_committed`.
 
@@ -24,6 +28,7 @@ mod error;
 mod exactly_once;
 mod partitioner;
 mod pool;
+mod progress;
 mod protocol;
 mod recovery;
 mod transactional_id;

@@ -1,0 +1,104 @@
+//! The Kafka sink's record of what it committed (each transaction commits its checkpoint's id as
+//! an offset of the group `{prefix}-progress-{subtask}`), checked by the real binary against the
+//! real broker: a fresh start over output the sink committed is refused, and a newest checkpoint
+//! that cannot be read is restored past when the record shows none of its transactions committed.
+
+mod k2k;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use exactly_integration_tests::{create_topic, read_committed, signal, unique, ChildJob, TestEnv};
+use k2k::{drain_and_verify, exactly, feed, killed_before_its_commits, Job, KEYS};
+
+const T: Duration = Duration::from_secs(30);
+
+async fn stopped(job: &mut ChildJob, what: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while job.running() {
+        if Instant::now() > deadline {
+            bail!("{what}:\n{}", job.tail(40));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// The checkpoint directory removed after the job committed output (an operator "starting over",
+/// or `checkpoints.dir` pointed somewhere new): the source would start again from its start and
+/// the sink write again what readers already have. The sink's record shows its commits, and the
+/// start is refused, naming the checkpoint; the output is left as it was. (Before the record,
+/// the fresh start went ahead and wrote every record a second time.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_start_over_output_the_sink_committed_is_refused() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let (input, output) = (unique("record-in"), unique("record-out"));
+    create_topic(env, &input, 2).await?;
+    create_topic(env, &output, 2).await?;
+    let dir = tempfile::tempdir()?;
+    let args = Job::new(&input, &output).write(env, dir.path(), "k2k");
+    let next = std::sync::Arc::new(std::sync::Mutex::new(vec![0usize; KEYS]));
+    let feeder = feed(env, &input, next.clone());
+    let mut job = ChildJob::spawn(exactly(), &args, "")?;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while read_committed(env, &output, T)?.len() < 200 {
+        if !job.running() || Instant::now() > deadline {
+            bail!("no output committed:\n{}", job.tail(40));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    feeder.finish()?;
+    signal(job.pid(), "TERM")?;
+    stopped(&mut job, "the job did not stop").await?;
+    let before = read_committed(env, &output, T)?.len();
+
+    std::fs::remove_dir_all(dir.path().join("checkpoints"))?;
+    let mut again = ChildJob::spawn(exactly(), &args, "")?;
+    stopped(&mut again, "the fresh start was not refused").await?;
+    let said = again.tail(40);
+    assert!(
+        said.contains("committed, but the job starts afresh") && said.contains("--accept-replay"),
+        "{said}"
+    );
+    assert!(
+        again.exit_code().is_some_and(|c| c != 0),
+        "refused with an error: {said}"
+    );
+    let after = read_committed(env, &output, T)?.len();
+    assert_eq!(after, before, "the output was written again");
+    Ok(())
+}
+
+/// The newest checkpoint unreadable after a crash between its metadata becoming durable and its
+/// commits: the record shows none of its transactions committed, so the job restores the one
+/// before, sets the unreadable one aside, aborts the transactions it left open, and the output
+/// ends exactly once. (Before the record, the job stopped: the sink could not show it safe.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_newest_checkpoint_none_of_whose_transactions_committed_is_restored_past() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let (input, output) = (unique("record-in"), unique("record-out"));
+    create_topic(env, &input, 2).await?;
+    create_topic(env, &output, 2).await?;
+    let dir = tempfile::tempdir()?;
+    let args = Job::new(&input, &output).write(env, dir.path(), "k2k");
+    let (next, _) = killed_before_its_commits(env, &input, &args)?;
+    // The newest checkpoint's metadata, damaged (one flipped byte).
+    let checkpoints = dir.path().join("checkpoints");
+    let newest = std::fs::read_dir(&checkpoints)?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("chk-")?.parse::<u64>().ok())
+        .filter(|id| checkpoints.join(format!("chk-{id}/_metadata")).exists())
+        .max()
+        .context("a completed checkpoint")?;
+    let md = checkpoints.join(format!("chk-{newest}/_metadata"));
+    let mut bytes = std::fs::read(&md)?;
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    std::fs::write(&md, bytes)?;
+
+    drain_and_verify(env, &args, &output, &next).await?;
+    assert!(
+        checkpoints.join(format!("chk-{newest}/_metadata.unusable")).exists(),
+        "the unreadable checkpoint {newest} is set aside"
+    );
+    Ok(())
+}

@@ -1,0 +1,239 @@
+//! The sink's own record of what it committed: each transaction also commits, as a transactional
+//! consumer-group offset, the id of its checkpoint — group `{prefix}-progress-{subtask}`,
+//! partition 0 of the output topic, offset = checkpoint id (`sendOffsetsToTransaction`, as Kafka
+//! Streams commits its input offsets). The offset becomes visible exactly when the transaction's
+//! records do, and never when they are aborted, so the group's committed offset is the newest
+//! checkpoint this subtask committed into this topic. (Of two committed offsets the broker keeps
+//! the one whose commit was appended last; each is appended at its pre-commit, in checkpoint
+//! order, whatever order the transactions' markers are written in.)
+//!
+//! A start reads it before it changes anything (`committed_through`): a restore behind it, or a
+//! fresh start where it shows commits, would write again what readers already have, and is
+//! refused; when the newest checkpoint cannot be read, it proves (or not) that none of that
+//! checkpoint's transactions committed. Offsets of transactions whose commit is decided but whose
+//! markers are still being written are not visible yet: the read waits until none of the
+//! subtask's transactions is in a `Prepare…` state. Offsets of open transactions are pending,
+//! not committed, and are read as what they are (read_uncommitted: no wait for them).
+//!
+//! The record lasts as long as the broker keeps a group's offsets after its last commit
+//! (`offsets.retention.minutes`, 7 days by default), like the transactional ids themselves
+//! (`transactional.id.expiration.ms`).
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use exactly_core::CheckpointId;
+use exactly_kafka_client::Cluster;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerGroupMetadata};
+use rdkafka::producer::Producer;
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::error::{Result, SinkError};
+use crate::pool::Producer_;
+use crate::protocol::{Wire, FAILOVER};
+use crate::transactional_id::parse;
+
+/// Where a sink's record lives and how to reach it.
+pub(crate) struct Record<'a> {
+    pub(crate) cluster: Cluster,
+    pub(crate) wire: &'a Wire,
+    pub(crate) brokers: &'a [String],
+    pub(crate) prefix: &'a str,
+    pub(crate) topic: &'a str,
+    /// This subtask and the job's parallelism: subtask 0 also answers for subtasks at or above
+    /// it (a job rescaled down).
+    pub(crate) subtask: u32,
+    pub(crate) parallelism: u32,
+}
+
+impl Record<'_> {
+    /// The subtasks whose records this one answers for: itself, and for subtask 0 those at or
+    /// above the parallelism that the broker lists transactions of. Waits until none of their
+    /// transactions is between its commit (or abort) decision and its markers: the offsets of a
+    /// commit decided are visible only once its markers are written.
+    async fn settled_subtasks(&self) -> Result<BTreeSet<u32>> {
+        let deadline = Instant::now() + FAILOVER;
+        loop {
+            let mut subtasks = BTreeSet::from([self.subtask]);
+            let mut completing = None;
+            for t in self.wire.list(self.brokers).await? {
+                let Some((subtask, _)) = parse(self.prefix, &t.transactional_id) else {
+                    continue;
+                };
+                if subtask == self.subtask || (self.subtask == 0 && subtask >= self.parallelism) {
+                    subtasks.insert(subtask);
+                    if t.state.starts_with("Prepare") {
+                        completing = Some(t.transactional_id);
+                    }
+                }
+            }
+            let Some(id) = completing else {
+                return Ok(subtasks);
+            };
+            if Instant::now() > deadline {
+                return Err(SinkError::Protocol(format!(
+                    "transaction {id} is still completing after {FAILOVER:?}: the sink's record of commits cannot be read until it has"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The newest checkpoint the record shows committed (of this subtask, and for subtask 0 of
+    /// those above the parallelism); `None` when none.
+    pub(crate) async fn committed_through(&self, timeout: Duration) -> Result<Option<CheckpointId>> {
+        let subtasks = self.settled_subtasks().await?;
+        tokio::task::block_in_place(|| {
+            let mut newest = None;
+            for s in subtasks {
+                newest = newest.max(committed(&self.cluster, &group(self.prefix, s), self.topic, timeout)?);
+            }
+            Ok(newest)
+        })
+    }
+
+    /// Sets the record back to checkpoint `id` (the operator accepted replay from it); after the
+    /// subtask's lingering transactions are gone.
+    pub(crate) async fn forget_after(&self, id: CheckpointId) -> Result<()> {
+        let subtasks = self.settled_subtasks().await?;
+        tokio::task::block_in_place(|| {
+            for s in subtasks {
+                forget_after(&self.cluster, &group(self.prefix, s), self.topic, id)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// The consumer group whose offset records the commits of `subtask` of the sink with this
+/// transactional-id prefix (under the prefix: the ACL on the prefix covers it).
+pub(crate) fn group(prefix: &str, subtask: u32) -> String {
+    format!("{prefix}-progress-{subtask}")
+}
+
+/// The partition whose offset carries the record: partition 0 of the output topic (it exists,
+/// and the sink may Describe it). A sink pointed at another topic starts a record of its own:
+/// what it committed into the old one is no duplicate in the new one.
+fn position(topic: &str, offset: Option<CheckpointId>) -> Result<TopicPartitionList> {
+    let mut tpl = TopicPartitionList::new();
+    let offset = match offset {
+        Some(id) => Offset::Offset(i64::try_from(id).map_err(|_| SinkError::Protocol(format!("checkpoint id {id} out of range")))?),
+        None => Offset::Invalid,
+    };
+    tpl.add_partition_offset(topic, 0, offset)
+        .map_err(|e| SinkError::kafka("the progress record's partition", e))?;
+    Ok(tpl)
+}
+
+/// A consumer of `group` that never joins it: commits and reads its offsets only. Reads
+/// read_uncommitted, so that a read returns the committed offset at once instead of waiting for
+/// an open transaction's pending one (librdkafka asks for stable offsets under read_committed).
+fn consumer(cluster: &Cluster, group: &str) -> Result<BaseConsumer> {
+    cluster
+        .client_config()
+        .map_err(SinkError::Config)?
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_uncommitted")
+        .create()
+        .map_err(|e| SinkError::kafka(format!("creating a consumer of the progress group {group}"), e))
+}
+
+/// The group a subtask's transactions commit their checkpoint's id in.
+pub(crate) struct Group {
+    name: String,
+    /// What the offsets are committed under (no member, no generation: the broker takes such
+    /// commits for a group nobody joins).
+    metadata: ConsumerGroupMetadata,
+}
+
+impl Group {
+    /// The group of `subtask` of the sink with this prefix.
+    pub(crate) fn new(cluster: &Cluster, prefix: &str, subtask: u32) -> Result<Self> {
+        let name = group(prefix, subtask);
+        let metadata = consumer(cluster, &name)?
+            .group_metadata()
+            .ok_or_else(|| SinkError::Protocol(format!("no group metadata for the progress group {name}")))?;
+        Ok(Group { name, metadata })
+    }
+}
+
+/// A failure of reaching `group`; a refusal says which ACL is missing.
+fn group_error(group: &str, doing: String, e: rdkafka::error::KafkaError) -> SinkError {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    let code = match &e {
+        rdkafka::error::KafkaError::Transaction(t) => Some(t.code()),
+        other => other.rdkafka_error_code(),
+    };
+    if code == Some(C::GroupAuthorizationFailed) {
+        let prefix = group.rsplit_once("-progress-").map_or(group, |(p, _)| p);
+        return SinkError::Config(format!(
+            "{doing}: the job's principal may not Read consumer group {group:?}, where the sink records what it committed: grant Read on groups prefixed {:?} (README.md lists the ACLs)",
+            format!("{prefix}-")
+        ));
+    }
+    SinkError::kafka(doing, e)
+}
+
+/// Adds to the transaction open on `producer` the record that checkpoint `id` committed
+/// (blocking: AddOffsetsToTxn, then TxnOffsetCommit at the group's coordinator).
+pub(crate) fn record(producer: &Producer_, group: &Group, topic: &str, id: CheckpointId, timeout: Duration) -> Result<()> {
+    producer
+        .send_offsets_to_transaction(&position(topic, Some(id))?, &group.metadata, timeout)
+        .map_err(|e| group_error(&group.name, format!("recording checkpoint {id} in the transaction"), e))
+}
+
+/// The newest checkpoint `group` shows committed into `topic` (blocking); `None` when it shows
+/// none. A refusal to find the group's coordinator (no ACL on the group) reaches the client only
+/// as an event, while the read itself waits for a coordinator until it times out: the read is
+/// asked in short tries, the events looked at between them, so a missing ACL fails at once,
+/// saying which.
+pub(crate) fn committed(cluster: &Cluster, group: &str, topic: &str, timeout: Duration) -> Result<Option<CheckpointId>> {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    let doing = || format!("reading the progress group {group}");
+    let consumer = consumer(cluster, group)?;
+    let deadline = Instant::now() + timeout;
+    let read = loop {
+        match consumer.committed_offsets(position(topic, None)?, Duration::from_secs(1)) {
+            Ok(read) => break read,
+            Err(e) if e.rdkafka_error_code() == Some(C::OperationTimedOut) && Instant::now() < deadline => {
+                while let Some(event) = consumer.poll(Duration::ZERO) {
+                    if let Err(e) = event {
+                        if e.rdkafka_error_code() == Some(C::GroupAuthorizationFailed) {
+                            return Err(group_error(group, doing(), e));
+                        }
+                    }
+                }
+            }
+            Err(e) => return Err(group_error(group, doing(), e)),
+        }
+    };
+    let elem = read
+        .find_partition(topic, 0)
+        .ok_or_else(|| SinkError::Protocol(format!("{}: no answer for {topic}/0", doing())))?;
+    elem.error().map_err(|e| group_error(group, doing(), e))?;
+    Ok(match elem.offset() {
+        Offset::Offset(n) if n > 0 => Some(n as CheckpointId),
+        _ => None,
+    })
+}
+
+/// Sets `group`'s record back to checkpoint `id` (0: none committed), outside any transaction
+/// (blocking). Only when none of the subtask's transactions is open.
+pub(crate) fn forget_after(cluster: &Cluster, group: &str, topic: &str, id: CheckpointId) -> Result<()> {
+    consumer(cluster, group)?
+        .commit(&position(topic, Some(id))?, CommitMode::Sync)
+        .map_err(|e| group_error(group, format!("setting the progress group {group} back to checkpoint {id}"), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_group_sits_under_the_prefix_and_names_the_subtask() {
+        assert_eq!(group("job", 3), "job-progress-3");
+        // The transactional ids' parser takes none of them for one of its ids.
+        assert_eq!(crate::transactional_id::parse("job", &group("job", 3)), None);
+    }
+}
