@@ -117,7 +117,9 @@ pub(crate) fn group(prefix: &str, subtask: u32) -> String {
 fn position(topic: &str, offset: Option<CheckpointId>) -> Result<TopicPartitionList> {
     let mut tpl = TopicPartitionList::new();
     let offset = match offset {
-        Some(id) => Offset::Offset(i64::try_from(id).map_err(|_| SinkError::Protocol(format!("checkpoint id {id} out of range")))?),
+        Some(id) => Offset::Offset(
+            i64::try_from(id).map_err(|_| SinkError::Protocol(format!("checkpoint id {id} out of range")))?,
+        ),
         None => Offset::Invalid,
     };
     tpl.add_partition_offset(topic, 0, offset)
@@ -177,7 +179,13 @@ fn group_error(group: &str, doing: String, e: rdkafka::error::KafkaError) -> Sin
 
 /// Adds to the transaction open on `producer` the record that checkpoint `id` committed
 /// (blocking: AddOffsetsToTxn, then TxnOffsetCommit at the group's coordinator).
-pub(crate) fn record(producer: &Producer_, group: &Group, topic: &str, id: CheckpointId, timeout: Duration) -> Result<()> {
+pub(crate) fn record(
+    producer: &Producer_,
+    group: &Group,
+    topic: &str,
+    id: CheckpointId,
+    timeout: Duration,
+) -> Result<()> {
     producer
         .send_offsets_to_transaction(&position(topic, Some(id))?, &group.metadata, timeout)
         .map_err(|e| group_error(&group.name, format!("recording checkpoint {id} in the transaction"), e))
@@ -188,7 +196,12 @@ pub(crate) fn record(producer: &Producer_, group: &Group, topic: &str, id: Check
 /// as an event, while the read itself waits for a coordinator until it times out: the read is
 /// asked in short tries, the events looked at between them, so a missing ACL fails at once,
 /// saying which.
-pub(crate) fn committed(cluster: &Cluster, group: &str, topic: &str, timeout: Duration) -> Result<Option<CheckpointId>> {
+pub(crate) fn committed(
+    cluster: &Cluster,
+    group: &str,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Option<CheckpointId>> {
     use rdkafka::types::RDKafkaErrorCode as C;
     let doing = || format!("reading the progress group {group}");
     let consumer = consumer(cluster, group)?;
@@ -223,7 +236,13 @@ pub(crate) fn committed(cluster: &Cluster, group: &str, topic: &str, timeout: Du
 pub(crate) fn forget_after(cluster: &Cluster, group: &str, topic: &str, id: CheckpointId) -> Result<()> {
     consumer(cluster, group)?
         .commit(&position(topic, Some(id))?, CommitMode::Sync)
-        .map_err(|e| group_error(group, format!("setting the progress group {group} back to checkpoint {id}"), e))
+        .map_err(|e| {
+            group_error(
+                group,
+                format!("setting the progress group {group} back to checkpoint {id}"),
+                e,
+            )
+        })
 }
 
 #[cfg(test)]
