@@ -695,6 +695,12 @@ fn main() -> ExitCode {
     let loaded = Loaded::read(&cli.command);
     let credential_cache = exactly_cli::credential_cache::own_credential_cache(loaded.kafka_clients(&cli.command));
     logging::init(cli.log_format);
+    if let Some(value) = exactly_core::failpoint::ignored_setting() {
+        tracing::error!(
+            EXACTLY_FAILPOINTS = %value,
+            "EXACTLY_FAILPOINTS is set, but this build has no fail points (they are for crash tests, compiled in with the feature `failpoints`): ignored. Unset it."
+        );
+    }
     let _credential_cache = match credential_cache {
         Ok(Some(cache)) => {
             tracing::info!(

@@ -1,4 +1,6 @@
-//! Named fail points for crash tests. Inactive (one atomic load) unless the process was started
+//! Named fail points for crash tests, compiled in only with the crate feature `failpoints` (the
+//! command's test builds enable it; a release build has none, and [`ignored_setting`] lets it
+//! warn that the variable is set). Inactive (one atomic load) unless the process was started
 //! with `EXACTLY_FAILPOINTS`, e.g. `sink.after_pre_commit=freeze@3;checkpoint.after_durable=delay@200ms`:
 //!
 //! - `freeze@N`: on the N-th hit, print `FAILPOINT <name>` on stderr and stop making progress, so
@@ -71,9 +73,30 @@ fn parse(spec: &str) -> HashMap<String, Point> {
     out
 }
 
+/// The points the variable's value arms: none in a build without the feature `failpoints`.
+fn armed(value: Option<&str>) -> HashMap<String, Point> {
+    match value {
+        Some(spec) if cfg!(feature = "failpoints") => parse(spec),
+        _ => HashMap::new(),
+    }
+}
+
 fn points() -> &'static HashMap<String, Point> {
     static POINTS: OnceLock<HashMap<String, Point>> = OnceLock::new();
-    POINTS.get_or_init(|| std::env::var(ENV).map(|s| parse(&s)).unwrap_or_default())
+    POINTS.get_or_init(|| armed(std::env::var(ENV).ok().as_deref()))
+}
+
+/// Whether this build has fail points (the feature `failpoints`).
+pub const COMPILED: bool = cfg!(feature = "failpoints");
+
+/// The value of `EXACTLY_FAILPOINTS` when it is set but this build has no fail points (it arms
+/// nothing: the command says so at start).
+pub fn ignored_setting() -> Option<String> {
+    ignored(std::env::var(ENV).ok())
+}
+
+fn ignored(value: Option<String>) -> Option<String> {
+    value.filter(|v| !COMPILED && !v.trim().is_empty())
 }
 
 /// Marks that execution reached `name`.
@@ -139,5 +162,24 @@ mod tests {
         assert!(matches!(p["b"].action, Action::Delay(d, None) if d == Duration::from_millis(20)));
         assert!(matches!(p["e"].action, Action::Delay(d, Some(2)) if d == Duration::from_secs(1)));
         assert_eq!(p.len(), 3);
+    }
+
+    #[cfg(feature = "failpoints")]
+    #[test]
+    fn the_variable_arms_points_in_a_build_with_them() {
+        assert_eq!(armed(Some("a=freeze@3")).len(), 1);
+        assert_eq!(ignored(Some("a=freeze@3".into())), None);
+    }
+
+    /// A build without the feature (a release binary) arms nothing, whatever the environment
+    /// says, and reports the setting as ignored. (Run by `cargo test -p exactly-core --lib`,
+    /// without the workspace's test features; `scripts/test` does.)
+    #[cfg(not(feature = "failpoints"))]
+    #[test]
+    fn the_variable_arms_nothing_in_a_build_without_them() {
+        assert!(armed(Some("a=freeze@1;b=delay@1h")).is_empty());
+        assert_eq!(ignored(Some("a=freeze@1".into())).as_deref(), Some("a=freeze@1"));
+        assert_eq!(ignored(Some(" ".into())), None);
+        assert_eq!(ignored(None), None);
     }
 }
