@@ -432,21 +432,26 @@ async fn main_inner(cli: Cli, mut loaded: Loaded) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Check { job } => match Job::load(&job) {
-            Ok(j) => println!(
-                "{}: ok ({} -> {}, parallelism {})",
-                job.display(),
-                j.file.source.topics.join(",") + j.file.source.topic_pattern.as_deref().unwrap_or(""),
-                j.sinks
-                    .iter()
-                    .map(|s| if j.sinks.len() > 1 {
-                        format!("{} ({})", s.describe(), s.name)
-                    } else {
-                        s.describe()
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" + "),
-                j.file.job.parallelism
-            ),
+            Ok(j) => {
+                for w in j.warnings() {
+                    eprintln!("warning: {w}");
+                }
+                println!(
+                    "{}: ok ({} -> {}, parallelism {})",
+                    job.display(),
+                    j.file.source.topics.join(",") + j.file.source.topic_pattern.as_deref().unwrap_or(""),
+                    j.sinks
+                        .iter()
+                        .map(|s| if j.sinks.len() > 1 {
+                            format!("{} ({})", s.describe(), s.name)
+                        } else {
+                            s.describe()
+                        })
+                        .collect::<Vec<_>>()
+                        .join(" + "),
+                    j.file.job.parallelism
+                )
+            }
             Err(e) => {
                 eprintln!("error: {e}");
                 return Ok(ExitCode::from(2));

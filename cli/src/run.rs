@@ -224,6 +224,9 @@ fn continues_from(base: &Path, subtasks: Option<SubtaskRange>, parallelism: u32,
 /// Runs `job` until it ends, is stopped (SIGTERM/SIGINT: final checkpoint and commits; a second
 /// signal cancels) or fails for good.
 pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
+    for w in job.warnings() {
+        warn!(file = %job.path.display(), "{w}");
+    }
     let f = &job.file;
     let parallelism = opts.parallelism.unwrap_or(f.job.parallelism);
     if parallelism == 0 {

@@ -1,4 +1,4 @@
-//! A job run as a principal that has only the ACLs the README lists — on a broker whose authorizer
+//! A job run as a principal that has only the ACLs docs/security.md lists — on a broker whose authorizer
 //! denies what no ACL allows — is exactly once across a SIGKILL between a durable checkpoint and
 //! its commits (the restart's DescribeTransactions, EndTxn and read_committed probe need those
 //! ACLs too); without Write on its output topic it fails at start, naming what was refused.
@@ -47,7 +47,7 @@ async fn a_job_with_only_the_documented_acls_is_exactly_once_and_a_missing_one_f
         prefix: unique("acl"),
         ..Job::new(&input, &output)
     };
-    // The README's table, nothing more.
+    // docs/security.md's table, nothing more.
     allow(
         env,
         &principal,

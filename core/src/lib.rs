@@ -21,11 +21,13 @@ pub mod error;
 pub mod failpoint;
 pub mod message;
 pub mod net;
+mod private_fs;
 pub mod restart;
 pub mod runtime;
 pub mod secret;
 pub mod state;
 pub mod storage;
+pub use private_fs::default_state_root;
 
 pub use error::{BoxError, CoreError, ErrorClass, Result};
 pub use message::{CheckpointBarrier, CheckpointId, Message, SnapshotKind, Watermark};

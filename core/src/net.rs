@@ -63,9 +63,60 @@ pub fn url_address(url: &str) -> Option<String> {
     (!host.is_empty()).then(|| host.to_owned())
 }
 
+/// Whether `url`'s server is this machine by its loopback address (`localhost`, `127.0.0.0/8`,
+/// `::1`), written as such: traffic to it never leaves the machine. A name that merely resolves
+/// there counts as remote (what a name resolves to can change). A URL without a host (a socket
+/// path) is local.
+pub fn url_is_loopback(url: &str) -> bool {
+    let Some(address) = url_address(url) else {
+        return true;
+    };
+    let host = match address.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(v6),
+        None => address.rsplit_once(':').map_or(address.as_str(), |(h, _)| h),
+    };
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The value of the first of `keys` in `url`'s query (`?a=1&b=2`), keys compared without case.
+pub fn url_query_value(url: &str, keys: &[&str]) -> Option<String> {
+    let query = url.split_once('?')?.1;
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        keys.iter().any(|key| key.eq_ignore_ascii_case(k)).then(|| v.to_owned())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loopback_servers_are_named_as_such() {
+        for local in [
+            "mysql://u:p@127.0.0.1:3306/db",
+            "postgres://localhost/db",
+            "postgres://u@[::1]:5432/db?sslmode=disable",
+            "mysql://u:p@127.1.2.3/db",
+            "mysql://u:p@LOCALHOST:3306/db",
+        ] {
+            assert!(url_is_loopback(local), "{local}");
+        }
+        for remote in [
+            "mysql://u:p@db.example.com:3306/db",
+            "postgres://u@10.0.0.5/db",
+            "postgres://u@[2001:db8::1]:5432/db",
+            "mysql://u:p@localhost.evil.example/db",
+            "mysql://u:p@vm:3306/db",
+        ] {
+            assert!(!url_is_loopback(remote), "{remote}");
+        }
+        assert_eq!(
+            url_query_value("mysql://h/db?x=1&SSL-MODE=required", &["ssl-mode", "sslmode"]).as_deref(),
+            Some("required")
+        );
+        assert_eq!(url_query_value("mysql://h/db", &["ssl-mode"]), None);
+    }
 
     #[test]
     fn names_each_address_and_what_is_wrong_with_it() {

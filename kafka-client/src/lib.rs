@@ -585,6 +585,31 @@ impl KafkaSecurity {
         }
     }
 
+    /// What these settings leave weaker than the defaults, one sentence each (logged at start and
+    /// by `exactly check`): host names not checked against the brokers' certificates, a password
+    /// or token sent in cleartext.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let p = self.protocol();
+        if p.tls() && !self.verify_host_name() {
+            out.push(
+                "ssl.endpoint.identification.algorithm = \"none\": the brokers' host names are not checked against their certificates (any certificate the CA signed passes for any broker)".to_owned(),
+            );
+        }
+        if p.sasl() && !p.tls() {
+            match self.sasl.mechanism {
+                Some(SaslMechanism::Plain) => out.push(
+                    "security.protocol = \"SASL_PLAINTEXT\" with sasl.mechanism = \"PLAIN\": the password travels in cleartext; use SASL_SSL".to_owned(),
+                ),
+                Some(SaslMechanism::OauthBearer) => out.push(
+                    "security.protocol = \"SASL_PLAINTEXT\" with sasl.mechanism = \"OAUTHBEARER\": the token travels in cleartext; use SASL_SSL".to_owned(),
+                ),
+                _ => {}
+            }
+        }
+        out
+    }
+
     /// Whether the broker's host name is verified against its certificate.
     pub fn verify_host_name(&self) -> bool {
         self.ssl
@@ -672,6 +697,30 @@ impl KafkaSecurity {
 /// that every client of the job gets it, the wire-protocol client included).
 pub fn is_security_key(key: &str) -> bool {
     key == "security.protocol" || key.starts_with("sasl.") || key.starts_with("ssl.") || key.starts_with("https.")
+}
+
+/// librdkafka properties that turn off a check the job's clients make: never set.
+const INSECURE_KEYS: &[&str] = &[
+    "enable.ssl.certificate.verification",
+    "enable.sasl.oauthbearer.unsecure.jwt",
+];
+
+/// Why `key` may not be among a client's further librdkafka properties (`client.*` of a source
+/// or sink), or `None` when it may: security settings go with the others (every client of the
+/// job gets them, the wire-protocol client too), and a check no client may skip (the brokers'
+/// certificates, signed tokens) has no switch.
+pub fn refused_client_key(key: &str) -> Option<String> {
+    if INSECURE_KEYS.contains(&key) {
+        return Some(format!(
+            "client.{key} would turn off a check the job's clients make (brokers' certificates, signed tokens): it cannot be set; trust a private CA with ssl.ca.location in the security settings (a job file's [kafka] section)"
+        ));
+    }
+    if is_security_key(key) {
+        return Some(format!(
+            "client.{key} is a security setting: put it with the others (a job file's [kafka] section), so that every client gets it"
+        ));
+    }
+    None
 }
 
 /// A Kafka cluster as the job reaches it: where, and how.

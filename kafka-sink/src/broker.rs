@@ -47,7 +47,7 @@ pub(crate) async fn broker_facts(config: &KafkaSinkConfig, starting: bool) -> Re
             .map_err(crate::protocol::wire_error)?;
         if !access.allows(4) || !access.allows(8) {
             return Err(SinkError::Config(format!(
-                "the job's principal may not Write (and Describe) topic {:?} at {}: grant it the ACLs README.md lists (Write, Describe, Read on the topic; Write, Describe on the transactional-id prefix)",
+                "the job's principal may not Write (and Describe) topic {:?} at {}: grant it the ACLs docs/security.md lists (Write, Describe, Read on the topic; Write, Describe on the transactional-id prefix; Read on groups under it)",
                 config.topic, cluster.bootstrap
             )));
         }

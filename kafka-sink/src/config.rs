@@ -147,10 +147,8 @@ impl KafkaSinkConfig {
                     "client.{key} is set by the sink itself (use the delivery settings)"
                 ));
             }
-            if exactly_kafka_client::is_security_key(key) {
-                return bad(format!(
-                    "client.{key} is a security setting: put it with the others (a job file's [kafka] section), so that every client gets it"
-                ));
+            if let Some(why) = exactly_kafka_client::refused_client_key(key) {
+                return bad(why);
             }
         }
         self.security.validate().map_err(SinkError::Config)?;

@@ -25,8 +25,7 @@ use crate::pool::{
     Deliveries, Producer_,
 };
 use crate::progress;
-use crate::protocol::TxnDescription;
-use crate::protocol::Wire;
+use crate::protocol::{TxnDescription, TxnOffset, Wire};
 use crate::recovery::commit_recovered;
 use crate::transactional_id::{parse, transactional_id};
 use crate::ProducerRecord;
@@ -47,7 +46,10 @@ pub struct TransactionalKafkaSink {
     wire: Wire,
     info: Option<SubtaskInfo>,
     /// The group each transaction records its checkpoint in (see `progress`).
-    progress: Option<progress::Group>,
+    progress: String,
+    /// Ends when the latest pre-commit's record of its checkpoint was written (or failed): the
+    /// next one waits for it, so that records are written in checkpoint order.
+    recorded: Option<tokio::sync::oneshot::Receiver<()>>,
     slots: Vec<Slot>,
     next_slot: usize,
     /// The producer of the latest pre-committed transaction while its flush goes on in the
@@ -171,7 +173,8 @@ impl TransactionalKafkaSink {
             brokers: Vec::new(),
             wire,
             info: None,
-            progress: None,
+            progress: String::new(),
+            recorded: None,
             slots: Vec::new(),
             next_slot: 0,
             draining: None,
@@ -417,7 +420,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         self.partitions = facts.partitions;
         self.brokers = facts.brokers;
         self.partitioner.open(info.index, info.parallelism);
-        self.progress = Some(progress::Group::new(&self.config.cluster(), &self.prefix, info.index)?);
+        self.progress = progress::group(&self.prefix, info.index);
         self.info = Some(info.clone());
         Ok(())
     }
@@ -515,18 +518,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             longest_queue_full_ms = txn.longest_queue_full.as_millis() as u64,
             "Pre-committing a transaction."
         );
-        // The checkpoint's id goes into the transaction too: committed with its records, it is
-        // the sink's record of what it committed (see `progress`). Here, not with the flush in
-        // the background: of two committed records the broker keeps the one appended last, so
-        // they are appended in checkpoint order.
-        let group = self
-            .progress
-            .as_ref()
-            .ok_or_else(|| SinkError::Protocol("pre-commit before open".into()))?;
         let s = &mut self.slots[txn.slot];
-        tokio::task::block_in_place(|| {
-            progress::record(&s.producer, group, &self.config.topic, checkpoint_id, TIMEOUT)
-        })?;
         s.state = SlotState::Prepared(checkpoint_id);
         self.draining = Some(s.producer.clone());
         let (producer, deliveries) = (s.producer.clone(), s.deliveries.clone());
@@ -541,11 +533,35 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             }))
         });
         let (wire, id) = (self.wire.clone(), s.id.clone());
+        let (group, topic) = (self.progress.clone(), self.config.topic.clone());
+        let previous = self.recorded.take();
+        let (recorded, next) = tokio::sync::oneshot::channel::<()>();
+        self.recorded = Some(next);
         Ok(PreCommitted::InBackground(PreCommitting::new(async move {
             let probe = flushed
                 .await
                 .map_err(|e| SinkError::Protocol(format!("flushing {id}: {e}")))??;
             let desc = wire.describe_open(&id).await?;
+            // The checkpoint's id goes into the transaction too: committed with its records, it
+            // is the sink's record of what it committed (see `progress`). Of two committed
+            // records the broker keeps the one written last: after the previous pre-commit's.
+            if let Some(previous) = previous {
+                let _ = previous.await;
+            }
+            let written = wire
+                .commit_offset_in_transaction(&TxnOffset {
+                    transactional_id: &id,
+                    producer_id: desc.producer_id,
+                    producer_epoch: desc.producer_epoch,
+                    group: &group,
+                    topic: &topic,
+                    partition: 0,
+                    offset: i64::try_from(checkpoint_id)
+                        .map_err(|_| SinkError::Protocol(format!("checkpoint id {checkpoint_id} out of range")))?,
+                })
+                .await;
+            drop(recorded);
+            written?;
             Ok(committable(id, desc, checkpoint_id, probe)?)
         })))
     }

@@ -1,11 +1,13 @@
 //! The sink's own record of what it committed: each transaction also commits, as a transactional
 //! consumer-group offset, the id of its checkpoint — group `{prefix}-progress-{subtask}`,
 //! partition 0 of the output topic, offset = checkpoint id (`sendOffsetsToTransaction`, as Kafka
-//! Streams commits its input offsets). The offset becomes visible exactly when the transaction's
+//! Streams commits its input offsets; sent by the sink's own protocol client, `protocol/offsets.rs`,
+//! at the background pre-commit). The offset becomes visible exactly when the transaction's
 //! records do, and never when they are aborted, so the group's committed offset is the newest
 //! checkpoint this subtask committed into this topic. (Of two committed offsets the broker keeps
 //! the one whose commit was appended last; each is appended at its pre-commit, in checkpoint
-//! order, whatever order the transactions' markers are written in.)
+//! order — a pre-commit waits for the previous one's — whatever order the transactions' markers
+//! are written in.)
 //!
 //! A start reads it before it changes anything (`committed_through`): a restore behind it, or a
 //! fresh start where it shows commits, would write again what readers already have, and is
@@ -24,12 +26,10 @@ use std::time::{Duration, Instant};
 
 use exactly_core::CheckpointId;
 use exactly_kafka_client::Cluster;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerGroupMetadata};
-use rdkafka::producer::Producer;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::error::{Result, SinkError};
-use crate::pool::Producer_;
 use crate::protocol::{Wire, FAILOVER};
 use crate::transactional_id::parse;
 
@@ -141,25 +141,6 @@ fn consumer(cluster: &Cluster, group: &str) -> Result<BaseConsumer> {
         .map_err(|e| SinkError::kafka(format!("creating a consumer of the progress group {group}"), e))
 }
 
-/// The group a subtask's transactions commit their checkpoint's id in.
-pub(crate) struct Group {
-    name: String,
-    /// What the offsets are committed under (no member, no generation: the broker takes such
-    /// commits for a group nobody joins).
-    metadata: ConsumerGroupMetadata,
-}
-
-impl Group {
-    /// The group of `subtask` of the sink with this prefix.
-    pub(crate) fn new(cluster: &Cluster, prefix: &str, subtask: u32) -> Result<Self> {
-        let name = group(prefix, subtask);
-        let metadata = consumer(cluster, &name)?
-            .group_metadata()
-            .ok_or_else(|| SinkError::Protocol(format!("no group metadata for the progress group {name}")))?;
-        Ok(Group { name, metadata })
-    }
-}
-
 /// A failure of reaching `group`; a refusal says which ACL is missing.
 fn group_error(group: &str, doing: String, e: rdkafka::error::KafkaError) -> SinkError {
     use rdkafka::types::RDKafkaErrorCode as C;
@@ -170,25 +151,11 @@ fn group_error(group: &str, doing: String, e: rdkafka::error::KafkaError) -> Sin
     if code == Some(C::GroupAuthorizationFailed) {
         let prefix = group.rsplit_once("-progress-").map_or(group, |(p, _)| p);
         return SinkError::Config(format!(
-            "{doing}: the job's principal may not Read consumer group {group:?}, where the sink records what it committed: grant Read on groups prefixed {:?} (README.md lists the ACLs)",
+            "{doing}: the job's principal may not Read consumer group {group:?}, where the sink records what it committed: grant Read on groups prefixed {:?} (docs/security.md lists the ACLs)",
             format!("{prefix}-")
         ));
     }
     SinkError::kafka(doing, e)
-}
-
-/// Adds to the transaction open on `producer` the record that checkpoint `id` committed
-/// (blocking: AddOffsetsToTxn, then TxnOffsetCommit at the group's coordinator).
-pub(crate) fn record(
-    producer: &Producer_,
-    group: &Group,
-    topic: &str,
-    id: CheckpointId,
-    timeout: Duration,
-) -> Result<()> {
-    producer
-        .send_offsets_to_transaction(&position(topic, Some(id))?, &group.metadata, timeout)
-        .map_err(|e| group_error(&group.name, format!("recording checkpoint {id} in the transaction"), e))
 }
 
 /// The newest checkpoint `group` shows committed into `topic` (blocking); `None` when it shows

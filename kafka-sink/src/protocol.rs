@@ -43,6 +43,8 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 pub(crate) mod code;
+mod offsets;
+pub(crate) use offsets::TxnOffset;
 
 /// EndTxn version used for recovery. librdkafka speaks transaction version 1, whose EndTxn
 /// versions are 0..=4 (version 5 marks transaction version 2, KIP-890); the broker infers the
@@ -64,6 +66,15 @@ const _: () = assert!(
     END_TXN_VERSION < END_TXN_TV2_VERSION,
     "the recovery EndTxn must speak transaction version 1"
 );
+
+/// What a coordinator is looked up for (FindCoordinator's key type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Coordinates {
+    /// A consumer group's offsets.
+    Group = 0,
+    /// A transactional id's transactions.
+    Transaction = 1,
+}
 
 /// A transaction as its coordinator describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -275,6 +286,8 @@ impl Wire {
                 (ApiKey::DescribeTransactions, DESCRIBE_TRANSACTIONS_VERSION),
                 (ApiKey::ListTransactions, LIST_TRANSACTIONS_VERSION),
                 (ApiKey::EndTxn, END_TXN_VERSION),
+                (ApiKey::AddOffsetsToTxn, offsets::ADD_OFFSETS_TO_TXN_VERSION),
+                (ApiKey::TxnOffsetCommit, offsets::TXN_OFFSET_COMMIT_VERSION),
                 (ApiKey::Metadata, METADATA_VERSION),
             ];
             for (api, version) in needed {
@@ -295,11 +308,12 @@ impl Wire {
         )))
     }
 
-    /// `host:port` of the transaction coordinator of `transactional_id`.
-    pub(crate) async fn coordinator(&self, transactional_id: &str) -> Result<String> {
+    /// `host:port` of the coordinator of `key` (a transactional id or a group).
+    async fn coordinator_of(&self, key: &str, kind: Coordinates) -> Result<String> {
+        let transactional_id = key;
         let req = FindCoordinatorRequest::default()
-            .with_key(StrBytes::from_string(transactional_id.to_owned()))
-            .with_key_type(1);
+            .with_key(StrBytes::from_string(key.to_owned()))
+            .with_key_type(kind as i8);
         let mut last = String::from("no bootstrap server");
         for (i, addr) in self.bootstrap_servers() {
             match self.send(addr, &req, FIND_COORDINATOR_VERSION).await {
@@ -432,9 +446,34 @@ impl Wire {
         repeatable: bool,
         error_code: impl Fn(&R::Response) -> i16,
     ) -> Result<R::Response> {
+        self.at_coordinator_of(
+            Coordinates::Transaction,
+            transactional_id,
+            what,
+            req,
+            version,
+            repeatable,
+            error_code,
+        )
+        .await
+    }
+
+    /// [`Wire::at_coordinator`] at the coordinator of `key` of the given `kind`.
+    #[allow(clippy::too_many_arguments)]
+    async fn at_coordinator_of<R: Request>(
+        &self,
+        kind: Coordinates,
+        key: &str,
+        what: &str,
+        req: &R,
+        version: i16,
+        repeatable: bool,
+        error_code: impl Fn(&R::Response) -> i16,
+    ) -> Result<R::Response> {
+        let transactional_id = key;
         let mut failover = Failover::new();
         loop {
-            let failure = match self.coordinator(transactional_id).await {
+            let failure = match self.coordinator_of(key, kind).await {
                 Ok(coordinator) => match self.send_tracked(&coordinator, req, version).await {
                     Ok(resp) if send_again(repeatable, Tried::Answered(error_code(&resp))) => {
                         format!("{coordinator} answered error code {}", error_code(&resp))
@@ -449,7 +488,7 @@ impl Wire {
             };
             failover
                 .pause(failure, || format!("{what} of {transactional_id}: no coordinator answered"), |failure| {
-                    warn!(transactional_id, request = what, error = %failure, "The transaction coordinator did not answer; finding it again (a broker failing over?) for up to {FAILOVER:?}.")
+                    warn!(transactional_id, request = what, error = %failure, "The coordinator did not answer; finding it again (a broker failing over?) for up to {FAILOVER:?}.")
                 })
                 .await?;
         }

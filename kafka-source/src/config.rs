@@ -268,10 +268,8 @@ impl KafkaSourceConfig {
                     "client.{key} is set by the source itself (use the dedicated setting or leave it out)"
                 ));
             }
-            if exactly_kafka_client::is_security_key(key) {
-                return bad(format!(
-                    "client.{key} is a security setting: put it with the others (a job file's [kafka] section), so that every client gets it"
-                ));
+            if let Some(why) = exactly_kafka_client::refused_client_key(key) {
+                return bad(why);
             }
         }
         self.security.validate().map_err(SourceError::Config)?;

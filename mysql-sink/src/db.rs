@@ -39,9 +39,10 @@ pub(crate) fn connect(config: &MysqlSinkConfig) -> BoxFut<'_, Result<MySqlConnec
 /// `password_file` when given; errors name the server (never the credentials) and say whether it
 /// resolves and answers.
 pub async fn connect_url(url: &str, password_file: Option<&std::path::Path>) -> Result<MySqlConnection> {
-    let mut options: MySqlConnectOptions = url
+    let options: MySqlConnectOptions = url
         .parse()
         .map_err(|e| MysqlSinkError::Config(format!("url does not parse: {e}")))?;
+    let mut options = crate::tls::verified_by_default(url, options);
     if let Some(f) = password_file {
         let secret = exactly_core::secret::Secret::from_file(f).map_err(MysqlSinkError::Config)?;
         options = options.password(secret.expose());

@@ -12,6 +12,7 @@ mod config;
 mod db;
 mod error;
 mod mapping;
+mod tls;
 mod upsert;
 mod xa;
 
@@ -23,6 +24,7 @@ pub use config::{Mode, MysqlSinkConfig, OnError};
 pub use db::connect_url;
 pub use error::{MysqlSinkError, Result};
 pub use mapping::{Column, ColumnType, Format, Mapping, SqlValue};
+pub use tls::tls_warning;
 pub use upsert::UpsertMysqlSink;
 pub use xa::{XaCommittable, XaMysqlSink, XaTransaction};
 

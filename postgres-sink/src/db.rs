@@ -31,9 +31,10 @@ pub(crate) fn connect(config: &PostgresSinkConfig) -> BoxFut<'_, Result<PgConnec
 /// of `password_file` when given; errors name the server, never the credentials. For tools that
 /// read a sink's table (`exactly verify`).
 pub async fn connect_url(url: &str, password_file: Option<&std::path::Path>) -> Result<PgConnection> {
-    let mut options: PgConnectOptions = url
+    let options: PgConnectOptions = url
         .parse()
         .map_err(|e| PostgresSinkError::Config(format!("url does not parse: {e}")))?;
+    let mut options = crate::tls::verified_by_default(url, options);
     if let Some(f) = password_file {
         let secret = exactly_core::secret::Secret::from_file(f).map_err(PostgresSinkError::Config)?;
         options = options.password(secret.expose());

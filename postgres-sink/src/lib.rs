@@ -15,6 +15,7 @@
 mod config;
 mod db;
 mod error;
+mod tls;
 mod two_phase;
 mod upsert;
 
@@ -25,6 +26,7 @@ use exactly_twophase::TwoPhaseSink;
 pub use config::{Column, Mode, OnError, PostgresSinkConfig};
 pub use db::connect_url;
 pub use error::{PostgresSinkError, Result};
+pub use tls::tls_warning;
 pub use two_phase::{PgCommittable, PgTransaction, TwoPhasePostgresSink};
 pub use upsert::UpsertPostgresSink;
 

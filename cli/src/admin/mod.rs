@@ -38,7 +38,7 @@ use exactly_core::runtime::JobControl;
 use exactly_core::secret::Secret;
 use serde::Deserialize;
 use serde_json::json;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::metrics::{prometheus, Registry};
 
@@ -387,7 +387,18 @@ pub fn check_access(addr: &str, access: &AdminAccess) -> Result<bool> {
             "refusing to serve the admin endpoint on {addr} without a token: anyone who reaches it could stop the job; set job.admin_token (e.g. \"${{EXACTLY_ADMIN_TOKEN}}\") or job.admin_token_file (or client certificates: job.admin_tls_client_ca), or listen on 127.0.0.1"
         );
     }
+    if let Some(w) = cleartext_token(loopback, access) {
+        warn!(address = addr, "{w}");
+    }
     Ok(loopback)
+}
+
+/// The warning for a token that clients send in cleartext over the network: a non-loopback
+/// address without TLS.
+fn cleartext_token(loopback: bool, access: &AdminAccess) -> Option<&'static str> {
+    (!loopback && access.token.is_some() && access.tls.is_none()).then_some(
+        "The admin endpoint listens beyond this machine without TLS: its token travels in cleartext (anyone on the path can read it and stop the job); set job.admin_tls_cert and job.admin_tls_key, or listen on 127.0.0.1 behind a TLS proxy.",
+    )
 }
 
 /// Binds `addr` and serves the endpoint until the returned task is aborted. A non-loopback
@@ -578,6 +589,21 @@ mod tests {
         };
         assert!(!check_access("0.0.0.0:9249", &certs).unwrap());
         assert!(check_access("localhost:9249", &open).is_err(), "an address is ip:port");
+    }
+
+    #[test]
+    fn a_token_sent_in_cleartext_beyond_this_machine_is_warned_about() {
+        let token = AdminAccess {
+            token: Some(Secret::new("a-token-of-16-bytes-or-more")),
+            ..AdminAccess::default()
+        };
+        assert!(cleartext_token(false, &token).is_some_and(|w| w.contains("cleartext")));
+        assert_eq!(cleartext_token(true, &token), None, "loopback");
+        assert_eq!(
+            cleartext_token(false, &AdminAccess::default()),
+            None,
+            "no token to leak"
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ use serde::Deserialize;
 
 mod text;
 mod transform;
+mod warnings;
 
 pub use text::masked;
 use text::{line_of, segs};

@@ -442,9 +442,10 @@ impl Job {
                 StateBackendConfig::RocksDb { .. } => return Err(super::rocksdb_missing()),
                 #[cfg(feature = "rocksdb")]
                 StateBackendConfig::RocksDb { local_dir } => {
-                    let root = local_dir
-                        .clone()
-                        .unwrap_or_else(|| std::env::temp_dir().join("exactly-state").join(&job));
+                    let root = match local_dir {
+                        Some(dir) => dir.clone(),
+                        None => crate::private_fs::default_state_root()?.join(&job),
+                    };
                     Box::new(RocksDbBackend::restore(range, &handles, &root)?)
                 }
             })

@@ -43,7 +43,8 @@ pub enum StateBackendConfig {
     Memory,
     /// RocksDB with incremental snapshots; working copies under `local_dir`.
     RocksDb {
-        /// Local working directory (default: the system temp directory).
+        /// Local working directory (default: a directory of the process's own, mode 0700 and
+        /// a random name, under the system's temporary directory: [`crate::default_state_root`]).
         #[serde(default)]
         local_dir: Option<PathBuf>,
     },

@@ -65,7 +65,7 @@ impl RocksDbBackend {
     pub fn new(range: KeyGroupRange, local_root: &Path) -> Result<Self> {
         let instance = new_instance();
         let dir = local_root.join(format!("rocksdb-{instance}"));
-        fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
+        crate::private_fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
         let db = DB::open(&db_options(), dir.join("db"))?;
         Ok(Self::wrap(range, db, dir, instance, HashMap::new()))
     }
@@ -119,7 +119,7 @@ impl RocksDbBackend {
                 let instance = new_instance();
                 let dir = local_root.join(format!("rocksdb-{instance}"));
                 let db_dir = dir.join("db");
-                fs::create_dir_all(&db_dir).map_err(io("creating", &db_dir))?;
+                crate::private_fs::create_dir_all(&db_dir).map_err(io("creating", &db_dir))?;
                 let mut uploaded = HashMap::new();
                 for file in &handle.files {
                     reader.download(file, &db_dir.join(&file.local_name))?;
@@ -134,7 +134,7 @@ impl RocksDbBackend {
         let mut backend = RocksDbBackend::new(range, local_root)?;
         for (handle, reader) in relevant {
             let tmp = backend.dir.join(format!("import-{}", new_instance()));
-            fs::create_dir_all(&tmp).map_err(io("creating", &tmp))?;
+            crate::private_fs::create_dir_all(&tmp).map_err(io("creating", &tmp))?;
             for file in &handle.files {
                 reader.download(file, &tmp.join(&file.local_name))?;
             }

@@ -55,7 +55,7 @@ fn fsync_parent(path: &Path) -> Result<()> {
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = File::create(path).map_err(|e| CoreError::io("creating", path, e))?;
+    let mut f = crate::private_fs::create_file(path).map_err(|e| CoreError::io("creating", path, e))?;
     f.write_all(bytes).map_err(|e| CoreError::io("writing", path, e))?;
     f.sync_all().map_err(|e| CoreError::io("fsyncing", path, e))
 }
@@ -86,7 +86,7 @@ impl Blobs for Dir {
     fn put(&self, key: &str, bytes: &[u8], how: Put) -> Result<bool> {
         let path = self.locate(key);
         if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent).map_err(|e| CoreError::io("creating", parent, e))?;
+            crate::private_fs::create_dir_all(parent).map_err(|e| CoreError::io("creating", parent, e))?;
         }
         match how {
             Put::InProgress => write_synced(&path, bytes)?,

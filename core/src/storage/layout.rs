@@ -175,7 +175,7 @@ impl Storage {
         let root = location.into();
         if !is_url(&root) {
             let shared = root.join(SHARED);
-            fs::create_dir_all(&shared).map_err(|e| CoreError::io("creating", &shared, e))?;
+            crate::private_fs::create_dir_all(&shared).map_err(|e| CoreError::io("creating", &shared, e))?;
         }
         Ok(Storage {
             blobs: place(&root)?,
@@ -386,7 +386,7 @@ impl SnapshotReader for Reader {
 
     fn download(&self, file: &FileHandle, dest: &Path) -> Result<()> {
         let bytes = self.read(file)?;
-        fs::write(dest, bytes).map_err(|e| CoreError::io("writing", dest, e))
+        crate::private_fs::write(dest, &bytes).map_err(|e| CoreError::io("writing", dest, e))
     }
 
     fn check(&self, file: &FileHandle) -> Result<()> {
@@ -596,7 +596,7 @@ impl CheckpointStorage for Storage {
         self.blobs.delete_dir(SHARED)?;
         if !is_url(&self.root) {
             let shared = self.root.join(SHARED);
-            fs::create_dir_all(&shared).map_err(|e| CoreError::io("creating", &shared, e))?;
+            crate::private_fs::create_dir_all(&shared).map_err(|e| CoreError::io("creating", &shared, e))?;
         }
         Ok(())
     }

@@ -4,7 +4,7 @@
 //! `az://container/prefix`. The layout is the same in both (see `layout.rs`); only the place that
 //! keeps the files differs (`blobs.rs`: a directory; `object.rs`: an object store).
 
-mod blobs;
+pub(crate) mod blobs;
 mod format;
 mod layout;
 mod object;

@@ -1,0 +1,71 @@
+//! TLS to the server, verified by default: a URL without `sslmode` (and no `PGSSLMODE` in the
+//! environment) to a server that is not this machine's loopback address gets `verify-full` (the
+//! certificate chain, against the URL's `sslrootcert` or the bundled web roots, and the host
+//! name), not sqlx's `prefer` (TLS when the server offers it, no certificate check, plaintext
+//! when it does not). A weaker `sslmode` to such a server is the operator's explicit choice, said
+//! at start ([`tls_warning`]).
+
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
+
+const KEYS: &[&str] = &["sslmode", "ssl-mode"];
+
+/// The mode the URL (or `PGSSLMODE`) asks for.
+fn explicit(url: &str) -> Option<String> {
+    exactly_core::net::url_query_value(url, KEYS).or_else(|| std::env::var("PGSSLMODE").ok())
+}
+
+/// `options` (parsed from `url`) with the default above applied.
+pub(crate) fn verified_by_default(url: &str, options: PgConnectOptions) -> PgConnectOptions {
+    if explicit(url).is_none() && !exactly_core::net::url_is_loopback(url) {
+        options.ssl_mode(PgSslMode::VerifyFull)
+    } else {
+        options
+    }
+}
+
+/// The warning for a URL that asks for less than a verified connection to a server beyond this
+/// machine, `None` otherwise.
+pub fn tls_warning(url: &str) -> Option<String> {
+    let mode = explicit(url)?;
+    if exactly_core::net::url_is_loopback(url) {
+        return None;
+    }
+    let what = match mode.to_ascii_lowercase().as_str() {
+        "verify-full" => return None,
+        "verify-ca" => "checks the server's certificate chain but not its host name",
+        "require" => "encrypts but checks no certificate (anyone on the path can pose as the server)",
+        _ => "may send the password and the rows in cleartext",
+    };
+    Some(format!(
+        "the PostgreSQL URL's sslmode={mode} {what}; leave sslmode out (verified TLS) or set sslmode=verify-full with sslrootcert"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_remote_server_is_verified_unless_the_url_says_otherwise_and_weaker_is_warned_about() {
+        if std::env::var_os("PGSSLMODE").is_some() {
+            panic!("PGSSLMODE is set in the environment of this test: unset it");
+        }
+        let mode = |url: &str| {
+            let o: PgConnectOptions = url.parse().unwrap();
+            format!("{:?}", verified_by_default(url, o))
+        };
+        assert!(mode("postgres://u:p@db.example.com/d").contains("VerifyFull"));
+        assert!(
+            mode("postgres://u:p@localhost/d").contains("Prefer"),
+            "loopback keeps sqlx's default"
+        );
+        assert!(mode("postgres://u:p@db.example.com/d?sslmode=require").contains("Require"));
+        assert_eq!(tls_warning("postgres://u:p@db.example.com/d"), None);
+        assert_eq!(tls_warning("postgres://u:p@db.example.com/d?sslmode=verify-full"), None);
+        assert_eq!(tls_warning("postgres://u:p@[::1]/d?sslmode=disable"), None);
+        for weak in ["disable", "allow", "prefer", "require", "verify-ca"] {
+            let w = tls_warning(&format!("postgres://u:p@db.example.com/d?sslmode={weak}")).unwrap();
+            assert!(w.contains(weak) && !w.contains(":p@"), "{w}");
+        }
+    }
+}
