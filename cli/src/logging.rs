@@ -50,11 +50,14 @@ pub fn stderr_is_terminal() -> bool {
     std::io::stderr().is_terminal()
 }
 
-/// Installs the subscriber (level from `RUST_LOG`, default `info` for exactly, `warn` else).
+/// The default filter: `info` for exactly, `warn` else — but sqlx's URL parser, which logs an
+/// unknown PostgreSQL URL parameter with its value (`?sslpassword=…` would be printed), only
+/// at `error`.
+pub const DEFAULT_FILTER: &str = "warn,sqlx_postgres::options=error,exactly=info,exactly_cli=info,exactly_core=info,exactly_kafka_source=info,exactly_kafka_sink=info,exactly_mysql_sink=info,exactly_postgres_sink=info,exactly_twophase=info";
+
+/// Installs the subscriber (level from `RUST_LOG`, else [`DEFAULT_FILTER`]).
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        EnvFilter::new("warn,exactly=info,exactly_cli=info,exactly_core=info,exactly_kafka_source=info,exactly_kafka_sink=info,exactly_mysql_sink=info,exactly_twophase=info")
-    });
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(ClearingStderr)
@@ -71,4 +74,48 @@ pub fn progress_line(line: &str) {
     let mut err = std::io::stderr().lock();
     let _ = write!(err, "\r\x1b[2K{line}");
     let _ = err.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What the log shows while a PostgreSQL URL with an unknown parameter is parsed.
+    fn logged_parsing(filter: &str) -> String {
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(EnvFilter::new(filter))
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            exactly_postgres_sink::tls_warning("postgres://u@db.example.com/d?sslpassword=hunter2-secret");
+        });
+        let text = String::from_utf8_lossy(&out.0.lock().unwrap()).into_owned();
+        text
+    }
+
+    #[test]
+    fn an_unknown_url_parameter_is_not_logged_with_its_value() {
+        assert!(
+            logged_parsing("warn").contains("hunter2-secret"),
+            "sqlx logs it at warn (what the default filter must hide)"
+        );
+        assert!(!logged_parsing(DEFAULT_FILTER).contains("hunter2-secret"));
+    }
 }

@@ -1,7 +1,8 @@
 //! The Kafka sink's record of what it committed (each transaction commits its checkpoint's id as
 //! an offset of the group `{prefix}-progress-{subtask}`), checked by the real binary against the
 //! real broker: a fresh start over output the sink committed is refused, and a newest checkpoint
-//! that cannot be read is restored past when the record shows none of its transactions committed.
+//! that cannot be read is restored past when the record shows none of its transactions committed
+//! — and not when the record is gone (expired, deleted, or never written by an older version).
 
 mod k2k;
 
@@ -82,8 +83,20 @@ async fn an_unreadable_newest_checkpoint_none_of_whose_transactions_committed_is
     let dir = tempfile::tempdir()?;
     let args = Job::new(&input, &output).write(env, dir.path(), "k2k");
     let (next, _) = killed_before_its_commits(env, &input, &args)?;
-    // The newest checkpoint's metadata, damaged (one flipped byte).
-    let checkpoints = dir.path().join("checkpoints");
+    let checkpoints = damage_newest(dir.path())?;
+
+    drain_and_verify(env, &args, &output, &next).await?;
+    assert!(
+        std::fs::read_dir(&checkpoints)?.any(|e| e.is_ok_and(|e| e.path().join("_metadata.unusable").exists())),
+        "the unreadable checkpoint is set aside"
+    );
+    Ok(())
+}
+
+/// The newest checkpoint's metadata, damaged (one flipped byte); returns the checkpoint
+/// directory.
+fn damage_newest(dir: &std::path::Path) -> Result<std::path::PathBuf> {
+    let checkpoints = dir.join("checkpoints");
     let newest = std::fs::read_dir(&checkpoints)?
         .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("chk-")?.parse::<u64>().ok())
         .filter(|id| checkpoints.join(format!("chk-{id}/_metadata")).exists())
@@ -94,11 +107,48 @@ async fn an_unreadable_newest_checkpoint_none_of_whose_transactions_committed_is
     let last = bytes.len() - 1;
     bytes[last] ^= 0x01;
     std::fs::write(&md, bytes)?;
+    Ok(checkpoints)
+}
 
-    drain_and_verify(env, &args, &output, &next).await?;
+/// As above, but the record is gone (deleted here; expired after `offsets.retention.minutes`, or
+/// never written by an older version, look the same): it proves nothing, and the start is refused
+/// before anything changes. (It was restored past before: a missing record read as "nothing
+/// committed".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_newest_checkpoint_is_not_restored_past_when_the_record_is_gone() -> Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    let env = TestEnv::get().await?;
+    let (input, output) = (unique("record-in"), unique("record-out"));
+    create_topic(env, &input, 2).await?;
+    create_topic(env, &output, 2).await?;
+    let dir = tempfile::tempdir()?;
+    let spec = Job::new(&input, &output);
+    let args = spec.write(env, dir.path(), "k2k");
+    killed_before_its_commits(env, &input, &args)?;
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &env.kafka_bootstrap)
+        .create()?;
+    let groups: Vec<String> = (0..spec.parallelism)
+        .map(|s| format!("{}-progress-{s}", spec.prefix))
+        .collect();
+    let refs: Vec<&str> = groups.iter().map(String::as_str).collect();
+    for r in admin.delete_groups(&refs, &AdminOptions::new()).await? {
+        r.map_err(|(g, e)| anyhow::anyhow!("deleting group {g}: {e}"))?;
+    }
+    damage_newest(dir.path())?;
+    let before = read_committed(env, &output, T)?.len();
+
+    let mut again = ChildJob::spawn(exactly(), &args, "")?;
+    stopped(&mut again, "the start was not refused").await?;
+    let said = again.tail(40);
     assert!(
-        checkpoints.join(format!("chk-{newest}/_metadata.unusable")).exists(),
-        "the unreadable checkpoint {newest} is set aside"
+        said.contains("holds nothing for subtask") && said.contains("cannot be read"),
+        "{said}"
     );
+    assert!(
+        again.exit_code().is_some_and(|c| c != 0),
+        "refused with an error: {said}"
+    );
+    assert_eq!(read_committed(env, &output, T)?.len(), before, "nothing written");
     Ok(())
 }

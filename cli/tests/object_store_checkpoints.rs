@@ -63,7 +63,7 @@ fn s3_over_https() -> Result<(String, String)> {
 /// Checkpoints in S3 over HTTPS, the endpoint's certificate signed by a private CA (SeaweedFS's
 /// HTTPS port; `scripts/services` made the CA): with `AWS_CA_BUNDLE` naming it the job checkpoints
 /// there, and a restarted job restores from there; without it the certificate is refused — no
-/// fallback to plain HTTP.
+/// fallback to plain HTTP, and `AWS_ALLOW_INVALID_CERTIFICATES` refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_go_to_s3_over_https_trusting_the_ca_in_aws_ca_bundle() -> Result<()> {
     let env = TestEnv::get().await?;
@@ -108,6 +108,19 @@ async fn checkpoints_go_to_s3_over_https_trusting_the_ca_in_aws_ca_bundle() -> R
     assert!(
         !refused.status.success() && said.to_lowercase().contains("certificate"),
         "without the CA: {said}"
+    );
+    // Nor by turning the check off: the client's switch for it is refused.
+    let unchecked: [(&str, Option<&str>); 4] = [
+        ("AWS_ENDPOINT", Some(&https)),
+        ("AWS_ALLOW_HTTP", None),
+        ("AWS_CA_BUNDLE", None),
+        ("AWS_ALLOW_INVALID_CERTIFICATES", Some("true")),
+    ];
+    let refused = list(&unchecked)?;
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && said.contains("AWS_ALLOW_INVALID_CERTIFICATES=true would turn off"),
+        "with the check turned off: {said}"
     );
 
     let mut job = ChildJob::spawn_env(exactly(), &args, "", &with_ca)?;

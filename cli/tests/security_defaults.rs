@@ -155,3 +155,38 @@ delivery = {{ type = "exactly_once", transactional_id_prefix = "{b}" }}
     assert_eq!(code, 0, "{err}");
     assert!(!err.contains("warning"), "{err}");
 }
+
+#[test]
+fn cleartext_to_other_machines_is_warned_about() {
+    // Kafka's default PLAINTEXT to a broker beyond this machine.
+    let remote = format!("{HEAD}{SOURCE}{}", sink("t")).replace("127.0.0.1:19092", "kafka-0.kafka:9092");
+    let (code, _, err) = check(&remote);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("records travel unencrypted") && err.contains("kafka-0.kafka:9092"),
+        "{err}"
+    );
+    assert_eq!(err.matches("records travel unencrypted").count(), 1, "said once: {err}");
+
+    // A token endpoint over plain http:// to another host.
+    let oauth = r#"
+[kafka]
+security.protocol = "SASL_SSL"
+sasl.mechanism = "OAUTHBEARER"
+sasl.oauthbearer.client.id = "job"
+sasl.oauthbearer.client.secret = "${KAFKA_PASSWORD}"
+sasl.oauthbearer.token.endpoint.url = "http://idp.example.com/token"
+"#;
+    let (code, _, err) = check(&format!("{HEAD}{oauth}{SOURCE}{}", sink("t")));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("plain http:// to another host"), "{err}");
+
+    // The admin endpoint beyond loopback with a token and no TLS.
+    let admin = HEAD.replace(
+        "parallelism = 1",
+        "parallelism = 1\nadmin = \"0.0.0.0:9249\"\nadmin_token = \"${KAFKA_PASSWORD}-and-more-bytes\"",
+    );
+    let (code, _, err) = check(&format!("{admin}{SOURCE}{}", sink("t")));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("admin token travels in cleartext"), "{err}");
+}

@@ -63,28 +63,46 @@ pub fn url_address(url: &str) -> Option<String> {
     (!host.is_empty()).then(|| host.to_owned())
 }
 
-/// Whether `url`'s server is this machine by its loopback address (`localhost`, `127.0.0.0/8`,
-/// `::1`), written as such: traffic to it never leaves the machine. A name that merely resolves
-/// there counts as remote (what a name resolves to can change). A URL without a host (a socket
-/// path) is local.
-pub fn url_is_loopback(url: &str) -> bool {
-    let Some(address) = url_address(url) else {
-        return true;
-    };
-    let host = match address.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or(v6),
-        None => address.rsplit_once(':').map_or(address.as_str(), |(h, _)| h),
-    };
+/// Whether `host` names this machine by its loopback address, written as such (`localhost`,
+/// `127.0.0.0/8`, `::1`, brackets allowed): traffic to it never leaves the machine. A name that
+/// merely resolves there counts as remote (what a name resolves to can change).
+pub fn host_is_loopback(host: &str) -> bool {
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
     host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
-/// The value of the first of `keys` in `url`'s query (`?a=1&b=2`), keys compared without case.
-pub fn url_query_value(url: &str, keys: &[&str]) -> Option<String> {
-    let query = url.split_once('?')?.1;
-    query.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        keys.iter().any(|key| key.eq_ignore_ascii_case(k)).then(|| v.to_owned())
-    })
+/// Whether `url`'s host (as a URL parser reads it: after any userinfo, before any port, path,
+/// query or fragment) names this machine by its loopback address ([`host_is_loopback`]). A URL
+/// that does not parse or has no host is not.
+pub fn url_is_loopback(url: &str) -> bool {
+    url::Url::parse(url)
+        .ok()
+        .and_then(|u| u.host_str().map(host_is_loopback))
+        .unwrap_or(false)
+}
+
+/// Whether `address` (`host:port`, `[v6]:port`, a `SCHEME://` before it allowed) names this
+/// machine by its loopback address.
+pub fn address_is_loopback(address: &str) -> bool {
+    let address = address.trim();
+    let address = address.split_once("://").map_or(address, |(_, a)| a);
+    let host = match address.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(v6),
+        None => address.rsplit_once(':').map_or(address, |(h, _)| h),
+    };
+    host_is_loopback(host)
+}
+
+/// The value of the last of `keys` in `url`'s query, decoded, keys compared exactly — as sqlx
+/// reads a database URL's parameters (a later one overrides an earlier one; `SSLMODE` is not
+/// `sslmode`). `None` when the URL does not parse or names none of them.
+pub fn url_query_last(url: &str, keys: &[&str]) -> Option<String> {
+    let parsed = url::Url::parse(url).ok()?;
+    parsed
+        .query_pairs()
+        .filter(|(k, _)| keys.contains(&k.as_ref()))
+        .last()
+        .map(|(_, v)| v.into_owned())
 }
 
 #[cfg(test)]
@@ -92,30 +110,61 @@ mod tests {
     use super::*;
 
     #[test]
-    fn loopback_servers_are_named_as_such() {
-        for local in [
-            "mysql://u:p@127.0.0.1:3306/db",
-            "postgres://localhost/db",
-            "postgres://u@[::1]:5432/db?sslmode=disable",
-            "mysql://u:p@127.1.2.3/db",
-            "mysql://u:p@LOCALHOST:3306/db",
-        ] {
-            assert!(url_is_loopback(local), "{local}");
+    fn loopback_hosts_are_named_as_such_and_query_keys_read_as_sqlx_reads_them() {
+        for local in ["127.0.0.1", "localhost", "LOCALHOST", "[::1]", "::1", "127.1.2.3"] {
+            assert!(host_is_loopback(local), "{local}");
         }
         for remote in [
-            "mysql://u:p@db.example.com:3306/db",
-            "postgres://u@10.0.0.5/db",
-            "postgres://u@[2001:db8::1]:5432/db",
-            "mysql://u:p@localhost.evil.example/db",
-            "mysql://u:p@vm:3306/db",
+            "db.example.com",
+            "10.0.0.5",
+            "[2001:db8::1]",
+            "localhost.evil.example",
+            "vm",
+            "",
         ] {
-            assert!(!url_is_loopback(remote), "{remote}");
+            assert!(!host_is_loopback(remote), "{remote}");
         }
+        assert!(url_is_loopback("http://127.0.0.1:8080/token"));
+        assert!(url_is_loopback("http://user:p@localhost/t"));
+        assert!(!url_is_loopback("http://idp.example.com#@localhost/t"));
+        assert!(!url_is_loopback("http://localhost@idp.example.com/t"));
+        assert!(!url_is_loopback("not a url"));
+        for local in [
+            "127.0.0.1:9092",
+            "SASL_SSL://localhost:9093",
+            "[::1]:9092",
+            " 127.0.0.1:19092",
+        ] {
+            assert!(address_is_loopback(local), "{local}");
+        }
+        for remote in ["kafka-0.kafka:9092", "SSL://10.0.0.1:9093", "[2001:db8::1]:9092"] {
+            assert!(!address_is_loopback(remote), "{remote}");
+        }
+        let keys = &["ssl-mode", "sslmode"];
         assert_eq!(
-            url_query_value("mysql://h/db?x=1&SSL-MODE=required", &["ssl-mode", "sslmode"]).as_deref(),
+            url_query_last("mysql://h/db?x=1&ssl-mode=required", keys).as_deref(),
             Some("required")
         );
-        assert_eq!(url_query_value("mysql://h/db", &["ssl-mode"]), None);
+        assert_eq!(
+            url_query_last("mysql://h/db?SSL-MODE=required", keys),
+            None,
+            "keys are exact"
+        );
+        assert_eq!(
+            url_query_last("postgres://h/db?sslmode=verify-full&sslmode=disable", keys).as_deref(),
+            Some("disable"),
+            "the last one counts"
+        );
+        assert_eq!(
+            url_query_last("postgres://h/db#?sslmode=verify-full", keys),
+            None,
+            "a fragment is no query"
+        );
+        assert_eq!(
+            url_query_last("mysql://h/db?ssl%2Dmode=disabled", keys).as_deref(),
+            Some("disabled")
+        );
+        assert_eq!(url_query_last("mysql://h/db", keys), None);
     }
 
     #[test]

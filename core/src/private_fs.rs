@@ -27,6 +27,25 @@ pub(crate) fn create_file(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
+/// Creates `path`, which must not exist (nor be a link), readable and writable by this user only.
+pub(crate) fn create_new_file(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)
+}
+
+/// The warning for a checkpoint directory that exists with access for other users (made by an
+/// earlier version, or by the operator): the job's state and pending transactions are readable,
+/// or writable, by them.
+pub(crate) fn shared_access_warning(dir: &Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir).ok()?.permissions().mode() & 0o777;
+    (mode & 0o077 != 0).then(|| {
+        format!(
+            "{} has mode {mode:o}: other users may read (or change) the job's checkpoints; chmod 700 it unless that is meant",
+            dir.display()
+        )
+    })
+}
+
 /// Writes `bytes` to a file [`create_file`] makes.
 pub(crate) fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     create_file(path)?.write_all(bytes)
@@ -99,6 +118,21 @@ mod tests {
             assert_eq!(mode(&root.join(key)) & 0o077, 0, "{key}");
         }
         assert_eq!(mode(&root.join("chk-1")) & 0o077, 0);
+    }
+
+    #[test]
+    fn a_directory_others_may_enter_is_warned_about_and_new_files_are_never_links() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(shared_access_warning(dir.path()).is_some_and(|w| w.contains("755")));
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(shared_access_warning(dir.path()), None);
+        let target = dir.path().join("target");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert!(create_new_file(&link).is_err(), "a planted link is not followed");
+        assert!(!target.exists());
     }
 
     #[test]

@@ -75,6 +75,7 @@ async fn start(s: &mut TransactionalKafkaSink, info: &SubtaskInfo, restored: &[(
         all_restored: restored,
         is_restored: !restored.is_empty(),
         restored_checkpoint: None,
+        unreadable_newer: None,
     })
     .await?;
     Ok(())
@@ -94,6 +95,7 @@ async fn restore(
         all_restored: restored,
         is_restored: true,
         restored_checkpoint: None,
+        unreadable_newer: None,
     };
     s.abort_unneeded(&ctx).await?;
     for (_, c) in restored {

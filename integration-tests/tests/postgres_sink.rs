@@ -65,6 +65,7 @@ async fn start(s: &mut TwoPhasePostgresSink, me: &SubtaskInfo, restored: &[(u64,
         all_restored: restored,
         is_restored: !restored.is_empty(),
         restored_checkpoint: None,
+        unreadable_newer: None,
     };
     s.abort_unneeded(&ctx).await?;
     for (_, c) in restored {

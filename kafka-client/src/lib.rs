@@ -596,6 +596,15 @@ impl KafkaSecurity {
                 "ssl.endpoint.identification.algorithm = \"none\": the brokers' host names are not checked against their certificates (any certificate the CA signed passes for any broker)".to_owned(),
             );
         }
+        if self.sasl.mechanism == Some(SaslMechanism::OauthBearer) {
+            if let Some(url) = self.token_endpoint() {
+                if url.starts_with("http://") && !exactly_core::net::url_is_loopback(url) {
+                    out.push(format!(
+                        "sasl.oauthbearer.token.endpoint.url = {url:?} is plain http:// to another host: the client secret and the tokens cross the network readable; use https://"
+                    ));
+                }
+            }
+        }
         if p.sasl() && !p.tls() {
             match self.sasl.mechanism {
                 Some(SaslMechanism::Plain) => out.push(

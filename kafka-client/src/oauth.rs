@@ -158,15 +158,7 @@ fn fetch((url, client_id, scope): &Key, secret: &str, ca: Option<&std::path::Pat
 
 /// Whether an `http://` URL names this machine (127.0.0.0/8, ::1, localhost).
 fn loopback(url: &str) -> bool {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let host = if let Some(h) = host_port.strip_prefix('[') {
-        h.split(']').next().unwrap_or_default()
-    } else {
-        host_port.rsplit_once(':').map_or(host_port, |(h, _)| h)
-    };
-    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    exactly_core::net::url_is_loopback(url)
 }
 
 /// TLS for the token endpoint: the CA certificates of `https.ca.location`, else the system's.

@@ -542,6 +542,8 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
                 .await
                 .map_err(|e| SinkError::Protocol(format!("flushing {id}: {e}")))??;
             let desc = wire.describe_open(&id).await?;
+            // Ongoing under this producer, or nothing is written into it.
+            let prepared = committable(id.clone(), desc.clone(), checkpoint_id, probe)?;
             // The checkpoint's id goes into the transaction too: committed with its records, it
             // is the sink's record of what it committed (see `progress`). Of two committed
             // records the broker keeps the one written last: after the previous pre-commit's.
@@ -562,7 +564,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
                 .await;
             drop(recorded);
             written?;
-            Ok(committable(id, desc, checkpoint_id, probe)?)
+            Ok(prepared)
         })))
     }
 
@@ -733,7 +735,18 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         &mut self,
         ctx: &RecoveryContext<'_, KafkaCommittable>,
     ) -> exactly_core::Result<Option<CheckpointId>> {
-        Ok(self.record(ctx.info).committed_through(TIMEOUT).await?)
+        let (through, all_held) = self.record(ctx.info).committed_through(TIMEOUT).await?;
+        if let (Some(unreadable), false) = (ctx.unreadable_newer, all_held) {
+            // Nothing recorded is no proof that nothing committed.
+            return Err(SinkError::Config(format!(
+                "checkpoint {unreadable} cannot be read, and the sink's record of commits (consumer group {}) holds nothing for subtask {}: it may never have committed, or committed under a version that kept no record, or the record expired (offsets.retention.minutes) or was deleted — it cannot show that none of checkpoint {unreadable}'s transactions committed, so checkpoint {} is not restored in its place",
+                progress::group(&self.prefix, ctx.info.index),
+                ctx.info.index,
+                ctx.restored_checkpoint.unwrap_or(0)
+            ))
+            .into());
+        }
+        Ok(through)
     }
 
     async fn forget_commits_after(

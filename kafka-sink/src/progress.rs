@@ -80,15 +80,21 @@ impl Record<'_> {
     }
 
     /// The newest checkpoint the record shows committed (of this subtask, and for subtask 0 of
-    /// those above the parallelism); `None` when none.
-    pub(crate) async fn committed_through(&self, timeout: Duration) -> Result<Option<CheckpointId>> {
+    /// those above the parallelism), `None` when none; and whether every group read holds a
+    /// record at all. A group without one may never have committed — or committed under a version
+    /// that kept no record, or had its offsets expire (`offsets.retention.minutes`) or deleted:
+    /// it proves nothing.
+    pub(crate) async fn committed_through(&self, timeout: Duration) -> Result<(Option<CheckpointId>, bool)> {
         let subtasks = self.settled_subtasks().await?;
         tokio::task::block_in_place(|| {
-            let mut newest = None;
+            let (mut newest, mut all_held) = (None, true);
             for s in subtasks {
-                newest = newest.max(committed(&self.cluster, &group(self.prefix, s), self.topic, timeout)?);
+                match committed(&self.cluster, &group(self.prefix, s), self.topic, timeout)? {
+                    Some(through) => newest = newest.max(through),
+                    None => all_held = false,
+                }
             }
-            Ok(newest)
+            Ok((newest, all_held))
         })
     }
 
@@ -158,9 +164,9 @@ fn group_error(group: &str, doing: String, e: rdkafka::error::KafkaError) -> Sin
     SinkError::kafka(doing, e)
 }
 
-/// The newest checkpoint `group` shows committed into `topic` (blocking); `None` when it shows
-/// none. A refusal to find the group's coordinator (no ACL on the group) reaches the client only
-/// as an event, while the read itself waits for a coordinator until it times out: the read is
+/// The newest checkpoint `group` shows committed into `topic` (blocking): `Some(None)` when its
+/// record shows none (set back to 0), `None` when it holds no record. A refusal to find the
+/// group's coordinator (no ACL on the group) reaches the client only as an event, while the read itself waits for a coordinator until it times out: the read is
 /// asked in short tries, the events looked at between them, so a missing ACL fails at once,
 /// saying which.
 pub(crate) fn committed(
@@ -168,7 +174,7 @@ pub(crate) fn committed(
     group: &str,
     topic: &str,
     timeout: Duration,
-) -> Result<Option<CheckpointId>> {
+) -> Result<Option<Option<CheckpointId>>> {
     use rdkafka::types::RDKafkaErrorCode as C;
     let doing = || format!("reading the progress group {group}");
     let consumer = consumer(cluster, group)?;
@@ -193,7 +199,8 @@ pub(crate) fn committed(
         .ok_or_else(|| SinkError::Protocol(format!("{}: no answer for {topic}/0", doing())))?;
     elem.error().map_err(|e| group_error(group, doing(), e))?;
     Ok(match elem.offset() {
-        Offset::Offset(n) if n > 0 => Some(n as CheckpointId),
+        Offset::Offset(n) if n > 0 => Some(Some(n as CheckpointId)),
+        Offset::Offset(_) => Some(None),
         _ => None,
     })
 }

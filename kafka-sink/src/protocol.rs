@@ -171,12 +171,27 @@ enum Tried {
 /// written (Jepsen's Bufstream analysis reproduced in Kafka that such an EndTxn can still take
 /// effect), and sent again blind it can end a zombie's later transaction of the same producer id
 /// and epoch (transaction version 1). Its caller describes the transaction first.
-fn send_again(repeatable: bool, tried: Tried) -> bool {
+///
+/// A TxnOffsetCommit is sent again after such an answer (the coordinator did not write it) but
+/// not after a lost answer: a first copy still in flight could land after a later checkpoint's
+/// offset and replace it ([`Resend::AfterRefusal`]).
+fn send_again(resend: Resend, tried: Tried) -> bool {
     match tried {
         Tried::Unsent => true,
-        Tried::Answered(c) => repeatable && code::coordinator_moving(c),
-        Tried::AnswerLost => repeatable,
+        Tried::Answered(c) => resend != Resend::OnlyUnsent && code::coordinator_moving(c),
+        Tried::AnswerLost => resend == Resend::Always,
     }
+}
+
+/// When [`Wire::at_coordinator_of`] may send a request again (see [`send_again`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Resend {
+    /// Only while it never left (EndTxn).
+    OnlyUnsent,
+    /// Also after an answer that the coordinator moved or is loading.
+    AfterRefusal,
+    /// Also after a lost answer.
+    Always,
 }
 
 /// How a request failed: before it was sent (no connection), or after (the broker may have acted
@@ -446,13 +461,14 @@ impl Wire {
         repeatable: bool,
         error_code: impl Fn(&R::Response) -> i16,
     ) -> Result<R::Response> {
+        let resend = if repeatable { Resend::Always } else { Resend::OnlyUnsent };
         self.at_coordinator_of(
             Coordinates::Transaction,
             transactional_id,
             what,
             req,
             version,
-            repeatable,
+            resend,
             error_code,
         )
         .await
@@ -467,7 +483,7 @@ impl Wire {
         what: &str,
         req: &R,
         version: i16,
-        repeatable: bool,
+        resend: Resend,
         error_code: impl Fn(&R::Response) -> i16,
     ) -> Result<R::Response> {
         let transactional_id = key;
@@ -475,12 +491,12 @@ impl Wire {
         loop {
             let failure = match self.coordinator_of(key, kind).await {
                 Ok(coordinator) => match self.send_tracked(&coordinator, req, version).await {
-                    Ok(resp) if send_again(repeatable, Tried::Answered(error_code(&resp))) => {
+                    Ok(resp) if send_again(resend, Tried::Answered(error_code(&resp))) => {
                         format!("{coordinator} answered error code {}", error_code(&resp))
                     }
                     Ok(resp) => return Ok(resp),
-                    Err(Unsent(SinkError::Protocol(e))) if send_again(repeatable, Tried::Unsent) => e,
-                    Err(MaybeSent(SinkError::Protocol(e))) if send_again(repeatable, Tried::AnswerLost) => e,
+                    Err(Unsent(SinkError::Protocol(e))) if send_again(resend, Tried::Unsent) => e,
+                    Err(MaybeSent(SinkError::Protocol(e))) if send_again(resend, Tried::AnswerLost) => e,
                     Err(Unsent(e) | MaybeSent(e)) => return Err(e),
                 },
                 Err(SinkError::Protocol(e)) => e,
@@ -605,24 +621,35 @@ mod tests {
             code::COORDINATOR_LOAD_IN_PROGRESS,
         ];
         for c in moving {
-            assert!(!send_again(false, Tried::Answered(c)), "EndTxn after error code {c}");
             assert!(
-                send_again(true, Tried::Answered(c)),
+                !send_again(Resend::OnlyUnsent, Tried::Answered(c)),
+                "EndTxn after error code {c}"
+            );
+            assert!(
+                send_again(Resend::AfterRefusal, Tried::Answered(c)),
+                "TxnOffsetCommit after {c}"
+            );
+            assert!(
+                send_again(Resend::Always, Tried::Answered(c)),
                 "a description after error code {c}"
             );
         }
-        assert!(!send_again(false, Tried::AnswerLost));
-        assert!(send_again(true, Tried::AnswerLost));
-        assert!(send_again(false, Tried::Unsent));
-        assert!(send_again(true, Tried::Unsent));
+        assert!(!send_again(Resend::OnlyUnsent, Tried::AnswerLost));
+        assert!(
+            !send_again(Resend::AfterRefusal, Tried::AnswerLost),
+            "a lost TxnOffsetCommit may land late"
+        );
+        assert!(send_again(Resend::Always, Tried::AnswerLost));
+        assert!(send_again(Resend::OnlyUnsent, Tried::Unsent));
+        assert!(send_again(Resend::Always, Tried::Unsent));
         // Any other answer is the caller's.
         for c in [
             code::NONE,
             code::CONCURRENT_TRANSACTIONS,
             code::TRANSACTIONAL_ID_NOT_FOUND,
         ] {
-            assert!(!send_again(false, Tried::Answered(c)), "{c}");
-            assert!(!send_again(true, Tried::Answered(c)), "{c}");
+            assert!(!send_again(Resend::OnlyUnsent, Tried::Answered(c)), "{c}");
+            assert!(!send_again(Resend::Always, Tried::Answered(c)), "{c}");
         }
     }
 }

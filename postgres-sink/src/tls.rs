@@ -9,14 +9,20 @@ use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
 const KEYS: &[&str] = &["sslmode", "ssl-mode"];
 
-/// The mode the URL (or `PGSSLMODE`) asks for.
+/// The mode the URL (or `PGSSLMODE`) names, as sqlx reads them.
 fn explicit(url: &str) -> Option<String> {
-    exactly_core::net::url_query_value(url, KEYS).or_else(|| std::env::var("PGSSLMODE").ok())
+    exactly_core::net::url_query_last(url, KEYS).or_else(|| std::env::var("PGSSLMODE").ok())
+}
+
+/// The server is reached through a socket file or at a loopback address — as sqlx parsed the URL,
+/// whose host may also come from `host=`/`hostaddr=` or `PGHOST`.
+fn local(options: &PgConnectOptions) -> bool {
+    options.get_socket().is_some() || exactly_core::net::host_is_loopback(options.get_host())
 }
 
 /// `options` (parsed from `url`) with the default above applied.
 pub(crate) fn verified_by_default(url: &str, options: PgConnectOptions) -> PgConnectOptions {
-    if explicit(url).is_none() && !exactly_core::net::url_is_loopback(url) {
+    if explicit(url).is_none() && !local(&options) {
         options.ssl_mode(PgSslMode::VerifyFull)
     } else {
         options
@@ -24,17 +30,25 @@ pub(crate) fn verified_by_default(url: &str, options: PgConnectOptions) -> PgCon
 }
 
 /// The warning for a URL that asks for less than a verified connection to a server beyond this
-/// machine, `None` otherwise.
+/// machine, `None` otherwise (and for a URL that does not parse: that is an error elsewhere).
 pub fn tls_warning(url: &str) -> Option<String> {
-    let mode = explicit(url)?;
-    if exactly_core::net::url_is_loopback(url) {
+    let options: PgConnectOptions = url.parse().ok()?;
+    let options = verified_by_default(url, options);
+    if local(&options) {
         return None;
     }
-    let what = match mode.to_ascii_lowercase().as_str() {
-        "verify-full" => return None,
-        "verify-ca" => "checks the server's certificate chain but not its host name",
-        "require" => "encrypts but checks no certificate (anyone on the path can pose as the server)",
-        _ => "may send the password and the rows in cleartext",
+    let (mode, what) = match options.get_ssl_mode() {
+        PgSslMode::VerifyFull => return None,
+        PgSslMode::VerifyCa => (
+            "verify-ca",
+            "checks the server's certificate chain but not its host name",
+        ),
+        PgSslMode::Require => (
+            "require",
+            "encrypts but checks no certificate (anyone on the path can pose as the server)",
+        ),
+        PgSslMode::Prefer | PgSslMode::Allow => ("prefer", "may send the password and the rows in cleartext"),
+        PgSslMode::Disable => ("disable", "sends the password and the rows in cleartext"),
     };
     Some(format!(
         "the PostgreSQL URL's sslmode={mode} {what}; leave sslmode out (verified TLS) or set sslmode=verify-full with sslrootcert"
@@ -63,9 +77,22 @@ mod tests {
         assert_eq!(tls_warning("postgres://u:p@db.example.com/d"), None);
         assert_eq!(tls_warning("postgres://u:p@db.example.com/d?sslmode=verify-full"), None);
         assert_eq!(tls_warning("postgres://u:p@[::1]/d?sslmode=disable"), None);
+        // The host as sqlx reads it: from host= or hostaddr= too.
+        assert!(mode("postgres:///orders?host=db.internal").contains("VerifyFull"));
+        assert!(mode("postgres://app@localhost/orders?hostaddr=10.0.0.5").contains("VerifyFull"));
+        assert!(
+            mode("postgres:///orders?host=/run/postgresql").contains("Prefer"),
+            "a socket"
+        );
+        // Keys as sqlx reads them: exact, the last one counting.
+        assert!(mode("postgres://u:p@db.example.com/d?SSLMODE=disable").contains("VerifyFull"));
+        assert!(tls_warning("postgres://u:p@db.example.com/d?sslmode=verify-full&sslmode=disable").is_some());
         for weak in ["disable", "allow", "prefer", "require", "verify-ca"] {
             let w = tls_warning(&format!("postgres://u:p@db.example.com/d?sslmode={weak}")).unwrap();
-            assert!(w.contains(weak) && !w.contains(":p@"), "{w}");
+            assert!(
+                w.contains(weak.replace("allow", "prefer").as_str()) && !w.contains(":p@"),
+                "{w}"
+            );
         }
     }
 }

@@ -578,6 +578,7 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
             all_restored: &all,
             is_restored: ctx.is_restored(),
             restored_checkpoint: info.restored_checkpoint,
+            unreadable_newer: ctx.unreadable_newer(),
         };
         // Refused here when behind (the sink committed past the restored checkpoint).
         let forget = self.check_not_behind(&recovery).await?;

@@ -112,6 +112,11 @@ pub struct RecoveryContext<'a, C> {
     pub is_restored: bool,
     /// The checkpoint or savepoint the job restores (`None`: a fresh start).
     pub restored_checkpoint: Option<CheckpointId>,
+    /// The newest checkpoint, which cannot be read, when the job restores an older one in its
+    /// place (see `InitContext::unreadable_newer`): then [`TwoPhaseCommitSink::committed_through`]
+    /// is the proof that none of this subtask's transactions after the restored one committed,
+    /// and a record that cannot tell must say so (an error), not answer `None`.
+    pub unreadable_newer: Option<CheckpointId>,
 }
 
 /// A sink that writes into transactions of an external system and commits them in two phases.

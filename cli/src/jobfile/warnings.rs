@@ -17,6 +17,8 @@ impl Job {
                 }
             }
         }
+        out.extend(cleartext_brokers(self));
+        out.extend(cleartext_admin(self));
         out.extend(nested_prefixes(self));
         for s in &self.sinks {
             let weak = match &s.kind {
@@ -28,6 +30,54 @@ impl Job {
         }
         out
     }
+}
+
+/// Kafka clients that reach brokers beyond this machine without TLS: records, and any SASL
+/// exchange, travel unencrypted (Kafka's default `PLAINTEXT` included).
+fn cleartext_brokers(job: &Job) -> Vec<String> {
+    let source = std::iter::once((
+        "source",
+        job.file.source.bootstrap_servers.as_str(),
+        &job.file.source.security,
+    ));
+    let sinks = job.sinks.iter().filter_map(|s| match &s.kind {
+        SinkKind::Kafka(k) => Some((s.field.as_str(), k.bootstrap_servers.as_str(), &k.security)),
+        _ => None,
+    });
+    let mut out: Vec<String> = Vec::new();
+    for (at, bootstrap, security) in source.chain(sinks) {
+        let protocol = security.protocol();
+        if protocol.tls() {
+            continue;
+        }
+        if let Some(remote) = bootstrap
+            .split(',')
+            .map(str::trim)
+            .find(|a| !a.is_empty() && !exactly_core::net::address_is_loopback(a))
+        {
+            let w = format!(
+                "security.protocol = {:?}: records travel unencrypted to brokers beyond this machine ({remote}); set SSL or SASL_SSL in [kafka]",
+                protocol.name()
+            );
+            if !out.iter().any(|o| o.ends_with(&w)) {
+                out.push(format!("{at}: {w}"));
+            }
+        }
+    }
+    out
+}
+
+/// An admin endpoint beyond this machine with a token and without TLS: the token travels in
+/// cleartext.
+fn cleartext_admin(job: &Job) -> Option<String> {
+    let j = &job.file.job;
+    let address = j.admin.as_deref()?;
+    let token = j.admin_token.is_some() || j.admin_token_file.is_some();
+    (token && j.admin_tls_cert.is_none() && !exactly_core::net::address_is_loopback(address)).then(|| {
+        format!(
+            "job.admin = {address:?} without admin_tls_cert: the admin token travels in cleartext beyond this machine; set admin_tls_cert and admin_tls_key"
+        )
+    })
 }
 
 /// Transactional-id prefixes of the job's Kafka sinks of which one begins with another and a

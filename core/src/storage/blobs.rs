@@ -60,6 +60,14 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     f.sync_all().map_err(|e| CoreError::io("fsyncing", path, e))
 }
 
+/// [`write_synced`] into a file that must not exist yet (a temporary name: never a link or a
+/// file someone else placed there).
+fn write_synced_new(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = crate::private_fs::create_new_file(path).map_err(|e| CoreError::io("creating", path, e))?;
+    f.write_all(bytes).map_err(|e| CoreError::io("writing", path, e))?;
+    f.sync_all().map_err(|e| CoreError::io("fsyncing", path, e))
+}
+
 impl Blobs for Dir {
     fn locate(&self, key: &str) -> PathBuf {
         if key.is_empty() {
@@ -93,15 +101,15 @@ impl Blobs for Dir {
             Put::Replace => {
                 // Unique: two writers of one name (a renewal and a release) never share a file.
                 let tmp = path.with_extension(format!("tmp-{}-{:x}", std::process::id(), rand::random::<u32>()));
-                write_synced(&tmp, bytes)?;
+                write_synced_new(&tmp, bytes)?;
                 fs::rename(&tmp, &path).map_err(|e| CoreError::io("renaming into place", &path, e))?;
                 fsync_parent(&path)?;
             }
             Put::Create => {
                 // A hard link never replaces an existing file: a second writer of the same name
                 // (another process on the same directory) finds it there.
-                let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-                write_synced(&tmp, bytes)?;
+                let tmp = path.with_extension(format!("tmp-{}-{:x}", std::process::id(), rand::random::<u64>()));
+                write_synced_new(&tmp, bytes)?;
                 let linked = fs::hard_link(&tmp, &path);
                 let _ = fs::remove_file(&tmp);
                 match linked {

@@ -176,6 +176,9 @@ impl Storage {
         if !is_url(&root) {
             let shared = root.join(SHARED);
             crate::private_fs::create_dir_all(&shared).map_err(|e| CoreError::io("creating", &shared, e))?;
+            if let Some(w) = crate::private_fs::shared_access_warning(&root) {
+                tracing::warn!("{w}");
+            }
         }
         Ok(Storage {
             blobs: place(&root)?,

@@ -126,6 +126,9 @@ fn s3_builder_from_env() -> std::result::Result<object_store::aws::AmazonS3Build
     // options above instead of replacing them.
     for (key, value) in std::env::vars_os() {
         if let (Some(key), Some(value)) = (key.to_str(), value.to_str()) {
+            if let Some(refused) = insecure_setting(key, value) {
+                return Err(refused);
+            }
             if key.starts_with("AWS_") {
                 if let Ok(k) = key.to_ascii_lowercase().parse() {
                     b = b.with_config(k, value);
@@ -134,6 +137,18 @@ fn s3_builder_from_env() -> std::result::Result<object_store::aws::AmazonS3Build
         }
     }
     Ok(b)
+}
+
+/// Why an environment setting of the object store client is refused: one that turns off the
+/// check of the store's certificate (checkpoints read from a store that anyone on the path can
+/// pose as would restore their state). A private CA goes in `AWS_CA_BUNDLE`.
+fn insecure_setting(key: &str, value: &str) -> Option<String> {
+    let on = !matches!(value.trim().to_ascii_lowercase().as_str(), "" | "false" | "0" | "no");
+    (key == "AWS_ALLOW_INVALID_CERTIFICATES" && on).then(|| {
+        format!(
+            "{key}={value} would turn off the check of the object store's certificate: refused; trust a private CA with AWS_CA_BUNDLE"
+        )
+    })
 }
 
 /// Retries of one request: a few, within 20 s, so that an outage fails the checkpoint (and the
@@ -426,6 +441,19 @@ impl Blobs for Bucket {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_setting_that_turns_off_the_certificate_check_is_refused() {
+        for on in ["true", "TRUE", "1", "yes"] {
+            let why = insecure_setting("AWS_ALLOW_INVALID_CERTIFICATES", on).unwrap();
+            assert!(why.contains("AWS_CA_BUNDLE"), "{why}");
+        }
+        for off in ["false", "0", ""] {
+            assert_eq!(insecure_setting("AWS_ALLOW_INVALID_CERTIFICATES", off), None);
+        }
+        assert_eq!(insecure_setting("AWS_ALLOW_HTTP", "true"), None);
+    }
+
     use super::*;
     use std::io::ErrorKind;
 

@@ -2,8 +2,10 @@
 //! through this client so that a coordinator that stalls costs a bounded wait, as every other
 //! request here): AddOffsetsToTxn at the transaction's coordinator adds the group's offsets
 //! partition to the transaction, then TxnOffsetCommit at the group's coordinator writes the
-//! offsets, pending until the transaction ends. Both may be sent again (adding a group twice, or
-//! writing the same offset twice, changes nothing), so both are retried through a failover.
+//! offsets, pending until the transaction ends. AddOffsetsToTxn is sent again freely (adding a
+//! group twice changes nothing); TxnOffsetCommit only after an answer that the coordinator moved
+//! (a copy whose answer was lost could still land after the next checkpoint's offset and replace
+//! it: the pre-commit fails instead).
 
 use kafka_protocol::messages::{
     add_offsets_to_txn_request::AddOffsetsToTxnRequest,
@@ -12,7 +14,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
-use super::{code, Coordinates, Wire};
+use super::{code, Coordinates, Resend, Wire};
 use crate::error::{Result, SinkError};
 
 /// Versions of transaction version 1 (the family librdkafka's producers speak: version 4 of
@@ -20,8 +22,12 @@ use crate::error::{Result, SinkError};
 pub(crate) const ADD_OFFSETS_TO_TXN_VERSION: i16 = 3;
 pub(crate) const TXN_OFFSET_COMMIT_VERSION: i16 = 3;
 
+/// The output topic may not be read (TxnOffsetCommit needs Read on it): no ACL.
+const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
 /// The group may not be read: no ACL.
 const GROUP_AUTHORIZATION_FAILED: i16 = 30;
+/// The transactional id may not be written: no ACL.
+const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = 53;
 
 /// An offset to commit in a transaction.
 pub(crate) struct TxnOffset<'a> {
@@ -38,6 +44,11 @@ fn refused(what: &str, group: &str, error: i16) -> SinkError {
     if error == GROUP_AUTHORIZATION_FAILED {
         return SinkError::Config(format!(
             "{what}: the job's principal may not Read consumer group {group:?}, where the sink records what it committed: grant Read on groups prefixed with the transactional-id prefix and a dash (docs/security.md lists the ACLs)"
+        ));
+    }
+    if error == TOPIC_AUTHORIZATION_FAILED || error == TRANSACTIONAL_ID_AUTHORIZATION_FAILED {
+        return SinkError::Config(format!(
+            "{what} for group {group:?}: the broker refused it for a missing ACL (error code {error}: Read on the output topic, or Write on the transactional-id prefix; docs/security.md lists the ACLs)"
         ));
     }
     SinkError::Protocol(format!("{what} for group {group}: error code {error}"))
@@ -59,7 +70,8 @@ impl Wire {
                 "AddOffsetsToTxn",
                 &add,
                 ADD_OFFSETS_TO_TXN_VERSION,
-                true,
+                // Adding the group twice changes nothing.
+                Resend::Always,
                 |r| r.error_code,
             )
             .await?;
@@ -97,7 +109,9 @@ impl Wire {
                 "TxnOffsetCommit",
                 &commit,
                 TXN_OFFSET_COMMIT_VERSION,
-                true,
+                // Not after a lost answer: a copy landing late would replace a later offset.
+                // The pre-commit fails instead, and the restart's producers fence this epoch.
+                Resend::AfterRefusal,
                 first_error,
             )
             .await?;

@@ -64,7 +64,7 @@ impl<T, S: TwoPhaseCommitSink<T>> TwoPhaseSink<T, S> {
                     Some(id) => (format!("restores checkpoint {id}"), String::new()),
                     None => (
                         "starts afresh (no checkpoint to restore)".to_owned(),
-                        "; or, to start this sink over on purpose, clear its record of commits or give it another job id"
+                        "; or, to start this sink over on purpose, clear its record of commits (a database sink's progress rows, the Kafka sink's consumer groups <transactional_id_prefix>-progress-*) or give it a new identity (a database sink's job_id, the Kafka sink's transactional_id_prefix)"
                             .to_owned(),
                     ),
                 };
