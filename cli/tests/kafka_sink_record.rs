@@ -110,6 +110,27 @@ fn damage_newest(dir: &std::path::Path) -> Result<std::path::PathBuf> {
     Ok(checkpoints)
 }
 
+/// As above with a subtask that never wrote (one input partition, two subtasks): its group got a
+/// record when it started, so it proves nothing newer committed and the fallback goes ahead. (It
+/// was refused before: an idle subtask's group held nothing.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_subtask_does_not_stop_the_fallback() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let (input, output) = (unique("record-in"), unique("record-out"));
+    create_topic(env, &input, 1).await?;
+    create_topic(env, &output, 2).await?;
+    let dir = tempfile::tempdir()?;
+    let args = Job::new(&input, &output).write(env, dir.path(), "k2k");
+    let (next, _) = killed_before_its_commits(env, &input, &args)?;
+    let checkpoints = damage_newest(dir.path())?;
+    drain_and_verify(env, &args, &output, &next).await?;
+    assert!(
+        std::fs::read_dir(&checkpoints)?.any(|e| e.is_ok_and(|e| e.path().join("_metadata.unusable").exists())),
+        "the unreadable checkpoint is set aside"
+    );
+    Ok(())
+}
+
 /// As above, but the record is gone (deleted here; expired after `offsets.retention.minutes`, or
 /// never written by an older version, look the same): it proves nothing, and the start is refused
 /// before anything changes. (It was restored past before: a missing record read as "nothing
@@ -142,7 +163,7 @@ async fn an_unreadable_newest_checkpoint_is_not_restored_past_when_the_record_is
     stopped(&mut again, "the start was not refused").await?;
     let said = again.tail(40);
     assert!(
-        said.contains("holds nothing for subtask") && said.contains("cannot be read"),
+        said.contains("holds nothing in consumer group") && said.contains("cannot be read"),
         "{said}"
     );
     assert!(

@@ -597,10 +597,12 @@ impl KafkaSecurity {
             );
         }
         if self.sasl.mechanism == Some(SaslMechanism::OauthBearer) {
-            if let Some(url) = self.token_endpoint() {
-                if url.starts_with("http://") && !exactly_core::net::url_is_loopback(url) {
+            if let Some(parsed) = self.token_endpoint().and_then(|u| url::Url::parse(u).ok()) {
+                if parsed.scheme() == "http" && !exactly_core::net::url_is_loopback(parsed.as_str()) {
+                    // Named without any credentials or query it may carry.
+                    let shown = format!("http://{}{}", parsed.host_str().unwrap_or_default(), parsed.path());
                     out.push(format!(
-                        "sasl.oauthbearer.token.endpoint.url = {url:?} is plain http:// to another host: the client secret and the tokens cross the network readable; use https://"
+                        "sasl.oauthbearer.token.endpoint.url ({shown}) is plain http:// to another host: the client secret and the tokens cross the network readable; use https://"
                     ));
                 }
             }

@@ -735,16 +735,22 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         &mut self,
         ctx: &RecoveryContext<'_, KafkaCommittable>,
     ) -> exactly_core::Result<Option<CheckpointId>> {
-        let (through, all_held) = self.record(ctx.info).committed_through(TIMEOUT).await?;
-        if let (Some(unreadable), false) = (ctx.unreadable_newer, all_held) {
+        let record = self.record(ctx.info);
+        let (through, empty) = record.committed_through(TIMEOUT).await?;
+        match ctx.unreadable_newer {
             // Nothing recorded is no proof that nothing committed.
-            return Err(SinkError::Config(format!(
-                "checkpoint {unreadable} cannot be read, and the sink's record of commits (consumer group {}) holds nothing for subtask {}: it may never have committed, or committed under a version that kept no record, or the record expired (offsets.retention.minutes) or was deleted — it cannot show that none of checkpoint {unreadable}'s transactions committed, so checkpoint {} is not restored in its place",
-                progress::group(&self.prefix, ctx.info.index),
-                ctx.info.index,
-                ctx.restored_checkpoint.unwrap_or(0)
-            ))
-            .into());
+            Some(unreadable) if !empty.is_empty() => {
+                return Err(SinkError::Config(format!(
+                    "checkpoint {unreadable} cannot be read, and the sink's record of commits holds nothing in consumer group {}: that subtask may never have committed, or committed under a version that kept no record, or the record expired (offsets.retention.minutes) or was deleted — it cannot show that none of checkpoint {unreadable}'s transactions committed, so checkpoint {} is not restored in its place",
+                    empty.join(", "),
+                    ctx.restored_checkpoint.unwrap_or(0)
+                ))
+                .into());
+            }
+            None if empty.contains(&progress::group(&self.prefix, ctx.info.index)) => {
+                record.start_record(ctx.restored_checkpoint.unwrap_or(0))?;
+            }
+            _ => {}
         }
         Ok(through)
     }

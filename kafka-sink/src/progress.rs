@@ -80,21 +80,52 @@ impl Record<'_> {
     }
 
     /// The newest checkpoint the record shows committed (of this subtask, and for subtask 0 of
-    /// those above the parallelism), `None` when none; and whether every group read holds a
-    /// record at all. A group without one may never have committed — or committed under a version
-    /// that kept no record, or had its offsets expire (`offsets.retention.minutes`) or deleted:
-    /// it proves nothing.
-    pub(crate) async fn committed_through(&self, timeout: Duration) -> Result<(Option<CheckpointId>, bool)> {
-        let subtasks = self.settled_subtasks().await?;
+    /// those above the parallelism), `None` when none; and the groups that hold no record at all.
+    /// A group without one may never have committed (an idle subtask), or committed under a
+    /// version that kept no record, or had its offsets expire (`offsets.retention.minutes`) or
+    /// deleted: it proves nothing.
+    pub(crate) async fn committed_through(&self, timeout: Duration) -> Result<(Option<CheckpointId>, Vec<String>)> {
+        let mut subtasks = self.settled_subtasks().await?;
         tokio::task::block_in_place(|| {
-            let (mut newest, mut all_held) = (None, true);
+            if self.subtask == 0 {
+                // Groups of removed subtasks whose transactional ids expired are found by name.
+                subtasks.extend(self.listed_groups(timeout)?);
+            }
+            let (mut newest, mut empty) = (None, Vec::new());
             for s in subtasks {
-                match committed(&self.cluster, &group(self.prefix, s), self.topic, timeout)? {
+                let g = group(self.prefix, s);
+                match committed(&self.cluster, &g, self.topic, timeout)? {
                     Some(through) => newest = newest.max(through),
-                    None => all_held = false,
+                    None => empty.push(g),
                 }
             }
-            Ok((newest, all_held))
+            Ok((newest, empty))
+        })
+    }
+
+    /// The subtasks at or above the parallelism that have a group of the record (blocking).
+    fn listed_groups(&self, timeout: Duration) -> Result<Vec<u32>> {
+        let consumer = consumer(&self.cluster, &group(self.prefix, self.subtask))?;
+        let list = consumer
+            .fetch_group_list(None, timeout)
+            .map_err(|e| SinkError::kafka("listing the consumer groups of the record", e))?;
+        let under = format!("{}-progress-", self.prefix);
+        Ok(list
+            .groups()
+            .iter()
+            .filter_map(|g| g.name().strip_prefix(&under)?.parse::<u32>().ok())
+            .filter(|s| *s >= self.parallelism)
+            .collect())
+    }
+
+    /// Gives this subtask's group a record when it holds none (an idle subtask, a record expired
+    /// or written by no earlier version): checkpoint `restored` (0 for a fresh start), outside
+    /// any transaction. At a start that restores the newest complete checkpoint nothing of a
+    /// later one can have committed, so it claims no more than the truth; a later fallback past
+    /// an unreadable checkpoint can then rely on it.
+    pub(crate) fn start_record(&self, restored: CheckpointId) -> Result<()> {
+        tokio::task::block_in_place(|| {
+            forget_after(&self.cluster, &group(self.prefix, self.subtask), self.topic, restored)
         })
     }
 

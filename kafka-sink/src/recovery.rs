@@ -14,6 +14,8 @@
 //! accepted unknown outcomes up to that checkpoint.
 
 mod probe;
+#[cfg(test)]
+mod sim;
 mod steps;
 #[cfg(test)]
 mod wiring_tests;

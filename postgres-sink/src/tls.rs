@@ -11,13 +11,21 @@ const KEYS: &[&str] = &["sslmode", "ssl-mode"];
 
 /// The mode the URL (or `PGSSLMODE`) names, as sqlx reads them.
 fn explicit(url: &str) -> Option<String> {
-    exactly_core::net::url_query_last(url, KEYS).or_else(|| std::env::var("PGSSLMODE").ok())
+    exactly_core::net::url_query_last(url, KEYS).or_else(|| {
+        // sqlx ignores a value it cannot parse (and keeps `prefer`): so does this.
+        std::env::var("PGSSLMODE")
+            .ok()
+            .filter(|v| v.parse::<PgSslMode>().is_ok())
+    })
 }
 
 /// The server is reached through a socket file or at a loopback address — as sqlx parsed the URL,
 /// whose host may also come from `host=`/`hostaddr=` or `PGHOST`.
 fn local(options: &PgConnectOptions) -> bool {
-    options.get_socket().is_some() || exactly_core::net::host_is_loopback(options.get_host())
+    // A host that is a directory is a socket's (from PGHOST, or a URL without a host).
+    options.get_socket().is_some()
+        || options.get_host().starts_with('/')
+        || exactly_core::net::host_is_loopback(options.get_host())
 }
 
 /// `options` (parsed from `url`) with the default above applied.
@@ -61,8 +69,8 @@ mod tests {
 
     #[test]
     fn a_remote_server_is_verified_unless_the_url_says_otherwise_and_weaker_is_warned_about() {
-        if std::env::var_os("PGSSLMODE").is_some() {
-            panic!("PGSSLMODE is set in the environment of this test: unset it");
+        if std::env::var_os("PGSSLMODE").is_some() || std::env::var_os("PGHOST").is_some() {
+            panic!("PGSSLMODE or PGHOST is set in the environment of this test: unset it");
         }
         let mode = |url: &str| {
             let o: PgConnectOptions = url.parse().unwrap();
@@ -83,6 +91,10 @@ mod tests {
         assert!(
             mode("postgres:///orders?host=/run/postgresql").contains("Prefer"),
             "a socket"
+        );
+        assert!(
+            mode("postgres://u@%2Frun%2Fpostgresql/d").contains("Prefer"),
+            "a socket as the host"
         );
         // Keys as sqlx reads them: exact, the last one counting.
         assert!(mode("postgres://u:p@db.example.com/d?SSLMODE=disable").contains("VerifyFull"));

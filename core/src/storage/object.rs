@@ -144,9 +144,15 @@ fn s3_builder_from_env() -> std::result::Result<object_store::aws::AmazonS3Build
 /// pose as would restore their state). A private CA goes in `AWS_CA_BUNDLE`.
 fn insecure_setting(key: &str, value: &str) -> Option<String> {
     let on = !matches!(value.trim().to_ascii_lowercase().as_str(), "" | "false" | "0" | "no");
-    (key == "AWS_ALLOW_INVALID_CERTIFICATES" && on).then(|| {
+    let switch = [
+        "AWS_ALLOW_INVALID_CERTIFICATES",
+        "GOOGLE_ALLOW_INVALID_CERTIFICATES",
+        "AZURE_ALLOW_INVALID_CERTIFICATES",
+    ]
+    .contains(&key);
+    (switch && on).then(|| {
         format!(
-            "{key}={value} would turn off the check of the object store's certificate: refused; trust a private CA with AWS_CA_BUNDLE"
+            "{key}={value} would turn off the check of the object store's certificate: refused; trust a private CA instead (AWS_CA_BUNDLE for S3)"
         )
     })
 }
@@ -255,6 +261,12 @@ impl Bucket {
         }
         use object_store::ClientConfigKey::{ConnectTimeout, Timeout};
         let built = |e: object_store::Error| config(e.to_string());
+        // Whichever store: none of the providers' switches that turn off certificate checks.
+        for (key, value) in std::env::vars() {
+            if let Some(refused) = insecure_setting(&key, &value) {
+                return Err(config(refused));
+            }
+        }
         let (store, quick): (Arc<dyn ObjectStore>, Arc<dyn ObjectStore>) = match scheme {
             "s3" | "s3a" => {
                 use object_store::aws::AmazonS3ConfigKey::Client;
@@ -451,6 +463,8 @@ mod tests {
         for off in ["false", "0", ""] {
             assert_eq!(insecure_setting("AWS_ALLOW_INVALID_CERTIFICATES", off), None);
         }
+        assert!(insecure_setting("GOOGLE_ALLOW_INVALID_CERTIFICATES", "true").is_some());
+        assert!(insecure_setting("AZURE_ALLOW_INVALID_CERTIFICATES", "1").is_some());
         assert_eq!(insecure_setting("AWS_ALLOW_HTTP", "true"), None);
     }
 

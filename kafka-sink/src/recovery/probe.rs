@@ -131,6 +131,10 @@ impl<'a> ProbeReader<'a> {
                 self.probe.topic, self.probe.partition
             ))),
             ReadEvent::Watermarks { end, .. } => {
+                #[cfg(test)]
+                if super::sim::mutant() == super::sim::Mutant::ProbeSecondWatermark && self.at_end && end > offset {
+                    return Some(Seen::Skipped);
+                }
                 self.end = Some(end);
                 None
             }

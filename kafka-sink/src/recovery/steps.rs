@@ -157,6 +157,21 @@ impl<'a> CommitSteps<'a> {
                     "EndTxn for {c} answered success, but the id's transaction is now: {}. Another producer with the same id and epoch (a zombie of the crashed process?) may have had its transaction committed instead. Stop every other process using this transactional id prefix, then check the output of checkpoint {}",
                     self.now, c.checkpoint_id
                 )),
+                // An EndTxn of ours may have been applied, and the id now shows a later
+                // transaction of the same producer id and epoch committing or committed: ours may
+                // have committed it (found by the simulation, seed 308).
+                Sent::InDoubt(_)
+                    if d.is_some_and(|d| {
+                        d.producer_id == c.producer_id
+                            && d.producer_epoch == c.producer_epoch
+                            && matches!(d.state.as_str(), "PrepareCommit" | "CompleteCommit")
+                    }) =>
+                {
+                    Next::Fatal(format!(
+                        "an EndTxn for {c} answered unclearly, and the id now shows a later transaction of the same producer committing or committed ({}): that EndTxn may have committed another producer's transaction (a zombie of the crashed process?). Stop every other process using this transactional id prefix, then check the output of checkpoint {}",
+                        self.now, c.checkpoint_id
+                    ))
+                }
                 // Ours ended before (it is not the id's transaction any more), or our in-doubt
                 // EndTxn ended it and the id has moved on: the probe tells which way.
                 Sent::Nothing | Sent::InDoubt(_) => Next::Probe,
@@ -167,6 +182,10 @@ impl<'a> CommitSteps<'a> {
     /// An EndTxn sent after [`Next::EndTxn`] came back with `answer`.
     pub(crate) fn end_txn_answered(&mut self, answer: EndTxnAnswer) -> Next {
         self.end_txns += 1;
+        #[cfg(test)]
+        if let Some(next) = self.mutated(&answer) {
+            return next;
+        }
         match answer {
             EndTxnAnswer::Code(code::NONE) => {
                 self.sent = Sent::Succeeded;
@@ -184,6 +203,28 @@ impl<'a> CommitSteps<'a> {
             // Refused (invalid state, fenced): the coordinator did not take it; the log tells
             // what became of ours.
             EndTxnAnswer::Code(_) => Next::Probe,
+        }
+    }
+}
+
+#[cfg(test)]
+impl CommitSteps<'_> {
+    /// What a known bug put back ([`super::sim::Mutant`]) does instead, on this thread.
+    fn mutated(&mut self, answer: &EndTxnAnswer) -> Option<Next> {
+        use super::sim::{mutant, Mutant};
+        let unclear = match answer {
+            EndTxnAnswer::Code(e) => *e != code::NONE && code::retriable(*e),
+            EndTxnAnswer::NoAnswer(_) => true,
+        };
+        match mutant() {
+            Mutant::ResendUnclearEndTxn if unclear => {
+                self.sent = Sent::InDoubt("sent again blind".into());
+                Some(Next::EndTxn { again: true })
+            }
+            Mutant::TrustEndTxnSuccess if *answer == EndTxnAnswer::Code(code::NONE) => {
+                Some(Next::Done(Done::Committed))
+            }
+            _ => None,
         }
     }
 }

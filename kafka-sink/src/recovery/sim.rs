@@ -1,0 +1,533 @@
+//! Deterministic simulation of the commit after restart: the real decision code ([`CommitSteps`]
+//! and the probe's [`ProbeReader`]) driven against a model of a Kafka transaction coordinator
+//! (transaction version 1: one producer id and epoch for every transaction of a producer
+//! session), with faults and a zombie chosen by a seeded random generator. The same seed gives the
+//! same trace (its hash is compared), and a failing seed names itself.
+//!
+//! The world: the restored transaction (ours) is open under the id; the crashed process's
+//! producer (the zombie) may still commit it, then begin transactions of its own under the same
+//! producer id and epoch; the coordinator may abort an open transaction on timeout (bumping the
+//! epoch), answer that it moved or is loading with or without having applied an EndTxn, lose an
+//! answer after applying it, or hold an EndTxn and apply it later; a decided commit or abort takes
+//! a few steps to be written (Prepare… → Complete…). The probe reader sees our record when a
+//! read_committed reader could: after the commit's markers; before, it stops at the end of what it
+//! may read, and a watermark query may meanwhile show the stable offset past our record.
+//!
+//! The checks, every seed: an EndTxn is sent only right after a description that showed our
+//! transaction open (the rule that keeps a zombie's transaction from being committed blind);
+//! "committed" only when the model committed ours; "lost" only when the model aborted it; an
+//! EndTxn of ours that committed a zombie's transaction is reported (fatal), never passed off as
+//! success. Not modelled: librdkafka, the wire client's retries and timing, the broker's real
+//! scheduling; after the recovery decides, the sink's pool initialises the id (fencing the zombie)
+//! before a held EndTxn lands — the real sink does that within the same start.
+
+use std::cell::Cell;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::probe::{ProbeReader, ReadEvent, Seen};
+use super::steps::{CommitSteps, EndTxnAnswer, Next};
+use crate::committable::{KafkaCommittable, Probe, COMMITTABLE_VERSION};
+use crate::protocol::{code, TxnDescription};
+
+/// Known bugs, put back on purpose (one at a time, per thread): the simulation must catch each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mutant {
+    /// None: the code as it is.
+    None,
+    /// After an unclear EndTxn answer (coordinator moving, no answer), send it again at once
+    /// instead of describing first.
+    ResendUnclearEndTxn,
+    /// Take an EndTxn's success as the end, without describing the id again.
+    TrustEndTxnSuccess,
+    /// The probe decides "skipped" from a watermark query after the reader reached the end of
+    /// what it may read (the stable offset moved past the record meanwhile, the record not read).
+    ProbeSecondWatermark,
+}
+
+thread_local! {
+    static MUTANT: Cell<Mutant> = const { Cell::new(Mutant::None) };
+}
+
+/// The mutant active on this thread.
+pub(crate) fn mutant() -> Mutant {
+    MUTANT.with(Cell::get)
+}
+
+const PID: i64 = 17;
+const OURS_START: i64 = 1_000;
+const PROBE_OFFSET: i64 = 40;
+const PRODUCER_FENCED: i16 = 90;
+const INVALID_TXN_STATE: i16 = 48;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum State {
+    Ongoing,
+    PrepareCommit,
+    CompleteCommit,
+    PrepareAbort,
+    CompleteAbort,
+}
+
+impl State {
+    fn name(self) -> &'static str {
+        match self {
+            State::Ongoing => "Ongoing",
+            State::PrepareCommit => "PrepareCommit",
+            State::CompleteCommit => "CompleteCommit",
+            State::PrepareAbort => "PrepareAbort",
+            State::CompleteAbort => "CompleteAbort",
+        }
+    }
+    fn committed(self) -> bool {
+        matches!(self, State::PrepareCommit | State::CompleteCommit)
+    }
+    fn aborted(self) -> bool {
+        matches!(self, State::PrepareAbort | State::CompleteAbort)
+    }
+}
+
+#[derive(Debug, Clone, Hash)]
+struct Txn {
+    ours: bool,
+    start: i64,
+    state: State,
+    /// Committed by an EndTxn of the recovery.
+    committed_by_us: bool,
+    /// ... by one the network held, whose answer was lost, landing later.
+    committed_in_doubt: bool,
+}
+
+/// The coordinator's view of the id, and the faults.
+struct World {
+    rng: StdRng,
+    clock: i64,
+    epoch: i16,
+    txns: Vec<Txn>,
+    /// EndTxn held by the network: applied after that many steps.
+    held: Vec<(u32, i16)>,
+    /// Another producer's transaction (another subtask's) open on our record's partition since
+    /// before our record: it holds the partition's last stable offset below ours.
+    other_open: bool,
+    trace: Vec<String>,
+}
+
+/// How a simulated recovery ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Committed,
+    Lost,
+    Fatal,
+    /// Retried the whole commit this many times without deciding (faults never stopped).
+    Undecided,
+}
+
+impl World {
+    fn new(seed: u64) -> Self {
+        World {
+            rng: StdRng::seed_from_u64(seed),
+            clock: OURS_START + 10,
+            epoch: 3,
+            txns: vec![Txn {
+                ours: true,
+                start: OURS_START,
+                state: State::Ongoing,
+                committed_by_us: false,
+                committed_in_doubt: false,
+            }],
+            held: Vec::new(),
+            other_open: false,
+            trace: Vec::new(),
+        }
+    }
+
+    fn current(&mut self) -> &mut Txn {
+        self.txns.last_mut().expect("the id has a transaction")
+    }
+
+    fn ours(&self) -> &Txn {
+        &self.txns[0]
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        self.rng.random_bool(p)
+    }
+
+    /// Applies EndTxn(commit) with `epoch` now: the coordinator's answer.
+    fn apply_end_txn(&mut self, epoch: i16, in_doubt: bool) -> i16 {
+        if epoch != self.epoch {
+            return PRODUCER_FENCED;
+        }
+        let t = self.current();
+        match t.state {
+            State::Ongoing => {
+                t.state = State::PrepareCommit;
+                t.committed_by_us = true;
+                t.committed_in_doubt = in_doubt;
+                code::NONE
+            }
+            State::PrepareCommit => code::CONCURRENT_TRANSACTIONS,
+            State::CompleteCommit => code::NONE,
+            State::PrepareAbort | State::CompleteAbort => INVALID_TXN_STATE,
+        }
+    }
+
+    /// What happens between two requests of the recovery.
+    fn step(&mut self) {
+        self.clock += 100;
+        // Held EndTxns land.
+        let mut landed = Vec::new();
+        self.held.retain_mut(|(after, epoch)| {
+            if *after == 0 {
+                landed.push(*epoch);
+                false
+            } else {
+                *after -= 1;
+                true
+            }
+        });
+        for epoch in landed {
+            let answer = self.apply_end_txn(epoch, true);
+            self.trace.push(format!("held EndTxn lands: {answer}"));
+        }
+        if self.other_open && self.chance(0.3) {
+            self.other_open = false;
+            self.trace.push("the other transaction on the partition ends".into());
+        }
+        let state = self.current().state;
+        match state {
+            State::PrepareCommit if self.chance(0.5) => {
+                self.current().state = State::CompleteCommit;
+                self.trace.push("commit markers written".into());
+            }
+            State::PrepareAbort if self.chance(0.5) => {
+                self.current().state = State::CompleteAbort;
+                self.trace.push("abort markers written".into());
+            }
+            State::Ongoing if self.chance(0.08) => {
+                // The zombie commits what it has open (ours, or one of its own).
+                self.current().state = State::PrepareCommit;
+                self.trace.push("the zombie commits the open transaction".into());
+            }
+            State::Ongoing if self.chance(0.03) => {
+                // Timed out: aborted, the epoch bumped.
+                self.current().state = State::PrepareAbort;
+                self.epoch += 1;
+                self.trace
+                    .push("the coordinator aborts the open transaction (timeout)".into());
+            }
+            State::CompleteCommit | State::CompleteAbort if self.chance(0.25) => {
+                let start = self.clock;
+                self.txns.push(Txn {
+                    ours: false,
+                    start,
+                    state: State::Ongoing,
+                    committed_by_us: false,
+                    committed_in_doubt: false,
+                });
+                self.trace.push("the zombie begins a transaction of its own".into());
+            }
+            _ => {}
+        }
+    }
+
+    fn describe(&mut self) -> Option<TxnDescription> {
+        let epoch = self.epoch;
+        let t = self.current().clone();
+        self.trace
+            .push(format!("describe: {} started {}", t.state.name(), t.start));
+        Some(TxnDescription {
+            state: t.state.name().into(),
+            producer_id: PID,
+            producer_epoch: epoch,
+            timeout_ms: 60_000,
+            start_time_ms: t.start,
+            partitions: 1,
+            topic_partitions: vec!["out-0".into()],
+        })
+    }
+
+    /// Sends EndTxn(commit) with the committable's epoch, faults included.
+    fn end_txn(&mut self, epoch: i16, faults: bool) -> EndTxnAnswer {
+        let roll: f64 = if faults { self.rng.random() } else { 1.0 };
+        let answer = if roll < 0.10 {
+            self.trace.push("EndTxn: coordinator moved, not applied".into());
+            EndTxnAnswer::Code(code::NOT_COORDINATOR)
+        } else if roll < 0.20 {
+            let applied = self.apply_end_txn(epoch, true);
+            self.trace
+                .push(format!("EndTxn applied ({applied}), answered NOT_COORDINATOR"));
+            EndTxnAnswer::Code(code::NOT_COORDINATOR)
+        } else if roll < 0.28 {
+            let applied = self.apply_end_txn(epoch, true);
+            self.trace.push(format!("EndTxn applied ({applied}), answer lost"));
+            EndTxnAnswer::NoAnswer("timed out".into())
+        } else if roll < 0.34 {
+            let after = self.rng.random_range(0..4);
+            self.held.push((after, epoch));
+            self.trace.push(format!("EndTxn held for {after} steps, answer lost"));
+            EndTxnAnswer::NoAnswer("timed out".into())
+        } else {
+            let applied = self.apply_end_txn(epoch, false);
+            self.trace.push(format!("EndTxn answered {applied}"));
+            EndTxnAnswer::Code(applied)
+        };
+        answer
+    }
+
+    /// What a reader at `committed` isolation learns polling our record's partition, fed to the
+    /// real reader until it decides (`None`: it could not within its polls). Between a poll and
+    /// the watermark query after it the world moves on (another transaction may end).
+    fn probe(&mut self, committed: bool, probe: &Probe) -> Option<Seen> {
+        let mut reader = ProbeReader::new(probe);
+        for _ in 0..8 {
+            let ours = self.ours().state;
+            let pinned =
+                committed && (self.other_open || !matches!(ours, State::CompleteCommit | State::CompleteAbort));
+            let event = if !committed || (!pinned && ours == State::CompleteCommit) {
+                ReadEvent::Record(PROBE_OFFSET)
+            } else if !pinned {
+                // Aborted: the reader's position goes past our record, which it skips.
+                ReadEvent::Position(Some(PROBE_OFFSET + 2))
+            } else {
+                ReadEvent::EndOfPartition
+            };
+            self.trace
+                .push(format!("probe (read_committed {committed}): {event:?}"));
+            if let Some(seen) = reader.on(event) {
+                return Some(seen);
+            }
+            self.step();
+            // A watermark query: the stable offset as it is now.
+            let ours = self.ours().state;
+            let pinned =
+                committed && (self.other_open || !matches!(ours, State::CompleteCommit | State::CompleteAbort));
+            let end = if pinned { PROBE_OFFSET } else { PROBE_OFFSET + 5 };
+            self.trace.push(format!("probe watermarks: end {end}"));
+            if let Some(seen) = reader.on(ReadEvent::Watermarks { low: 0, end }) {
+                return Some(seen);
+            }
+        }
+        None
+    }
+}
+
+fn committable() -> KafkaCommittable {
+    KafkaCommittable {
+        version: COMMITTABLE_VERSION,
+        transactional_id: "job-0-0".into(),
+        producer_id: PID,
+        producer_epoch: 3,
+        txn_start_ms: OURS_START,
+        checkpoint_id: 7,
+        probe: Some(Probe {
+            topic: "out".into(),
+            partition: 0,
+            offset: PROBE_OFFSET,
+        }),
+    }
+}
+
+/// One seed: the recovery, run (and retried, as the two-phase driver does) until it decides or
+/// gives up; then the checks. The trace's hash, or the violation with its trace.
+pub(crate) fn run(seed: u64) -> Result<u64, String> {
+    let c = committable();
+    let mut w = World::new(seed);
+    // Faults for a while, then none: the recovery must then decide.
+    let calm_after = w.rng.random_range(5..40);
+    w.other_open = w.chance(0.5);
+    let mut requests = 0u32;
+    let mut outcome = Outcome::Undecided;
+    'attempts: for _attempt in 0..20 {
+        let mut steps = CommitSteps::new(&c);
+        let mut next = Next::Describe;
+        let mut last_described_ours_open = false;
+        loop {
+            let faults = requests < calm_after;
+            requests += 1;
+            // The world moves on between two requests: one to three of its steps.
+            for _ in 0..w.rng.random_range(1..=3) {
+                w.step();
+            }
+            next = match next {
+                Next::Describe => {
+                    let d = w.describe();
+                    last_described_ours_open = d.as_ref().is_some_and(|d| {
+                        d.state == "Ongoing" && c.is_same_transaction(d.producer_id, d.producer_epoch, d.start_time_ms)
+                    });
+                    steps.described(d.as_ref())
+                }
+                Next::EndTxn { .. } => {
+                    if !last_described_ours_open {
+                        return Err(format!(
+                            "seed {seed}: an EndTxn was sent without a description showing ours open just before\n{}",
+                            w.trace.join("\n")
+                        ));
+                    }
+                    last_described_ours_open = false;
+                    let answer = w.end_txn(c.producer_epoch, faults);
+                    steps.end_txn_answered(answer)
+                }
+                Next::Done(_) => {
+                    outcome = Outcome::Committed;
+                    break 'attempts;
+                }
+                Next::Lost(_) => {
+                    outcome = Outcome::Lost;
+                    break 'attempts;
+                }
+                Next::Fatal(_) => {
+                    outcome = Outcome::Fatal;
+                    break 'attempts;
+                }
+                Next::Retry(_) => continue 'attempts,
+                Next::Probe => {
+                    let probe = c.probe.clone().expect("a probe");
+                    outcome = match w.probe(true, &probe) {
+                        Some(Seen::Record) => Outcome::Committed,
+                        Some(Seen::Skipped) => match w.probe(false, &probe) {
+                            Some(Seen::Record) => Outcome::Lost,
+                            _ => continue 'attempts,
+                        },
+                        _ => continue 'attempts,
+                    };
+                    break 'attempts;
+                }
+            };
+        }
+    }
+    w.trace.push(format!("outcome: {outcome:?}"));
+    // The sink's pool initialises the id next: the zombie is fenced, held EndTxns with it.
+    w.epoch += 1;
+    let ours = w.ours().state;
+    let zombie = |held: bool| {
+        w.txns
+            .iter()
+            .any(|t| !t.ours && t.committed_by_us && t.committed_in_doubt == held)
+    };
+    let violation = match outcome {
+        Outcome::Committed if !ours.committed() => Some("reported committed, but the coordinator did not commit it"),
+        Outcome::Lost if !ours.aborted() => Some("reported lost (DATA LOST), but the coordinator did not abort it"),
+        Outcome::Committed | Outcome::Lost if zombie(false) => {
+            Some("an EndTxn of the recovery committed a zombie's transaction, and the recovery did not say so")
+        }
+        Outcome::Committed | Outcome::Lost if zombie(true) => Some(KNOWN_HELD_END_TXN),
+        Outcome::Undecided => Some("no decision within 20 attempts, the faults long over"),
+        _ => None,
+    };
+    if let Some(v) = violation {
+        return Err(format!("seed {seed}: {v}\n{}", w.trace.join("\n")));
+    }
+    let mut h = DefaultHasher::new();
+    w.trace.hash(&mut h);
+    w.txns.hash(&mut h);
+    Ok(h.finish())
+}
+
+/// What the simulation found in the code as it is and cannot be closed under transaction
+/// version 1 (one producer epoch for every transaction of a producer session): a zombie of the
+/// crashed process, still running, commits ours and begins a transaction of its own under the
+/// same producer id and epoch while an EndTxn of the recovery is in doubt (its answer lost, or
+/// held by the network past the next description); that EndTxn commits the zombie's transaction,
+/// and the id has moved on again before the recovery can see it (when the description still
+/// shows it committing, the recovery stops: seed 308). Transaction version 2 bumps the epoch per
+/// transaction, and the broker refuses such an EndTxn; the one-owner rule stops a zombie at its
+/// next checkpoint. Counted and reported by the seed runs, not failed on; every other violation
+/// fails.
+pub(crate) const KNOWN_HELD_END_TXN: &str =
+    "known (transaction version 1): an EndTxn in doubt committed a zombie's later transaction, and the id moved on before the next description";
+
+/// Runs `seeds` seeds from `first` with `m` active on this thread: the first violation other than
+/// the known one, and how many seeds showed the known one.
+pub(crate) fn run_seeds(first: u64, seeds: u64, m: Mutant) -> (Option<String>, u64) {
+    MUTANT.with(|c| c.set(m));
+    let mut known = 0;
+    let found = (first..first + seeds).find_map(|s| match run(s) {
+        Err(v) if v.lines().next().is_some_and(|l| l.ends_with(KNOWN_HELD_END_TXN)) => {
+            known += 1;
+            None
+        }
+        Err(v) => Some(v),
+        Ok(_) => None,
+    });
+    MUTANT.with(|c| c.set(Mutant::None));
+    (found, known)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The seed budget of a test run (more with EXACTLY_SIM_SEEDS; EXACTLY_SIM_FIRST to start
+    /// elsewhere, e.g. at a seed a failure printed).
+    fn budget() -> (u64, u64) {
+        let n = std::env::var("EXACTLY_SIM_SEEDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(5_000);
+        let first = std::env::var("EXACTLY_SIM_FIRST")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        (first, n)
+    }
+
+    #[test]
+    fn the_recovery_commit_holds_for_every_seed() {
+        let (first, n) = budget();
+        let started = std::time::Instant::now();
+        let (found, known) = run_seeds(first, n, Mutant::None);
+        if let Some(v) = found {
+            panic!("{v}\n(replay: EXACTLY_SIM_FIRST=<seed> EXACTLY_SIM_SEEDS=1 cargo test -p exactly-kafka-sink --lib sim::)");
+        }
+        eprintln!(
+            "{n} seeds in {:.2} s ({:.0} seeds/s); {known} showed the known transaction-version-1 hazard",
+            started.elapsed().as_secs_f64(),
+            n as f64 / started.elapsed().as_secs_f64()
+        );
+    }
+
+    #[test]
+    fn a_seed_replays_the_same_trace() {
+        for seed in [1, 77, 4_242] {
+            assert_eq!(run(seed), run(seed), "seed {seed}");
+        }
+        assert_ne!(run(1), run(2), "different seeds, different worlds");
+    }
+
+    #[test]
+    fn each_known_bug_put_back_is_caught_within_the_budget() {
+        for m in [
+            Mutant::ResendUnclearEndTxn,
+            Mutant::TrustEndTxnSuccess,
+            Mutant::ProbeSecondWatermark,
+        ] {
+            let (found, _) = run_seeds(0, 5_000, m);
+            let found = found.unwrap_or_else(|| panic!("{m:?} was not caught in 5 000 seeds"));
+            eprintln!("{m:?} caught: {}", found.lines().next().unwrap_or_default());
+        }
+    }
+
+    /// Seed 308: an EndTxn whose answer was lost committed a zombie's later transaction (the
+    /// world moved between the description and the EndTxn); the id then showed that transaction
+    /// committed, and the recovery took it for "ours ended before" and went on to the probe. It
+    /// now stops, saying an EndTxn of its own may have committed another producer's transaction.
+    #[test]
+    fn seed_308_an_unclear_end_txn_that_committed_a_later_transaction_is_reported() {
+        assert!(run(308).is_ok(), "{}", run(308).unwrap_err());
+    }
+
+    /// The known hazard is what the simulation says it is: seed 55 shows it (kept as its
+    /// regression seed).
+    #[test]
+    fn seed_55_shows_the_known_held_end_txn_hazard() {
+        let v = run(55).expect_err("seed 55 shows the hazard");
+        assert!(v.lines().next().is_some_and(|l| l.ends_with(KNOWN_HELD_END_TXN)), "{v}");
+        assert!(v.contains("EndTxn held for") && v.contains("held EndTxn lands"), "{v}");
+        let v = run(2682).expect_err("seed 2682 shows it too (answer lost, the id moved on twice)");
+        assert!(v.lines().next().is_some_and(|l| l.ends_with(KNOWN_HELD_END_TXN)), "{v}");
+    }
+}
