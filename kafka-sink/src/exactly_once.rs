@@ -50,6 +50,9 @@ pub struct TransactionalKafkaSink {
     /// Ends when the latest pre-commit's record of its checkpoint was written (or failed): the
     /// next one waits for it, so that records are written in checkpoint order.
     recorded: Option<tokio::sync::oneshot::Receiver<()>>,
+    /// This subtask's group held no record at this start: given one (the restored checkpoint)
+    /// once every transactional id of the subtask is fenced (`abort_lingering`).
+    start_record: Option<CheckpointId>,
     slots: Vec<Slot>,
     next_slot: usize,
     /// The producer of the latest pre-committed transaction while its flush goes on in the
@@ -175,6 +178,7 @@ impl TransactionalKafkaSink {
             info: None,
             progress: String::new(),
             recorded: None,
+            start_record: None,
             slots: Vec::new(),
             next_slot: 0,
             draining: None,
@@ -717,6 +721,11 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             slots.push(Slot::new(id, producer, deliveries));
         }
         self.slots = slots;
+        // Every id of the subtask is fenced now: no offset of an earlier session can land after
+        // this one. Asked again first (an earlier attempt may have written it).
+        if let Some(restored) = self.start_record.take() {
+            self.record(ctx.info).start_record(restored).await?;
+        }
         info!(
             subtask = me,
             pool = self.pool_size,
@@ -736,7 +745,9 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         ctx: &RecoveryContext<'_, KafkaCommittable>,
     ) -> exactly_core::Result<Option<CheckpointId>> {
         let record = self.record(ctx.info);
-        let (through, empty) = record.committed_through(TIMEOUT).await?;
+        let (through, empty) = record
+            .committed_through(TIMEOUT, ctx.unreadable_newer.is_some())
+            .await?;
         match ctx.unreadable_newer {
             // Nothing recorded is no proof that nothing committed.
             Some(unreadable) if !empty.is_empty() => {
@@ -748,7 +759,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
                 .into());
             }
             None if empty.contains(&progress::group(&self.prefix, ctx.info.index)) => {
-                record.start_record(ctx.restored_checkpoint.unwrap_or(0))?;
+                self.start_record = Some(ctx.restored_checkpoint.unwrap_or(0));
             }
             _ => {}
         }

@@ -84,12 +84,24 @@ impl Record<'_> {
     /// A group without one may never have committed (an idle subtask), or committed under a
     /// version that kept no record, or had its offsets expire (`offsets.retention.minutes`) or
     /// deleted: it proves nothing.
-    pub(crate) async fn committed_through(&self, timeout: Duration) -> Result<(Option<CheckpointId>, Vec<String>)> {
+    /// `strict`: a fallback relies on it — a failure to list the groups of removed subtasks fails
+    /// the read instead of being logged.
+    pub(crate) async fn committed_through(
+        &self,
+        timeout: Duration,
+        strict: bool,
+    ) -> Result<(Option<CheckpointId>, Vec<String>)> {
         let mut subtasks = self.settled_subtasks().await?;
         tokio::task::block_in_place(|| {
             if self.subtask == 0 {
                 // Groups of removed subtasks whose transactional ids expired are found by name.
-                subtasks.extend(self.listed_groups(timeout)?);
+                match self.listed_groups(timeout) {
+                    Ok(listed) => subtasks.extend(listed),
+                    Err(e) if !strict => {
+                        tracing::warn!(error = %e, "Could not list the consumer groups of the sink's record (the groups of removed subtasks are read only when their transactional ids are listed).")
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             let (mut newest, mut empty) = (None, Vec::new());
             for s in subtasks {
@@ -122,10 +134,13 @@ impl Record<'_> {
     /// or written by no earlier version): checkpoint `restored` (0 for a fresh start), outside
     /// any transaction. At a start that restores the newest complete checkpoint nothing of a
     /// later one can have committed, so it claims no more than the truth; a later fallback past
-    /// an unreadable checkpoint can then rely on it.
-    pub(crate) fn start_record(&self, restored: CheckpointId) -> Result<()> {
-        tokio::task::block_in_place(|| {
-            forget_after(&self.cluster, &group(self.prefix, self.subtask), self.topic, restored)
+    /// an unreadable checkpoint can then rely on it. Called once every id of the subtask is fenced,
+    /// and only if the group still holds nothing.
+    pub(crate) async fn start_record(&self, restored: CheckpointId) -> Result<()> {
+        let g = group(self.prefix, self.subtask);
+        tokio::task::block_in_place(|| match committed(&self.cluster, &g, self.topic, FAILOVER)? {
+            Some(_) => Ok(()),
+            None => forget_after(&self.cluster, &g, self.topic, restored),
         })
     }
 

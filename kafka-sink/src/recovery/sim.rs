@@ -25,8 +25,8 @@ use std::cell::Cell;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 
-use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 use super::probe::{ProbeReader, ReadEvent, Seen};
 use super::steps::{CommitSteps, EndTxnAnswer, Next};
@@ -46,6 +46,12 @@ pub(crate) enum Mutant {
     /// The probe decides "skipped" from a watermark query after the reader reached the end of
     /// what it may read (the stable offset moved past the record meanwhile, the record not read).
     ProbeSecondWatermark,
+    /// Stops (fatal) on every unclear EndTxn answer: safe-looking, but it stops healthy
+    /// recoveries.
+    FatalOnUnclear,
+    /// The rule before the simulation found its gap: an EndTxn in doubt followed by a
+    /// description of a later transaction of the same producer goes to the probe.
+    InDoubtLaterToProbe,
 }
 
 thread_local! {
@@ -97,22 +103,59 @@ struct Txn {
     state: State,
     /// Committed by an EndTxn of the recovery.
     committed_by_us: bool,
-    /// ... by one the network held, whose answer was lost, landing later.
-    committed_in_doubt: bool,
+    /// ... by one the network held, landing at this clock.
+    committed_by_held: Option<i64>,
 }
 
 /// The coordinator's view of the id, and the faults.
 struct World {
-    rng: StdRng,
+    rng: ChaCha8Rng,
     clock: i64,
     epoch: i16,
     txns: Vec<Txn>,
     /// EndTxn held by the network: applied after that many steps.
     held: Vec<(u32, i16)>,
+    /// The clock of the last description the recovery got.
+    last_described: i64,
+    /// Paths this seed took (for the coverage check).
+    paths: Paths,
     /// Another producer's transaction (another subtask's) open on our record's partition since
     /// before our record: it holds the partition's last stable offset below ours.
     other_open: bool,
     trace: Vec<String>,
+}
+
+/// Which paths one seed took; summed over seeds, each must be taken (no vacuous pass).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Paths {
+    pub(crate) held_landed: bool,
+    pub(crate) zombie_began: bool,
+    pub(crate) committed_described: bool,
+    pub(crate) committed_probed: bool,
+    pub(crate) lost: bool,
+    pub(crate) fatal: bool,
+}
+
+/// The seeds that took each path.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Coverage {
+    pub(crate) held_landed: u64,
+    pub(crate) zombie_began: u64,
+    pub(crate) committed_described: u64,
+    pub(crate) committed_probed: u64,
+    pub(crate) lost: u64,
+    pub(crate) fatal: u64,
+}
+
+impl Coverage {
+    fn add(&mut self, p: Paths) {
+        self.held_landed += p.held_landed as u64;
+        self.zombie_began += p.zombie_began as u64;
+        self.committed_described += p.committed_described as u64;
+        self.committed_probed += p.committed_probed as u64;
+        self.lost += p.lost as u64;
+        self.fatal += p.fatal as u64;
+    }
 }
 
 /// How a simulated recovery ended.
@@ -128,7 +171,7 @@ pub(crate) enum Outcome {
 impl World {
     fn new(seed: u64) -> Self {
         World {
-            rng: StdRng::seed_from_u64(seed),
+            rng: ChaCha8Rng::seed_from_u64(seed),
             clock: OURS_START + 10,
             epoch: 3,
             txns: vec![Txn {
@@ -136,10 +179,12 @@ impl World {
                 start: OURS_START,
                 state: State::Ongoing,
                 committed_by_us: false,
-                committed_in_doubt: false,
+                committed_by_held: None,
             }],
             held: Vec::new(),
             other_open: false,
+            last_described: 0,
+            paths: Paths::default(),
             trace: Vec::new(),
         }
     }
@@ -157,16 +202,17 @@ impl World {
     }
 
     /// Applies EndTxn(commit) with `epoch` now: the coordinator's answer.
-    fn apply_end_txn(&mut self, epoch: i16, in_doubt: bool) -> i16 {
+    fn apply_end_txn(&mut self, epoch: i16, held: bool) -> i16 {
         if epoch != self.epoch {
             return PRODUCER_FENCED;
         }
+        let clock = self.clock;
         let t = self.current();
         match t.state {
             State::Ongoing => {
                 t.state = State::PrepareCommit;
                 t.committed_by_us = true;
-                t.committed_in_doubt = in_doubt;
+                t.committed_by_held = held.then_some(clock);
                 code::NONE
             }
             State::PrepareCommit => code::CONCURRENT_TRANSACTIONS,
@@ -191,6 +237,7 @@ impl World {
         });
         for epoch in landed {
             let answer = self.apply_end_txn(epoch, true);
+            self.paths.held_landed = true;
             self.trace.push(format!("held EndTxn lands: {answer}"));
         }
         if self.other_open && self.chance(0.3) {
@@ -226,8 +273,9 @@ impl World {
                     start,
                     state: State::Ongoing,
                     committed_by_us: false,
-                    committed_in_doubt: false,
+                    committed_by_held: None,
                 });
+                self.paths.zombie_began = true;
                 self.trace.push("the zombie begins a transaction of its own".into());
             }
             _ => {}
@@ -237,6 +285,7 @@ impl World {
     fn describe(&mut self) -> Option<TxnDescription> {
         let epoch = self.epoch;
         let t = self.current().clone();
+        self.last_described = self.clock;
         self.trace
             .push(format!("describe: {} started {}", t.state.name(), t.start));
         Some(TxnDescription {
@@ -257,12 +306,12 @@ impl World {
             self.trace.push("EndTxn: coordinator moved, not applied".into());
             EndTxnAnswer::Code(code::NOT_COORDINATOR)
         } else if roll < 0.20 {
-            let applied = self.apply_end_txn(epoch, true);
+            let applied = self.apply_end_txn(epoch, false);
             self.trace
                 .push(format!("EndTxn applied ({applied}), answered NOT_COORDINATOR"));
             EndTxnAnswer::Code(code::NOT_COORDINATOR)
         } else if roll < 0.28 {
-            let applied = self.apply_end_txn(epoch, true);
+            let applied = self.apply_end_txn(epoch, false);
             self.trace.push(format!("EndTxn applied ({applied}), answer lost"));
             EndTxnAnswer::NoAnswer("timed out".into())
         } else if roll < 0.34 {
@@ -334,6 +383,11 @@ fn committable() -> KafkaCommittable {
 /// One seed: the recovery, run (and retried, as the two-phase driver does) until it decides or
 /// gives up; then the checks. The trace's hash, or the violation with its trace.
 pub(crate) fn run(seed: u64) -> Result<u64, String> {
+    run_paths(seed).map(|(h, _)| h)
+}
+
+/// [`run`], with the paths the seed took.
+pub(crate) fn run_paths(seed: u64) -> Result<(u64, Paths), String> {
     let c = committable();
     let mut w = World::new(seed);
     // Faults for a while, then none: the recovery must then decide.
@@ -355,9 +409,8 @@ pub(crate) fn run(seed: u64) -> Result<u64, String> {
             next = match next {
                 Next::Describe => {
                     let d = w.describe();
-                    last_described_ours_open = d.as_ref().is_some_and(|d| {
-                        d.state == "Ongoing" && c.is_same_transaction(d.producer_id, d.producer_epoch, d.start_time_ms)
-                    });
+                    // The model's own truth, not the code's reading of the description.
+                    last_described_ours_open = w.txns.len() == 1 && w.ours().state == State::Ongoing;
                     steps.described(d.as_ref())
                 }
                 Next::EndTxn { .. } => {
@@ -372,6 +425,7 @@ pub(crate) fn run(seed: u64) -> Result<u64, String> {
                     steps.end_txn_answered(answer)
                 }
                 Next::Done(_) => {
+                    w.paths.committed_described = true;
                     outcome = Outcome::Committed;
                     break 'attempts;
                 }
@@ -387,7 +441,10 @@ pub(crate) fn run(seed: u64) -> Result<u64, String> {
                 Next::Probe => {
                     let probe = c.probe.clone().expect("a probe");
                     outcome = match w.probe(true, &probe) {
-                        Some(Seen::Record) => Outcome::Committed,
+                        Some(Seen::Record) => {
+                            w.paths.committed_probed = true;
+                            Outcome::Committed
+                        }
                         Some(Seen::Skipped) => match w.probe(false, &probe) {
                             Some(Seen::Record) => Outcome::Lost,
                             _ => continue 'attempts,
@@ -403,58 +460,68 @@ pub(crate) fn run(seed: u64) -> Result<u64, String> {
     // The sink's pool initialises the id next: the zombie is fenced, held EndTxns with it.
     w.epoch += 1;
     let ours = w.ours().state;
-    let zombie = |held: bool| {
-        w.txns
-            .iter()
-            .any(|t| !t.ours && t.committed_by_us && t.committed_in_doubt == held)
-    };
+    // A zombie's transaction committed by an EndTxn of ours that the recovery could have seen
+    // (before its last description), and one committed by a held EndTxn landing after it.
+    let zombie_seen = w
+        .txns
+        .iter()
+        .any(|t| !t.ours && t.committed_by_us && t.committed_by_held.is_none_or(|at| at <= w.last_described));
+    let zombie_late = w
+        .txns
+        .iter()
+        .any(|t| !t.ours && t.committed_by_us && t.committed_by_held.is_some_and(|at| at > w.last_described));
     let violation = match outcome {
         Outcome::Committed if !ours.committed() => Some("reported committed, but the coordinator did not commit it"),
         Outcome::Lost if !ours.aborted() => Some("reported lost (DATA LOST), but the coordinator did not abort it"),
-        Outcome::Committed | Outcome::Lost if zombie(false) => {
+        Outcome::Committed | Outcome::Lost if zombie_seen => {
             Some("an EndTxn of the recovery committed a zombie's transaction, and the recovery did not say so")
         }
-        Outcome::Committed | Outcome::Lost if zombie(true) => Some(KNOWN_HELD_END_TXN),
+        Outcome::Committed | Outcome::Lost if zombie_late => Some(KNOWN_HELD_END_TXN),
+        Outcome::Fatal if w.txns.len() == 1 => Some("stopped (fatal) though no other producer used the id"),
         Outcome::Undecided => Some("no decision within 20 attempts, the faults long over"),
         _ => None,
     };
+    w.paths.lost = outcome == Outcome::Lost;
+    w.paths.fatal = outcome == Outcome::Fatal;
     if let Some(v) = violation {
         return Err(format!("seed {seed}: {v}\n{}", w.trace.join("\n")));
     }
     let mut h = DefaultHasher::new();
     w.trace.hash(&mut h);
     w.txns.hash(&mut h);
-    Ok(h.finish())
+    Ok((h.finish(), w.paths))
 }
 
 /// What the simulation found in the code as it is and cannot be closed under transaction
-/// version 1 (one producer epoch for every transaction of a producer session): a zombie of the
-/// crashed process, still running, commits ours and begins a transaction of its own under the
-/// same producer id and epoch while an EndTxn of the recovery is in doubt (its answer lost, or
-/// held by the network past the next description); that EndTxn commits the zombie's transaction,
-/// and the id has moved on again before the recovery can see it (when the description still
-/// shows it committing, the recovery stops: seed 308). Transaction version 2 bumps the epoch per
+/// version 1 (one producer epoch for every transaction of a producer session): an EndTxn of the
+/// recovery held by the network lands after the recovery's last description, on a transaction a
+/// zombie of the crashed process (still running) began under the same producer id and epoch, and
+/// commits it; nothing the recovery can ask shows it. Transaction version 2 bumps the epoch per
 /// transaction, and the broker refuses such an EndTxn; the one-owner rule stops a zombie at its
 /// next checkpoint. Counted and reported by the seed runs, not failed on; every other violation
-/// fails.
+/// fails — a zombie's transaction that an EndTxn of ours committed before the last description
+/// must have stopped the recovery (fatal).
 pub(crate) const KNOWN_HELD_END_TXN: &str =
-    "known (transaction version 1): an EndTxn in doubt committed a zombie's later transaction, and the id moved on before the next description";
+    "known (transaction version 1): an EndTxn held by the network landed after the last description and committed a zombie's later transaction";
 
 /// Runs `seeds` seeds from `first` with `m` active on this thread: the first violation other than
-/// the known one, and how many seeds showed the known one.
-pub(crate) fn run_seeds(first: u64, seeds: u64, m: Mutant) -> (Option<String>, u64) {
+/// the known one, how many seeds showed the known one, and the paths taken.
+pub(crate) fn run_seeds(first: u64, seeds: u64, m: Mutant) -> (Option<String>, u64, Coverage) {
     MUTANT.with(|c| c.set(m));
-    let mut known = 0;
-    let found = (first..first + seeds).find_map(|s| match run(s) {
+    let (mut known, mut coverage) = (0, Coverage::default());
+    let found = (first..first + seeds).find_map(|s| match run_paths(s) {
         Err(v) if v.lines().next().is_some_and(|l| l.ends_with(KNOWN_HELD_END_TXN)) => {
             known += 1;
             None
         }
         Err(v) => Some(v),
-        Ok(_) => None,
+        Ok((_, paths)) => {
+            coverage.add(paths);
+            None
+        }
     });
     MUTANT.with(|c| c.set(Mutant::None));
-    (found, known)
+    (found, known, coverage)
 }
 
 #[cfg(test)]
@@ -479,15 +546,40 @@ mod tests {
     fn the_recovery_commit_holds_for_every_seed() {
         let (first, n) = budget();
         let started = std::time::Instant::now();
-        let (found, known) = run_seeds(first, n, Mutant::None);
+        let (found, known, coverage) = run_seeds(first, n, Mutant::None);
         if let Some(v) = found {
-            panic!("{v}\n(replay: EXACTLY_SIM_FIRST=<seed> EXACTLY_SIM_SEEDS=1 cargo test -p exactly-kafka-sink --lib sim::)");
+            panic!("{v}\n(replay: scripts/simulate --first <seed> --seeds 1)");
         }
         eprintln!(
-            "{n} seeds in {:.2} s ({:.0} seeds/s); {known} showed the known transaction-version-1 hazard",
+            "{n} seeds in {:.2} s ({:.0} seeds/s); {known} showed the known transaction-version-1 hazard; paths: {coverage:?}",
             started.elapsed().as_secs_f64(),
             n as f64 / started.elapsed().as_secs_f64()
         );
+        if n >= 5_000 {
+            // Every path the checks guard was taken, by more than a handful of seeds.
+            let Coverage {
+                held_landed,
+                zombie_began,
+                committed_described,
+                committed_probed,
+                lost,
+                fatal,
+            } = coverage;
+            for (path, seeds) in [
+                ("a held EndTxn landed", held_landed),
+                ("the zombie began a transaction", zombie_began),
+                ("committed, seen described", committed_described),
+                ("committed, seen by the probe", committed_probed),
+                ("lost (aborted by timeout)", lost),
+                ("stopped: a zombie", fatal),
+            ] {
+                assert!(seeds >= 10, "only {seeds} seeds took the path {path:?}: {coverage:?}");
+            }
+            assert!(
+                known > 0,
+                "the known hazard never showed: is the model still able to hold an EndTxn?"
+            );
+        }
     }
 
     #[test]
@@ -498,36 +590,21 @@ mod tests {
         assert_ne!(run(1), run(2), "different seeds, different worlds");
     }
 
+    /// Each known bug put back is caught, by the check that guards against it.
     #[test]
     fn each_known_bug_put_back_is_caught_within_the_budget() {
-        for m in [
-            Mutant::ResendUnclearEndTxn,
-            Mutant::TrustEndTxnSuccess,
-            Mutant::ProbeSecondWatermark,
+        for (m, by) in [
+            (Mutant::ResendUnclearEndTxn, "without a description showing ours open"),
+            (Mutant::TrustEndTxnSuccess, "committed a zombie's transaction"),
+            (Mutant::ProbeSecondWatermark, "reported lost (DATA LOST)"),
+            (Mutant::FatalOnUnclear, "no other producer used the id"),
+            (Mutant::InDoubtLaterToProbe, "committed a zombie's transaction"),
         ] {
-            let (found, _) = run_seeds(0, 5_000, m);
+            let (found, _, _) = run_seeds(0, 5_000, m);
             let found = found.unwrap_or_else(|| panic!("{m:?} was not caught in 5 000 seeds"));
-            eprintln!("{m:?} caught: {}", found.lines().next().unwrap_or_default());
+            let first = found.lines().next().unwrap_or_default();
+            assert!(first.contains(by), "{m:?} caught by another check: {first}");
+            eprintln!("{m:?} caught: {first}");
         }
-    }
-
-    /// Seed 308: an EndTxn whose answer was lost committed a zombie's later transaction (the
-    /// world moved between the description and the EndTxn); the id then showed that transaction
-    /// committed, and the recovery took it for "ours ended before" and went on to the probe. It
-    /// now stops, saying an EndTxn of its own may have committed another producer's transaction.
-    #[test]
-    fn seed_308_an_unclear_end_txn_that_committed_a_later_transaction_is_reported() {
-        assert!(run(308).is_ok(), "{}", run(308).unwrap_err());
-    }
-
-    /// The known hazard is what the simulation says it is: seed 55 shows it (kept as its
-    /// regression seed).
-    #[test]
-    fn seed_55_shows_the_known_held_end_txn_hazard() {
-        let v = run(55).expect_err("seed 55 shows the hazard");
-        assert!(v.lines().next().is_some_and(|l| l.ends_with(KNOWN_HELD_END_TXN)), "{v}");
-        assert!(v.contains("EndTxn held for") && v.contains("held EndTxn lands"), "{v}");
-        let v = run(2682).expect_err("seed 2682 shows it too (answer lost, the id moved on twice)");
-        assert!(v.lines().next().is_some_and(|l| l.ends_with(KNOWN_HELD_END_TXN)), "{v}");
     }
 }

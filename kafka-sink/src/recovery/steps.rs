@@ -158,17 +158,15 @@ impl<'a> CommitSteps<'a> {
                     self.now, c.checkpoint_id
                 )),
                 // An EndTxn of ours may have been applied, and the id now shows a later
-                // transaction of the same producer id and epoch committing or committed: ours may
-                // have committed it (found by the simulation, seed 308).
+                // transaction of the same producer id and epoch: only the crashed session, still
+                // running (a zombie), makes those, and our EndTxn may have committed one (found by
+                // the simulation, seeds 308 and 2682).
                 Sent::InDoubt(_)
-                    if d.is_some_and(|d| {
-                        d.producer_id == c.producer_id
-                            && d.producer_epoch == c.producer_epoch
-                            && matches!(d.state.as_str(), "PrepareCommit" | "CompleteCommit")
-                    }) =>
+                    if d.is_some_and(|d| d.producer_id == c.producer_id && d.producer_epoch == c.producer_epoch)
+                        && !mutant_in_doubt_later_to_probe() =>
                 {
                     Next::Fatal(format!(
-                        "an EndTxn for {c} answered unclearly, and the id now shows a later transaction of the same producer committing or committed ({}): that EndTxn may have committed another producer's transaction (a zombie of the crashed process?). Stop every other process using this transactional id prefix, then check the output of checkpoint {}",
+                        "an EndTxn for {c} answered unclearly, and the id now shows a later transaction of the same producer ({}): a zombie of the crashed process is still running, and that EndTxn may have committed its transaction. Stop every other process using this transactional id prefix, then check the output of checkpoint {}",
                         self.now, c.checkpoint_id
                     ))
                 }
@@ -207,6 +205,14 @@ impl<'a> CommitSteps<'a> {
     }
 }
 
+/// The mutant that puts back the rule before the simulation found its gap (never in a build).
+fn mutant_in_doubt_later_to_probe() -> bool {
+    #[cfg(test)]
+    return super::sim::mutant() == super::sim::Mutant::InDoubtLaterToProbe;
+    #[cfg(not(test))]
+    false
+}
+
 #[cfg(test)]
 impl CommitSteps<'_> {
     /// What a known bug put back ([`super::sim::Mutant`]) does instead, on this thread.
@@ -224,6 +230,7 @@ impl CommitSteps<'_> {
             Mutant::TrustEndTxnSuccess if *answer == EndTxnAnswer::Code(code::NONE) => {
                 Some(Next::Done(Done::Committed))
             }
+            Mutant::FatalOnUnclear if unclear => Some(Next::Fatal("unclear answer".into())),
             _ => None,
         }
     }
@@ -310,10 +317,16 @@ mod tests {
             let (mut s, _) = after_one_end_txn(&c, EndTxnAnswer::Code(e));
             assert_eq!(s.described(Some(&desc("Ongoing", OURS))), Next::EndTxn { again: true });
 
-            // A zombie's later transaction under the same producer id and epoch: no EndTxn.
-            let (mut s, _) = after_one_end_txn(&c, EndTxnAnswer::Code(e));
-            assert_eq!(s.described(Some(&desc("Ongoing", LATER))), Next::Probe);
-            assert!(s.now().contains(&LATER.to_string()), "{}", s.now());
+            // A zombie's later transaction under the same producer id and epoch, open or
+            // committing: no EndTxn, and a stop — ours, in doubt, may have committed it.
+            for state in ["Ongoing", "PrepareCommit", "CompleteCommit", "CompleteAbort"] {
+                let (mut s, _) = after_one_end_txn(&c, EndTxnAnswer::Code(e));
+                assert!(
+                    matches!(s.described(Some(&desc(state, LATER))), Next::Fatal(why) if why.contains("zombie")),
+                    "{state}"
+                );
+                assert!(s.now().contains(&LATER.to_string()), "{}", s.now());
+            }
 
             // Our start time under another epoch (the id was initialised): not ours, no EndTxn.
             let (mut s, _) = after_one_end_txn(&c, EndTxnAnswer::Code(e));
