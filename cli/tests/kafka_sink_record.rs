@@ -8,7 +8,7 @@ mod k2k;
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use exactly_integration_tests::{create_topic, read_committed, signal, unique, ChildJob, TestEnv};
 use k2k::{drain_and_verify, exactly, feed, killed_before_its_commits, Job, KEYS};
 
@@ -97,16 +97,7 @@ async fn an_unreadable_newest_checkpoint_none_of_whose_transactions_committed_is
 /// directory.
 fn damage_newest(dir: &std::path::Path) -> Result<std::path::PathBuf> {
     let checkpoints = dir.join("checkpoints");
-    let newest = std::fs::read_dir(&checkpoints)?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("chk-")?.parse::<u64>().ok())
-        .filter(|id| checkpoints.join(format!("chk-{id}/_metadata")).exists())
-        .max()
-        .context("a completed checkpoint")?;
-    let md = checkpoints.join(format!("chk-{newest}/_metadata"));
-    let mut bytes = std::fs::read(&md)?;
-    let last = bytes.len() - 1;
-    bytes[last] ^= 0x01;
-    std::fs::write(&md, bytes)?;
+    exactly_integration_tests::damage_newest_checkpoint(&checkpoints)?;
     Ok(checkpoints)
 }
 

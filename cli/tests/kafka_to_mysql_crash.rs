@@ -200,16 +200,7 @@ async fn an_unreadable_newest_checkpoint_the_table_never_committed_is_restored_p
     reached?;
     // The newest checkpoint's metadata, damaged (one flipped byte).
     let checkpoints = dir.path().join("checkpoints");
-    let newest = std::fs::read_dir(&checkpoints)?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("chk-")?.parse::<u64>().ok())
-        .filter(|id| checkpoints.join(format!("chk-{id}/_metadata")).exists())
-        .max()
-        .context("a completed checkpoint")?;
-    let md = checkpoints.join(format!("chk-{newest}/_metadata"));
-    let mut bytes = std::fs::read(&md)?;
-    let last = bytes.len() - 1;
-    bytes[last] ^= 0x01;
-    std::fs::write(&md, bytes)?;
+    let newest = exactly_integration_tests::damage_newest_checkpoint(&checkpoints)?;
 
     drain_and_verify(env, &s).await?;
     assert!(

@@ -75,3 +75,20 @@ pub async fn eventually(what: &str, timeout: Duration, mut f: impl FnMut() -> bo
     }
     Ok(())
 }
+
+/// Damages the metadata of the newest completed checkpoint in the local checkpoint directory
+/// `checkpoints` (one flipped byte, so its checksum fails); returns its id.
+pub fn damage_newest_checkpoint(checkpoints: &std::path::Path) -> Result<CheckpointId> {
+    use anyhow::Context;
+    let newest = std::fs::read_dir(checkpoints)?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("chk-")?.parse::<u64>().ok())
+        .filter(|id| checkpoints.join(format!("chk-{id}/_metadata")).exists())
+        .max()
+        .context("a completed checkpoint")?;
+    let md = checkpoints.join(format!("chk-{newest}/_metadata"));
+    let mut bytes = std::fs::read(&md)?;
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    std::fs::write(&md, bytes)?;
+    Ok(newest)
+}
