@@ -32,6 +32,7 @@ use exactly_kafka_client::Cluster;
 use exactly_twophase::CommitError;
 use probe::{probe_outcome, ProbeOutcome};
 use std::future::Future;
+pub(crate) use steps::Sent;
 use steps::{CommitSteps, Done, EndTxnAnswer, Next};
 
 /// The pause before an EndTxn sent again (after an unclear answer and a description showing the
@@ -77,14 +78,28 @@ impl Coordinator for Wire {
 
 /// Commits a restored committable through the protocol. Already committed is success. An
 /// outcome nobody can tell any more is a fatal error, unless `accept_unknown_up_to` covers the
-/// committable's checkpoint (the operator checked its output).
+/// committable's checkpoint (the operator checked its output). `tried` is what the EndTxns of the
+/// earlier tries of this commit did, and is updated: a try after an EndTxn in doubt must still
+/// treat a later transaction of the same producer as a zombie's it may have committed.
 pub(crate) async fn commit_recovered(
     wire: &impl Coordinator,
     c: &KafkaCommittable,
     accept_unknown_up_to: Option<u64>,
+    tried: &mut Sent,
+) -> Result<(), CommitError> {
+    let mut steps = CommitSteps::resume(c, tried.clone());
+    let result = commit_with(wire, c, accept_unknown_up_to, &mut steps).await;
+    *tried = steps.sent().clone();
+    result
+}
+
+async fn commit_with(
+    wire: &impl Coordinator,
+    c: &KafkaCommittable,
+    accept_unknown_up_to: Option<u64>,
+    steps: &mut CommitSteps<'_>,
 ) -> Result<(), CommitError> {
     let retriable = |e: SinkError| CommitError::Retriable(e.into());
-    let mut steps = CommitSteps::new(c);
     let mut next = Next::Describe;
     let mut pause = FIRST_RESEND_PAUSE;
     loop {

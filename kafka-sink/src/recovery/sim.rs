@@ -52,6 +52,8 @@ pub(crate) enum Mutant {
     /// The rule before the simulation found its gap: an EndTxn in doubt followed by a
     /// description of a later transaction of the same producer goes to the probe.
     InDoubtLaterToProbe,
+    /// Each try of a commit starts afresh, forgetting an EndTxn in doubt of the try before.
+    ForgetAcrossTries,
 }
 
 thread_local! {
@@ -395,8 +397,10 @@ pub(crate) fn run_paths(seed: u64) -> Result<(u64, Paths), String> {
     w.other_open = w.chance(0.5);
     let mut requests = 0u32;
     let mut outcome = Outcome::Undecided;
+    // What the EndTxns of the earlier tries did, kept as the sink keeps it.
+    let mut tried = super::Sent::default();
     'attempts: for _attempt in 0..20 {
-        let mut steps = CommitSteps::new(&c);
+        let mut steps = CommitSteps::resume(&c, tried.clone());
         let mut next = Next::Describe;
         let mut last_described_ours_open = false;
         loop {
@@ -406,7 +410,14 @@ pub(crate) fn run_paths(seed: u64) -> Result<(u64, Paths), String> {
             for _ in 0..w.rng.random_range(1..=3) {
                 w.step();
             }
+            tried = steps.sent().clone();
             next = match next {
+                Next::Describe if faults && w.chance(0.05) => {
+                    // The description fails (the coordinator moving): the try ends, the driver
+                    // tries again.
+                    w.trace.push("describe failed".into());
+                    continue 'attempts;
+                }
                 Next::Describe => {
                     let d = w.describe();
                     // The model's own truth, not the code's reading of the description.
@@ -599,9 +610,10 @@ mod tests {
             (Mutant::ProbeSecondWatermark, "reported lost (DATA LOST)"),
             (Mutant::FatalOnUnclear, "no other producer used the id"),
             (Mutant::InDoubtLaterToProbe, "committed a zombie's transaction"),
+            (Mutant::ForgetAcrossTries, "committed a zombie's transaction"),
         ] {
-            let (found, _, _) = run_seeds(0, 5_000, m);
-            let found = found.unwrap_or_else(|| panic!("{m:?} was not caught in 5 000 seeds"));
+            let (found, _, _) = run_seeds(0, 50_000, m);
+            let found = found.unwrap_or_else(|| panic!("{m:?} was not caught in 50 000 seeds"));
             let first = found.lines().next().unwrap_or_default();
             assert!(first.contains(by), "{m:?} caught by another check: {first}");
             eprintln!("{m:?} caught: {first}");

@@ -74,10 +74,13 @@ pub(crate) enum EndTxnAnswer {
     NoAnswer(String),
 }
 
-/// What the EndTxn sent last did, as far as the next description is concerned.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Sent {
+/// What the EndTxn sent last did, as far as the next description is concerned. Kept across the
+/// tries of one commit (the two-phase driver's retries), so that a try after an EndTxn in doubt
+/// still knows it ([`CommitSteps::resume`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) enum Sent {
     /// None sent yet.
+    #[default]
     Nothing,
     /// Answered success: the next description must show our transaction.
     Succeeded,
@@ -108,6 +111,23 @@ impl<'a> CommitSteps<'a> {
             end_txns: 0,
             now: "not described yet".into(),
         }
+    }
+
+    /// The steps of committing `c` after an earlier try of the same commit ended with `sent`
+    /// (e.g. an EndTxn in doubt, then a description that failed).
+    pub(crate) fn resume(c: &'a KafkaCommittable, sent: Sent) -> Self {
+        let mut s = Self::new(c);
+        #[cfg(test)]
+        if super::sim::mutant() == super::sim::Mutant::ForgetAcrossTries {
+            return s;
+        }
+        s.sent = sent;
+        s
+    }
+
+    /// What this commit's EndTxns did so far (for the next try).
+    pub(crate) fn sent(&self) -> &Sent {
+        &self.sent
     }
 
     /// The id's transaction as last described ("state …, producer …, epoch …", or that the

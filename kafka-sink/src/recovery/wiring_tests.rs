@@ -168,7 +168,7 @@ async fn an_end_txn_that_committed_the_zombies_next_transaction_is_fatal() {
         }))),
         lose_first_answer: false,
     };
-    let outcome = commit_recovered(&between, &c, None).await;
+    let outcome = commit_recovered(&between, &c, None, &mut Default::default()).await;
     assert_eq!(between.end_txns.load(Ordering::SeqCst), 1, "one EndTxn, never a second");
     match outcome {
         Err(CommitError::Fatal(why)) => {
@@ -189,7 +189,7 @@ async fn an_end_txn_whose_answer_was_lost_is_described_not_sent_again() {
         before_end_txn: Mutex::new(None),
         lose_first_answer: true,
     };
-    commit_recovered(&between, &c, None)
+    commit_recovered(&between, &c, None, &mut Default::default())
         .await
         .expect("the description shows ours committed");
     assert_eq!(
