@@ -66,6 +66,8 @@ pub(crate) fn mutant() -> Mutant {
 }
 
 const PID: i64 = 17;
+/// The crashed session's producer epoch (ours, and the zombie's until it is fenced).
+const EPOCH: i16 = 3;
 const OURS_START: i64 = 1_000;
 const PROBE_OFFSET: i64 = 40;
 const PRODUCER_FENCED: i16 = 90;
@@ -175,7 +177,7 @@ impl World {
         World {
             rng: ChaCha8Rng::seed_from_u64(seed),
             clock: OURS_START + 10,
-            epoch: 3,
+            epoch: EPOCH,
             txns: vec![Txn {
                 ours: true,
                 start: OURS_START,
@@ -268,7 +270,8 @@ impl World {
                 self.trace
                     .push("the coordinator aborts the open transaction (timeout)".into());
             }
-            State::CompleteCommit | State::CompleteAbort if self.chance(0.25) => {
+            // A zombie fenced by the timeout's epoch bump begins nothing more.
+            State::CompleteCommit | State::CompleteAbort if self.epoch == EPOCH && self.chance(0.25) => {
                 let start = self.clock;
                 self.txns.push(Txn {
                     ours: false,
@@ -371,7 +374,7 @@ fn committable() -> KafkaCommittable {
         version: COMMITTABLE_VERSION,
         transactional_id: "job-0-0".into(),
         producer_id: PID,
-        producer_epoch: 3,
+        producer_epoch: EPOCH,
         txn_start_ms: OURS_START,
         checkpoint_id: 7,
         probe: Some(Probe {
