@@ -55,16 +55,7 @@ async fn a_fresh_start_over_output_the_sink_committed_is_refused() -> Result<()>
 
     std::fs::remove_dir_all(dir.path().join("checkpoints"))?;
     let mut again = ChildJob::spawn(exactly(), &args, "")?;
-    stopped(&mut again, "the fresh start was not refused").await?;
-    let said = again.tail(40);
-    assert!(
-        said.contains("committed, but the job starts afresh") && said.contains("--accept-replay"),
-        "{said}"
-    );
-    assert!(
-        again.exit_code().is_some_and(|c| c != 0),
-        "refused with an error: {said}"
-    );
+    exactly_integration_tests::refused_fresh_start(&mut again)?;
     let after = read_committed(env, &output, T)?.len();
     assert_eq!(after, before, "the output was written again");
     Ok(())
@@ -76,9 +67,16 @@ async fn a_fresh_start_over_output_the_sink_committed_is_refused() -> Result<()>
 /// ends exactly once. (Before the record, the job stopped: the sink could not show it safe.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_newest_checkpoint_none_of_whose_transactions_committed_is_restored_past() -> Result<()> {
+    restored_past(2).await
+}
+
+/// A job on an input of `input_partitions` (two subtasks) killed between a durable checkpoint
+/// and its commits, that checkpoint's metadata damaged: the next run restores the one before,
+/// sets the damaged one aside, and the output ends exactly once.
+async fn restored_past(input_partitions: i32) -> Result<()> {
     let env = TestEnv::get().await?;
     let (input, output) = (unique("record-in"), unique("record-out"));
-    create_topic(env, &input, 2).await?;
+    create_topic(env, &input, input_partitions).await?;
     create_topic(env, &output, 2).await?;
     let dir = tempfile::tempdir()?;
     let args = Job::new(&input, &output).write(env, dir.path(), "k2k");
@@ -106,20 +104,7 @@ fn damage_newest(dir: &std::path::Path) -> Result<std::path::PathBuf> {
 /// was refused before: an idle subtask's group held nothing.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_subtask_does_not_stop_the_fallback() -> Result<()> {
-    let env = TestEnv::get().await?;
-    let (input, output) = (unique("record-in"), unique("record-out"));
-    create_topic(env, &input, 1).await?;
-    create_topic(env, &output, 2).await?;
-    let dir = tempfile::tempdir()?;
-    let args = Job::new(&input, &output).write(env, dir.path(), "k2k");
-    let (next, _) = killed_before_its_commits(env, &input, &args)?;
-    let checkpoints = damage_newest(dir.path())?;
-    drain_and_verify(env, &args, &output, &next).await?;
-    assert!(
-        std::fs::read_dir(&checkpoints)?.any(|e| e.is_ok_and(|e| e.path().join("_metadata.unusable").exists())),
-        "the unreadable checkpoint is set aside"
-    );
-    Ok(())
+    restored_past(1).await
 }
 
 /// As above, but the record is gone (deleted here; expired after `offsets.retention.minutes`, or

@@ -161,22 +161,7 @@ async fn a_fresh_start_behind_what_the_table_holds_is_refused() -> Result<()> {
 
     std::fs::remove_dir_all(dir.path().join("checkpoints"))?;
     let mut again = ChildJob::spawn(exactly(), &s.args, "")?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while again.running() {
-        if Instant::now() > deadline {
-            bail!("the fresh start was not refused:\n{}", again.tail(40));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let said = again.tail(40);
-    assert!(
-        said.contains("committed, but the job starts afresh") && said.contains("--accept-replay"),
-        "{said}"
-    );
-    assert!(
-        again.exit_code().is_some_and(|c| c != 0),
-        "refused with an error: {said}"
-    );
+    exactly_integration_tests::refused_fresh_start(&mut again)?;
     let after = exactly_integration_tests::query_i64(&mut conn, &count).await?;
     assert_eq!(after, before, "the table was written again");
     Ok(())

@@ -185,6 +185,26 @@ pub fn fails_at_start_env(
     Ok(log)
 }
 
+/// Waits (up to 60 s) for `job`, started afresh over output its sink committed, to refuse to
+/// start: it exits with an error that names the committed checkpoint and `--accept-replay`.
+/// Returns what it said.
+pub fn refused_fresh_start(job: &mut ChildJob) -> Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while job.running() {
+        if Instant::now() > deadline {
+            bail!("the fresh start was not refused:\n{}", job.tail(40));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let said = job.tail(40);
+    assert!(
+        said.contains("committed, but the job starts afresh") && said.contains("--accept-replay"),
+        "{said}"
+    );
+    assert!(job.exit_code().is_some_and(|c| c != 0), "refused with an error: {said}");
+    Ok(said)
+}
+
 /// Sends `signal` (e.g. "STOP", "CONT") to `pid` with kill(1).
 pub fn signal(pid: u32, signal: &str) -> Result<()> {
     let status = Command::new("kill")

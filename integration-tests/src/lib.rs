@@ -19,7 +19,7 @@ mod mysql;
 mod postgres;
 mod proxy;
 
-pub use child::{fails_at_start, fails_at_start_env, signal, verify_job, ChildJob};
+pub use child::{fails_at_start, fails_at_start_env, refused_fresh_start, signal, verify_job, ChildJob};
 pub use env::{TestEnv, HOW_TO_START, S3};
 pub use ids::unique;
 pub use jobs::{damage_newest_checkpoint, eventually, subtask_info, Committed, CommittingCollector};
