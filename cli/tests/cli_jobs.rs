@@ -560,15 +560,7 @@ async fn a_corrupt_or_vanished_checkpoint_stops_the_job_instead_of_replaying() -
     assert_paid_exactly_once(env, &output, 0..1500);
 
     let checkpoints = dir.path().join("checkpoints");
-    let newest = std::fs::read_dir(&checkpoints)?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("chk-")?.parse::<u64>().ok())
-        .max()
-        .expect("a checkpoint");
-    let md = checkpoints.join(format!("chk-{newest}/_metadata"));
-    let mut bytes = std::fs::read(&md)?;
-    let last = bytes.len() - 1;
-    bytes[last] ^= 0x01;
-    std::fs::write(&md, bytes)?;
+    let newest = exactly_integration_tests::damage_newest_checkpoint(&checkpoints)?;
     let out = cmd()
         .args(["run", file.to_str().unwrap(), "--no-progress"])
         .timeout(Duration::from_secs(120))

@@ -25,6 +25,8 @@ mod private_fs;
 pub mod restart;
 pub mod runtime;
 pub mod secret;
+#[cfg(test)]
+mod sim;
 pub mod state;
 pub mod storage;
 pub use private_fs::default_state_root;

@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use exactly_core::checkpoint::{
-    BackendKind, CheckpointMetadata, FileHandle, KeyedStateHandle, OperatorSnapshot, SubtaskSnapshot, METADATA_VERSION,
+    BackendKind, CheckpointMetadata, FileHandle, FileScope, KeyedStateHandle, OperatorSnapshot, SubtaskSnapshot,
+    METADATA_VERSION,
 };
 use exactly_core::state::{key_group, redistribute, KeyGroupRange, KeyedStateBackend, RocksDbBackend};
 use exactly_core::storage::{CheckpointStorage, Storage};
@@ -125,11 +126,14 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_are_listed_verified_and_never_overwritten() -> Result<()> {
     let (storage, raw, url) = setup("s3-basic").await?;
-    blocking(|| -> Result<()> {
+    // Another process's file in checkpoint 2 (a crashed run that began the same id): an abort
+    // here deletes only what this storage wrote.
+    raw.put("chk-2/0123456789abcdef-x", b"theirs".to_vec()).await?;
+    let x = blocking(|| -> Result<String> {
         assert!(storage.latest()?.is_none(), "a new prefix starts empty");
         let m1 = checkpoint(&storage, 1, &["a.sst"])?;
         let w2 = storage.writer(2)?;
-        w2.write_private("x", b"in progress")?; // no metadata: not completed
+        let x = w2.write_private("x", b"in progress")?.name; // no metadata: not completed
         assert_eq!(storage.completed()?, vec![1]);
         let s = storage.latest()?.expect("checkpoint 1");
         assert_eq!(s.meta, m1);
@@ -145,12 +149,14 @@ async fn checkpoints_are_listed_verified_and_never_overwritten() -> Result<()> {
         let err = storage.commit(&other).unwrap_err().to_string();
         assert!(err.contains("written by another process"), "{err}");
         assert_eq!(storage.latest()?.expect("still 1").meta, m1);
-        storage.abort(2)?;
-        Ok(())
+        Ok(format!("chk-2/{x}"))
     })?;
+    assert!(raw.exists(&x).await?, "{x} written");
+    blocking(|| storage.abort(2))?;
+    assert!(!raw.exists(&x).await?, "an aborted checkpoint's files are deleted");
     assert!(
-        !raw.exists("chk-2/x").await?,
-        "an aborted checkpoint's files are deleted"
+        raw.exists("chk-2/0123456789abcdef-x").await?,
+        "another process's file stays"
     );
     assert!(raw.exists("chk-1/_metadata").await?);
     // A checkpoint that completed is never deleted by an abort.
@@ -216,17 +222,27 @@ async fn a_corrupt_or_incomplete_newest_checkpoint_is_an_error_never_a_fallback(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_deletes_unshared_files_and_savepoints_are_self_contained() -> Result<()> {
     let (storage, raw, url) = setup("s3-retain").await?;
-    blocking(|| -> Result<()> {
-        checkpoint(&storage, 1, &["a.sst", "old.sst"])?;
+    let first = blocking(|| -> Result<CheckpointMetadata> {
+        let first = checkpoint(&storage, 1, &["a.sst", "old.sst"])?;
         checkpoint(&storage, 2, &["a.sst", "b.sst"])?;
         checkpoint(&storage, 3, &["a.sst", "c.sst"])?;
+        Ok(first)
+    })?;
+    // Private files are named by the storage (a tag per process before the given name).
+    let private = first
+        .files()
+        .find(|f| f.scope == FileScope::Private)
+        .map(|f| format!("chk-1/{}", f.name))
+        .expect("a private file");
+    assert!(raw.exists(&private).await?, "{private} before retention");
+    blocking(|| -> Result<()> {
         assert_eq!(storage.retain(2)?, vec![1]);
         assert_eq!(storage.completed()?, vec![2, 3]);
         Ok(())
     })?;
     assert!(raw.exists("shared/a.sst").await?, "still used by 2 and 3");
     assert!(!raw.exists("shared/old.sst").await?, "only 1 used it");
-    assert!(!raw.exists("chk-1/private.bin").await?);
+    assert!(!raw.exists(&private).await?, "{private} after retention");
 
     // A savepoint in the same store, and one in a local directory: each restores alone.
     let local = tempfile::tempdir()?;

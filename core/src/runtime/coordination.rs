@@ -19,7 +19,7 @@ use crate::coordinator::{Acknowledged, CheckpointConfig, CheckpointCoordinator, 
 use crate::error::{CoreError, Result};
 use crate::message::{CheckpointBarrier, CheckpointId, SnapshotKind};
 use crate::restart::RestartTracker;
-use crate::storage::{CheckpointStorage, Storage};
+use crate::storage::{CheckpointStorage, FailedCommit, Storage};
 
 pub(super) struct Waiter {
     pub(super) dir: Option<PathBuf>,
@@ -372,37 +372,30 @@ impl Run<'_> {
                     })
                 })
         };
-        match persisted {
-            Ok(()) => {}
-            // Not ordinary failures: the checkpoint fails, but its files stay. Whether it was
-            // written is unknown (a write whose answer was lost may land; a checkpoint listed
-            // after all must find its files), or the claim could not be renewed (the store is
-            // down; after a lease another run may take the location over and write a checkpoint
-            // of the same id). Its transactions stay pending as for any failed checkpoint: the
-            // next completed checkpoint commits them, or a restore of this one if it landed.
-            // The run goes on: a restart could not settle more while the store is down.
-            Err(e @ (CoreError::ClaimNotRenewed { .. } | CoreError::CommitOutcomeUnknown { .. })) => {
-                warn!(checkpoint_id = barrier.id, error = %e, "Writing checkpoint metadata failed.");
-                return self.abort_keeping_files(barrier, &format!("not persisted: {e}")).await;
-            }
-            // Another run owns the location (taken over): this run ends without deleting files
-            // the other may be writing under the same id.
-            Err(e @ CoreError::LocationOwned { .. }) => {
-                warn!(checkpoint_id = barrier.id, error = %e, "The checkpoint location was taken over; the run ends.");
-                self.broadcast(Control::Notify(Notification::Aborted(barrier.id)));
-                self.job.metrics.update(|s| s.failed += 1);
-                if let Some(w) = self.waiters.remove(&barrier.id) {
-                    let _ = w.reply.send(Err(CoreError::CheckpointAborted {
-                        id: barrier.id,
-                        reason: e.to_string(),
-                    }));
+        if let Err(e) = persisted {
+            warn!(checkpoint_id = barrier.id, error = %e, "Writing checkpoint metadata failed.");
+            return match crate::storage::after_failed_commit(&e) {
+                // Its transactions stay pending as for any failed checkpoint: the next completed
+                // checkpoint commits them, or a restore of this one if it landed. The run goes on:
+                // a restart could not settle more while the store is down.
+                FailedCommit::KeepFiles => self.abort_keeping_files(barrier, &format!("not persisted: {e}")).await,
+                FailedCommit::Discard => self.abort(barrier, &format!("not persisted: {e}")).await,
+                FailedCommit::RunEnds => {
+                    warn!(
+                        checkpoint_id = barrier.id,
+                        "The checkpoint location was taken over; the run ends."
+                    );
+                    self.broadcast(Control::Notify(Notification::Aborted(barrier.id)));
+                    self.job.metrics.update(|s| s.failed += 1);
+                    if let Some(w) = self.waiters.remove(&barrier.id) {
+                        let _ = w.reply.send(Err(CoreError::CheckpointAborted {
+                            id: barrier.id,
+                            reason: e.to_string(),
+                        }));
+                    }
+                    Err(e)
                 }
-                return Err(e);
-            }
-            Err(e) => {
-                warn!(checkpoint_id = barrier.id, error = %e, "Writing checkpoint metadata failed.");
-                return self.abort(barrier, &format!("not persisted: {e}")).await;
-            }
+            };
         }
         let coordinator = self.coordinator.as_mut().expect("checkpointing on");
         let subsumed = coordinator.completed(barrier.id, Instant::now());

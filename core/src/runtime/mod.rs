@@ -14,6 +14,8 @@ mod graph;
 mod metrics;
 mod region;
 mod restore;
+#[cfg(test)]
+pub(crate) use restore::RestorePlan;
 mod task;
 
 use std::path::PathBuf;

@@ -24,24 +24,24 @@ use crate::storage::{CheckpointStorage, RestoreRecord, Snapshot, Storage};
 
 /// The part of the restore decision that is fixed by the job's first successful pick.
 #[derive(Debug, Clone)]
-pub(super) struct RestorePlan {
+pub(crate) struct RestorePlan {
     /// The explicit snapshot and the newest checkpoint id its directory held when it was chosen
     /// (those and older ones are never restored by this job).
     explicit: Option<(PathBuf, CheckpointId)>,
     /// The last pick went back past checkpoints it could not read: the run must have every sink
     /// prove that none of its transactions after the restored checkpoint committed.
-    pub(super) fallback: Option<Fallback>,
+    pub(crate) fallback: Option<Fallback>,
 }
 
 /// A restore of an older checkpoint than the newest, which cannot be read (see `latest_or_back`).
 #[derive(Debug, Clone)]
-pub(super) struct Fallback {
+pub(crate) struct Fallback {
     /// The checkpoint restored instead.
-    pub(super) restored: CheckpointId,
+    pub(crate) restored: CheckpointId,
     /// The newest one, which cannot be read.
-    pub(super) unusable: CheckpointId,
+    pub(crate) unusable: CheckpointId,
     /// Why it cannot (the error a restore without proofs reports).
-    pub(super) error: String,
+    pub(crate) error: String,
 }
 
 /// The newest checkpoint of `storage`; when it cannot be read (`NewestCheckpointUnusable`), the
@@ -49,6 +49,28 @@ pub(super) struct Fallback {
 /// safe exactly when no sink committed a transaction of a later checkpoint, which only the sinks
 /// can tell. Without an older readable checkpoint, the error stands.
 fn latest_or_back(storage: &Storage) -> Result<(Option<Snapshot>, Option<Fallback>)> {
+    let (chosen, fallback) = newest_or_back(storage)?;
+    go_on_from(storage, chosen.as_ref(), fallback.is_some())?;
+    Ok((chosen, fallback))
+}
+
+/// The newest checkpoint of `storage`, verified, once the unfinished ones above it are void.
+fn latest_settled(storage: &Storage) -> Result<Option<Snapshot>> {
+    let chosen = storage.latest()?;
+    go_on_from(storage, chosen.as_ref(), false)?;
+    Ok(chosen)
+}
+
+/// Makes the unfinished checkpoints above `chosen` (a checkpoint of `storage`; `None`: nothing)
+/// void before the run goes on from it: their transactions are aborted by this run's sinks, so a
+/// late write of their metadata must never make them restorable (`storage/unfinished.rs`).
+fn go_on_from(storage: &Storage, chosen: Option<&Snapshot>, newer_expected: bool) -> Result<()> {
+    storage
+        .void_unfinished_above(chosen.map_or(0, |s| s.meta.id), newer_expected)
+        .map(|_| ())
+}
+
+fn newest_or_back(storage: &Storage) -> Result<(Option<Snapshot>, Option<Fallback>)> {
     match storage.latest() {
         Err(e @ CoreError::NewestCheckpointUnusable { id, .. }) => match storage.newest_readable_below(id)? {
             Some(older) => {
@@ -73,7 +95,7 @@ fn latest_or_back(storage: &Storage) -> Result<(Option<Snapshot>, Option<Fallbac
 
 impl RestorePlan {
     /// The first attempt's choice, and the plan for later attempts.
-    pub(super) fn first(
+    pub(crate) fn first(
         storage: Option<&Storage>,
         restore_from: Option<&Path>,
         accept_replay: bool,
@@ -107,7 +129,7 @@ impl RestorePlan {
                     "Already restored from this snapshot: restoring the newest checkpoint made since, as a restart does (to restore the snapshot itself again, remove the location's _restore first)."
                 );
                 return Ok((
-                    s.latest()?,
+                    latest_settled(s)?,
                     RestorePlan {
                         explicit: None,
                         fallback: None,
@@ -138,6 +160,9 @@ impl RestorePlan {
                 snapshot_id: snapshot.meta.id,
                 floor: newest,
             })?;
+            // The snapshot is from elsewhere: this location's own unfinished checkpoints above
+            // its newest are given up.
+            s.void_unfinished_above(newest, true)?;
         }
         let plan = RestorePlan {
             explicit: Some((path.to_path_buf(), newest)),
@@ -174,7 +199,7 @@ impl RestorePlan {
             s.renew_claim()?;
         }
         match (&self.explicit, storage) {
-            (None, Some(s)) => s.latest(),
+            (None, Some(s)) => latest_settled(s),
             (None, None) => Ok(None),
             (Some((path, floor)), storage) => {
                 let own = match storage {
@@ -182,8 +207,12 @@ impl RestorePlan {
                     None => false,
                 };
                 match storage {
-                    Some(s) if own => s.latest(),
-                    _ => Storage::open_verified(path).map(Some),
+                    Some(s) if own => latest_settled(s),
+                    Some(s) => {
+                        s.void_unfinished_above(*floor, true)?;
+                        Storage::open_verified(path).map(Some)
+                    }
+                    None => Storage::open_verified(path).map(Some),
                 }
             }
         }

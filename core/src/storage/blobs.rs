@@ -36,6 +36,9 @@ pub(crate) trait Blobs: Send + Sync {
     fn delete(&self, key: &str) -> Result<()>;
     /// Deletes everything under `dir`; a missing one is fine.
     fn delete_dir(&self, dir: &str) -> Result<()>;
+    /// Deletes the files directly under `dir` whose names begin with `prefix` (and `dir` itself
+    /// where directories exist and it is left empty); a missing one is fine.
+    fn delete_named(&self, dir: &str, prefix: &str) -> Result<()>;
 }
 
 /// Files in a local directory: written, fsynced, and (for [`Put::Replace`] and [`Put::Create`])
@@ -151,5 +154,29 @@ impl Blobs for Dir {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CoreError::io("removing", &path, e)),
             _ => Ok(()),
         }
+    }
+
+    fn delete_named(&self, dir: &str, prefix: &str) -> Result<()> {
+        let path = self.locate(dir);
+        let entries = match fs::read_dir(&path) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(CoreError::io("listing", &path, e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| CoreError::io("listing", &path, e))?;
+            if entry.file_name().to_str().is_some_and(|n| n.starts_with(prefix)) {
+                let file = entry.path();
+                match fs::remove_file(&file) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(CoreError::io("removing", &file, e))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // Only when empty: another process's files (or a void marker) keep it.
+        let _ = fs::remove_dir(&path);
+        Ok(())
     }
 }

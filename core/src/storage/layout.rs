@@ -71,6 +71,16 @@ pub struct Storage {
     /// a claim write of an earlier attempt whose answer was lost may land after a later
     /// attempt's, and must not read as another run's.
     pub(super) claim_id: Arc<std::sync::OnceLock<String>>,
+    /// Prefixes the names of the private files this storage writes, unique per instance (one per
+    /// process run): a checkpoint id an earlier process began and left nothing of listed may be
+    /// begun again, and a write of the earlier one that lands late must not replace a file of
+    /// the new one.
+    pub(super) tag: Arc<str>,
+}
+
+/// A new [`Storage::tag`].
+pub(super) fn new_tag() -> Arc<str> {
+    format!("{:016x}", rand::random::<u64>()).into()
 }
 
 impl std::fmt::Debug for Storage {
@@ -119,7 +129,7 @@ fn split(location: &Path) -> (PathBuf, String) {
     (parent, name)
 }
 
-fn join(dir: &str, name: &str) -> String {
+pub(super) fn join(dir: &str, name: &str) -> String {
     if dir.is_empty() {
         name.to_owned()
     } else {
@@ -127,7 +137,7 @@ fn join(dir: &str, name: &str) -> String {
     }
 }
 
-fn chk(id: CheckpointId) -> String {
+pub(super) fn chk(id: CheckpointId) -> String {
     format!("chk-{id}")
 }
 
@@ -185,7 +195,20 @@ impl Storage {
             root,
             claim: Arc::default(),
             claim_id: Arc::default(),
+            tag: new_tag(),
         })
+    }
+
+    /// Storage on `blobs`, which stand for `root` (the simulation's object store).
+    #[cfg(test)]
+    pub(crate) fn on_blobs(blobs: Arc<dyn Blobs>, root: PathBuf, tag: &str) -> Self {
+        Storage {
+            blobs,
+            root,
+            claim: Arc::default(),
+            claim_id: Arc::default(),
+            tag: tag.into(),
+        }
     }
 
     /// The location: a directory or a URL.
@@ -252,9 +275,10 @@ impl Storage {
         is_url(location)
     }
 
-    /// Whether `location` holds a checkpoint or savepoint (its `_metadata`).
+    /// Whether `location` holds a checkpoint or savepoint (its `_metadata`; an empty one marks a
+    /// void checkpoint, given up by a restart).
     pub fn is_snapshot(location: &Path) -> Result<bool> {
-        Ok(place(location)?.size(METADATA_FILE)?.is_some())
+        Ok(place(location)?.size(METADATA_FILE)?.is_some_and(|n| n > 0))
     }
 
     /// The explicit restore this location's checkpoints continue from, as recorded by
@@ -358,6 +382,12 @@ impl Storage {
 fn open_in(blobs: Arc<dyn Blobs>, dir: String) -> Result<Snapshot> {
     let key = join(&dir, METADATA_FILE);
     let bytes = blobs.get(&key)?;
+    if bytes.is_empty() {
+        return Err(CoreError::Corrupt {
+            path: blobs.locate(&key),
+            reason: "void: an unfinished checkpoint that a restart gave up (its transactions were aborted), never restorable".into(),
+        });
+    }
     let meta = decode_metadata(&blobs.locate(&key), &bytes)?;
     Ok(Snapshot {
         meta,
@@ -412,17 +442,24 @@ impl SnapshotReader for Reader {
 struct Writer {
     blobs: Arc<dyn Blobs>,
     dir: String,
+    tag: Arc<str>,
     written: AtomicU64,
 }
 
 impl SnapshotWriter for Writer {
-    fn write_private(&self, name: &str, bytes: &[u8]) -> Result<FileHandle> {
-        self.blobs.put(&join(&self.dir, name), bytes, Put::InProgress)?;
+    fn write_private(&self, local_name: &str, bytes: &[u8]) -> Result<FileHandle> {
+        let name = format!("{}-{local_name}", self.tag);
+        #[cfg(test)]
+        let name = match crate::sim::mutant() {
+            crate::sim::Mutant::UntaggedPrivateNames => local_name.to_owned(),
+            _ => name,
+        };
+        self.blobs.put(&join(&self.dir, &name), bytes, Put::InProgress)?;
         self.written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         Ok(FileHandle {
             scope: FileScope::Private,
-            name: name.to_owned(),
-            local_name: name.to_owned(),
+            name,
+            local_name: local_name.to_owned(),
             size: bytes.len() as u64,
             crc32: crc32fast::hash(bytes),
         })
@@ -465,6 +502,7 @@ impl CheckpointStorage for Storage {
         Ok(Arc::new(Writer {
             blobs: self.blobs.clone(),
             dir: chk(id),
+            tag: self.tag.clone(),
             written: AtomicU64::new(0),
         }))
     }
@@ -487,21 +525,17 @@ impl CheckpointStorage for Storage {
         if self.blobs.size(&join(&chk(id), METADATA_FILE))?.is_some() {
             return Ok(()); // completed meanwhile: never delete a durable checkpoint here
         }
-        self.blobs.delete_dir(&chk(id))
+        // Only the files this storage wrote (its tag): the delete may land late (an object
+        // store's request held), when a later process has begun the same id again.
+        #[cfg(test)]
+        if crate::sim::mutant() == crate::sim::Mutant::AbortDeletesDir {
+            return self.blobs.delete_dir(&chk(id));
+        }
+        self.blobs.delete_named(&chk(id), &format!("{}-", self.tag))
     }
 
     fn completed(&self) -> Result<Vec<CheckpointId>> {
-        let mut ids = Vec::new();
-        for name in self.blobs.dirs()? {
-            let Some(id) = name.strip_prefix("chk-").and_then(|n| n.parse().ok()) else {
-                continue;
-            };
-            if self.blobs.size(&join(&name, METADATA_FILE))?.is_some() {
-                ids.push(id);
-            }
-        }
-        ids.sort_unstable();
-        Ok(ids)
+        Ok(self.scan()?.completed)
     }
 
     fn open(&self, id: CheckpointId) -> Result<Snapshot> {
@@ -550,7 +584,13 @@ impl CheckpointStorage for Storage {
         // damaged file) may still reference any shared file, so nothing is deleted this time.
         let mut still_used = BTreeSet::new();
         for id in keep_ids {
-            let s = self.open(*id)?;
+            let s = match self.open(*id) {
+                Ok(s) => s,
+                // The bug this guards against, put back for the simulation to catch.
+                #[cfg(test)]
+                Err(_) if crate::sim::mutant() == crate::sim::Mutant::RetainPastReadError => continue,
+                Err(e) => return Err(e),
+            };
             still_used.extend(shared_names(&s.meta).map(str::to_owned));
         }
         // What each dropped checkpoint references is read before anything goes; an I/O error

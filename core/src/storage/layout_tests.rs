@@ -220,6 +220,7 @@ impl Flaky {
             root: name.to_path_buf(),
             claim: Arc::default(),
             claim_id: Arc::default(),
+            tag: super::new_tag(),
         };
         (storage, flaky)
     }
@@ -266,6 +267,9 @@ impl Blobs for Flaky {
     }
     fn delete_dir(&self, dir: &str) -> Result<()> {
         self.dir.delete_dir(dir)
+    }
+    fn delete_named(&self, dir: &str, prefix: &str) -> Result<()> {
+        self.dir.delete_named(dir, prefix)
     }
 }
 
@@ -576,4 +580,49 @@ fn a_checkpoint_naming_files_outside_its_directory_is_refused() {
         assert!(storage.latest().is_err(), "{name:?} / {local:?}");
         assert_eq!(fs::read(&outside).unwrap(), b"precious");
     }
+}
+
+#[test]
+fn an_abort_deletes_only_the_files_its_own_process_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let ours = Storage::new(dir.path()).unwrap();
+    // Another process's storage on the same location (a crashed run's, say): another tag.
+    let theirs = Storage::new(dir.path()).unwrap();
+    let mine = ours.writer(3).unwrap().write_private("state", b"ours").unwrap();
+    let other = theirs.writer(3).unwrap().write_private("state", b"theirs").unwrap();
+    assert_ne!(mine.name, other.name, "private names carry the writer's tag");
+    assert_eq!((mine.local_name.as_str(), other.local_name.as_str()), ("state", "state"));
+    ours.abort(3).unwrap();
+    let left: Vec<String> = fs::read_dir(ours.checkpoint_dir(3))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, vec![other.name.clone()]);
+    theirs.abort(3).unwrap();
+    assert!(!ours.checkpoint_dir(3).exists(), "removed once empty");
+}
+
+#[test]
+fn a_restart_makes_unfinished_checkpoints_above_the_restored_one_void() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::new(dir.path()).unwrap();
+    let m1 = checkpoint(&storage, 1, &["a.sst"]);
+    // 2 and 3 began (their files written), and their metadata never came (yet).
+    for id in [2, 3] {
+        storage.writer(id).unwrap().write_private("state", b"x").unwrap();
+    }
+    assert_eq!(storage.void_unfinished_above(1, false).unwrap(), vec![2, 3]);
+    // A late write of 3's metadata is refused: 3 stays void, never completed or restorable.
+    let late = meta(3, Vec::new());
+    assert!(storage.commit(&late).is_err(), "a late metadata write must not land");
+    let scan = storage.scan().unwrap();
+    assert_eq!((scan.completed, scan.void), (vec![1], vec![2, 3]));
+    assert_eq!(storage.latest().unwrap().unwrap().meta, m1);
+    assert!(!Storage::is_snapshot(&storage.checkpoint_dir(3)).unwrap());
+    assert!(storage.highest_id().unwrap() >= 3, "ids go past void ones");
+    // One that completed meanwhile makes the restart choose again (unless newer ones are expected).
+    checkpoint(&storage, 4, &["a.sst"]);
+    let err = storage.void_unfinished_above(1, false).unwrap_err();
+    assert!(err.to_string().contains("checkpoint 4 completed"), "{err}");
+    assert_eq!(storage.void_unfinished_above(1, true).unwrap(), Vec::<CheckpointId>::new());
 }

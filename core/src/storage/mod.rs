@@ -10,6 +10,7 @@ mod layout;
 mod object;
 mod owner;
 mod split;
+mod unfinished;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -84,4 +85,35 @@ pub trait CheckpointStorage: Send + Sync {
     fn discard_all(&self) -> Result<()>;
     /// Writes a self-contained copy of checkpoint `id` (metadata and every file) to `dir`.
     fn export(&self, id: CheckpointId, dir: &Path) -> Result<()>;
+}
+
+/// What a run does with a checkpoint whose metadata write (`CheckpointStorage::commit`) failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FailedCommit {
+    /// The checkpoint fails and its files stay: whether it was written is unknown (a write whose
+    /// answer was lost may land; a checkpoint listed after all must find its files), or the claim
+    /// could not be renewed (after a lease another run may write a checkpoint of the same id).
+    KeepFiles,
+    /// Another run owns the location: this run ends, deleting nothing the other may be writing.
+    RunEnds,
+    /// A plain failure (nothing was written): the checkpoint fails and its files are deleted.
+    Discard,
+}
+
+/// The decision for a commit that failed with `e`.
+pub(crate) fn after_failed_commit(e: &crate::CoreError) -> FailedCommit {
+    use crate::CoreError;
+    match e {
+        CoreError::CommitOutcomeUnknown { .. } => {
+            // The bug this guards against, put back for the simulation to catch.
+            #[cfg(test)]
+            if crate::sim::mutant() == crate::sim::Mutant::DiscardAfterUnknown {
+                return FailedCommit::Discard;
+            }
+            FailedCommit::KeepFiles
+        }
+        CoreError::ClaimNotRenewed { .. } => FailedCommit::KeepFiles,
+        CoreError::LocationOwned { .. } => FailedCommit::RunEnds,
+        _ => FailedCommit::Discard,
+    }
 }

@@ -449,6 +449,33 @@ impl Blobs for Bucket {
         })
         .map_err(|e| self.error("removing", dir, e))
     }
+
+    fn delete_named(&self, dir: &str, prefix: &str) -> Result<()> {
+        let (store, k) = (self.quick.clone(), self.key(dir));
+        let prefix = prefix.to_owned();
+        block(async move {
+            let keys: Vec<Key> = store
+                .list(Some(&k))
+                .try_filter(|m| {
+                    let named = m.location.filename().is_some_and(|n| n.starts_with(&prefix))
+                        && m.location
+                            .prefix_match(&k)
+                            .is_some_and(|mut rest| rest.nth(1).is_none());
+                    futures::future::ready(named)
+                })
+                .map_ok(|m| m.location)
+                .try_collect()
+                .await?;
+            for key in keys {
+                match store.delete(&key).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        })
+        .map_err(|e| self.error("removing", dir, e))
+    }
 }
 
 #[cfg(test)]

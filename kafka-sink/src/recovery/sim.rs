@@ -562,7 +562,7 @@ mod tests {
         let started = std::time::Instant::now();
         let (found, known, coverage) = run_seeds(first, n, Mutant::None);
         if let Some(v) = found {
-            panic!("{v}\n(replay: scripts/simulate --first <seed> --seeds 1)");
+            panic!("{v}\n(replay: scripts/simulate --kafka --first <seed> --seeds 1)");
         }
         eprintln!(
             "{n} seeds in {:.2} s ({:.0} seeds/s); {known} showed the known transaction-version-1 hazard; paths: {coverage:?}",
