@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use exactly_core::runtime::SubtaskInfo;
 use exactly_core::CheckpointId;
+use exactly_twophase::prepared::{mysql_answer, CommitAnswer, Next, PreparedCommit};
 use exactly_twophase::{CommitError, PreCommitted, RecoveryContext, TwoPhaseCommitSink};
 use serde::{Deserialize, Serialize};
 use sqlx::mysql::{MySqlConnection, MySqlDatabaseError};
@@ -21,6 +22,7 @@ use crate::db;
 use crate::error::{MysqlSinkError, Result};
 use crate::SinkRecord;
 
+#[cfg(test)]
 const XAER_NOTA: u16 = 1397;
 const ACCESS_DENIED: u16 = 1227;
 
@@ -126,67 +128,54 @@ pub(crate) fn check_xa_safe(version: &str) -> Result<()> {
 const NOTA_CHECKS: u32 = 10;
 const NOTA_PAUSE: std::time::Duration = std::time::Duration::from_millis(300);
 
-/// Errors of XA COMMIT that say nothing about the branch: lock wait timeout, deadlock, a server
-/// read-only during a failover, XAER_RMFAIL (the branch is busy), too many connections, a killed
-/// or interrupted query, a server shutting down. Lost connections are not database errors at all.
-fn transient(code: u16) -> bool {
-    matches!(
-        code,
-        1205 | 1213 | 1290 | 1836 | 1399 | 1040 | 1053 | 1317 | 1927 | 3098
-    )
-}
-
 impl XaMysqlSink {
-    /// Commits `c` on `conn`; already committed is success. XAER_NOTA is not proof of anything:
-    /// while XA RECOVER lists the branch it is alive (its preparing session may still be
-    /// detaching) and the commit is tried again; only a branch absent from XA RECOVER with no
-    /// progress row, after every check, was rolled back.
+    /// Commits `c` on `conn`; already committed is success. The decisions are
+    /// [`PreparedCommit`]'s (shared with the PostgreSQL sink and simulated in `exactly-twophase`):
+    /// XAER_NOTA is not proof of anything — while XA RECOVER lists the branch it is alive (its
+    /// preparing session may still be detaching, or another session is committing it) and the
+    /// commit is tried again; only a branch absent from XA RECOVER, and then without a progress
+    /// row, after every check, was rolled back.
     async fn commit_on(&self, conn: &mut MySqlConnection, c: &XaCommittable) -> Result<(), CommitError> {
         let what = || format!("XA branch {} of checkpoint {}", c.bqual, c.checkpoint_id);
-        let classify = |e: sqlx::Error| match code(&e) {
-            None => CommitError::Retriable(e.into()),
-            Some(n) if transient(n) => CommitError::Retriable(e.into()),
-            Some(_) => CommitError::Fatal(e.into()),
+        let mut steps = PreparedCommit::new(NOTA_CHECKS);
+        let commit = async |conn: &mut MySqlConnection| match self.xa(conn, "XA COMMIT", &c.bqual).await {
+            Ok(()) => CommitAnswer::Committed,
+            Err(e) => mysql_answer(code(&e), e.to_string()),
         };
-        for check in 1..=NOTA_CHECKS {
-            match self.xa(conn, "XA COMMIT", &c.bqual).await {
-                Ok(()) => return Ok(()),
-                Err(e) if code(&e) == Some(XAER_NOTA) => {}
-                Err(e) => return Err(classify(e)),
-            }
-            let listed = self.recover(conn).await.map_err(classify)?;
-            if listed.contains(&c.bqual) {
-                warn!(bqual = %c.bqual, check, "XA COMMIT answered XAER_NOTA for a branch XA RECOVER lists; trying again.");
-            } else if db::has_progress(conn, &self.config, c.subtask, c.checkpoint_id)
-                .await
-                .map_err(|e| CommitError::Retriable(e.into()))?
-            {
-                return Ok(()); // committed earlier (before a crash or a lost answer)
-            }
-            tokio::time::sleep(NOTA_PAUSE).await;
+        let mut next = steps.answered(commit(conn).await);
+        loop {
+            next = match next {
+                Next::CommitAgain => {
+                    tokio::time::sleep(NOTA_PAUSE).await;
+                    steps.answered(commit(conn).await)
+                }
+                Next::List => {
+                    let listed = self
+                        .recover(conn)
+                        .await
+                        .map_err(|e| CommitError::Retriable(e.into()))?
+                        .contains(&c.bqual);
+                    if listed {
+                        warn!(bqual = %c.bqual, "XA COMMIT answered XAER_NOTA for a branch XA RECOVER lists; trying again.");
+                    }
+                    steps.listed(listed)
+                }
+                Next::ReadRecord => steps.recorded(
+                    db::has_progress(conn, &self.config, c.subtask, c.checkpoint_id)
+                        .await
+                        .map_err(|e| CommitError::Retriable(e.into()))?,
+                ),
+                Next::Committed => return Ok(()),
+                Next::Retry(why) => return Err(CommitError::Retriable(format!("{}: {why}", what()).into())),
+                Next::Fatal(why) => return Err(CommitError::Fatal(format!("{}: {why}", what()).into())),
+                Next::Lost(why) => {
+                    return Err(CommitError::Lost {
+                        what: what(),
+                        source: why.into(),
+                    })
+                }
+            };
         }
-        if db::has_progress(conn, &self.config, c.subtask, c.checkpoint_id)
-            .await
-            .map_err(|e| CommitError::Retriable(e.into()))?
-        {
-            return Ok(());
-        }
-        if self.recover(conn).await.map_err(classify)?.contains(&c.bqual) {
-            return Err(CommitError::Retriable(
-                format!(
-                    "{} is prepared but the server keeps refusing XA COMMIT with XAER_NOTA",
-                    what()
-                )
-                .into(),
-            ));
-        }
-        Err(CommitError::Lost {
-            what: what(),
-            source: format!(
-                "XA COMMIT answers XAER_NOTA, XA RECOVER does not list it and its progress row is absent after {NOTA_CHECKS} checks {NOTA_PAUSE:?} apart: it was rolled back"
-            )
-            .into(),
-        })
     }
 
     /// The branch qualifiers of this sink's prepared branches (XA RECOVER, filtered by gtrid).
@@ -419,12 +408,19 @@ mod tests {
     }
 
     #[test]
-    fn only_errors_that_say_nothing_about_the_branch_are_transient() {
+    fn only_errors_that_say_nothing_about_the_branch_are_tried_again() {
         for c in [1205, 1213, 1290, 1836, 1399, 1040] {
-            assert!(transient(c), "{c}");
+            assert!(
+                matches!(mysql_answer(Some(c), String::new()), CommitAnswer::Unclear(_)),
+                "{c}"
+            );
         }
-        for c in [XAER_NOTA, ACCESS_DENIED, 1045, 1146] {
-            assert!(!transient(c), "{c}");
+        assert_eq!(mysql_answer(Some(XAER_NOTA), String::new()), CommitAnswer::NotFound);
+        for c in [ACCESS_DENIED, 1045, 1146] {
+            assert!(
+                matches!(mysql_answer(Some(c), String::new()), CommitAnswer::Refused(_)),
+                "{c}"
+            );
         }
     }
 }

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 
 use exactly_core::runtime::SubtaskInfo;
 use exactly_core::CheckpointId;
+use exactly_twophase::prepared::{postgres_answer, CommitAnswer, Next, PreparedCommit};
 use exactly_twophase::{CommitError, PreCommitted, RecoveryContext, TwoPhaseCommitSink};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgConnection;
@@ -105,33 +106,50 @@ impl TwoPhasePostgresSink {
             .collect())
     }
 
+    /// Commits `c` on `conn`; already committed is success. The decisions are
+    /// [`PreparedCommit`]'s (shared with the MySQL sink and simulated in `exactly-twophase`): a
+    /// transaction COMMIT PREPARED does not know is settled by listing the prepared transactions
+    /// (still there: alive, tried again), then by its progress row (present: committed earlier;
+    /// absent: rolled back). One that another session is committing (busy, 55006) is tried again.
     async fn commit_on(&self, conn: &mut PgConnection, c: &PgCommittable) -> Result<(), CommitError> {
         let what = || format!("prepared transaction {} of checkpoint {}", c.gid, c.checkpoint_id);
-        match db::exec(conn, format!("COMMIT PREPARED {}", literal(&c.gid))).await {
-            Ok(()) => return Ok(()),
-            Err(e) if sqlstate(&e).as_deref() == Some(UNDEFINED_OBJECT) => {}
-            Err(e) if e.as_database_error().is_some() && !transient(&e) => return Err(CommitError::Fatal(e.into())),
-            Err(e) => return Err(CommitError::Retriable(e.into())),
+        let commit = async |conn: &mut PgConnection| match db::exec(
+            conn,
+            format!("COMMIT PREPARED {}", literal(&c.gid)),
+        )
+        .await
+        {
+            Ok(()) => CommitAnswer::Committed,
+            Err(e) => postgres_answer(sqlstate(&e).as_deref(), e.to_string()),
+        };
+        let mut steps = PreparedCommit::new(1);
+        let mut next = steps.answered(commit(conn).await);
+        loop {
+            next = match next {
+                Next::CommitAgain => steps.answered(commit(conn).await),
+                Next::List => {
+                    let listed = self
+                        .prepared(conn)
+                        .await
+                        .map_err(|e| CommitError::Retriable(e.into()))?;
+                    steps.listed(listed.iter().any(|(g, _)| *g == c.gid))
+                }
+                Next::ReadRecord => steps.recorded(
+                    db::has_progress(conn, &self.config, c.subtask, c.checkpoint_id)
+                        .await
+                        .map_err(|e| CommitError::Retriable(e.into()))?,
+                ),
+                Next::Committed => return Ok(()),
+                Next::Retry(why) => return Err(CommitError::Retriable(format!("{}: {why}", what()).into())),
+                Next::Fatal(why) => return Err(CommitError::Fatal(format!("{}: {why}", what()).into())),
+                Next::Lost(why) => {
+                    return Err(CommitError::Lost {
+                        what: what(),
+                        source: why.into(),
+                    })
+                }
+            };
         }
-        let committed = db::has_progress(conn, &self.config, c.subtask, c.checkpoint_id)
-            .await
-            .map_err(|e| CommitError::Retriable(e.into()))?;
-        if committed {
-            return Ok(()); // committed earlier (before a crash or a lost answer)
-        }
-        let listed = self
-            .prepared(conn)
-            .await
-            .map_err(|e| CommitError::Retriable(e.into()))?;
-        if listed.iter().any(|(g, _)| *g == c.gid) {
-            return Err(CommitError::Retriable(
-                format!("{} is prepared but COMMIT PREPARED did not find it", what()).into(),
-            ));
-        }
-        Err(CommitError::Lost {
-            what: what(),
-            source: "COMMIT PREPARED does not know it, pg_prepared_xacts does not list it and its progress row is absent: it was rolled back".into(),
-        })
     }
 
     async fn write_connection(&mut self) -> Result<PgConnection> {
@@ -140,16 +158,6 @@ impl TwoPhasePostgresSink {
             None => db::connect(&self.config).await,
         }
     }
-}
-
-/// Errors of COMMIT PREPARED that say nothing about the transaction: a serialization failure or
-/// deadlock (40xxx), too many connections or another resource shortage (53xxx), an operator
-/// intervention such as a server shutting down (57xxx), a system error (58xxx), a lock not
-/// available (55P03). Lost connections are not database errors at all.
-fn transient(e: &sqlx::Error) -> bool {
-    sqlstate(e).is_some_and(|s| {
-        s.starts_with("40") || s.starts_with("53") || s.starts_with("57") || s.starts_with("58") || s == "55P03"
-    })
 }
 
 impl TwoPhaseCommitSink<PgRecord> for TwoPhasePostgresSink {

@@ -14,6 +14,9 @@
 
 mod driver;
 mod error;
+pub mod prepared;
+#[cfg(test)]
+mod prepared_sim;
 mod sink;
 
 pub use driver::{CommitRetry, TwoPhaseMetrics, TwoPhaseSink, RESTART_ALLOWANCE};

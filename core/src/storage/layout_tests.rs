@@ -591,7 +591,10 @@ fn an_abort_deletes_only_the_files_its_own_process_wrote() {
     let mine = ours.writer(3).unwrap().write_private("state", b"ours").unwrap();
     let other = theirs.writer(3).unwrap().write_private("state", b"theirs").unwrap();
     assert_ne!(mine.name, other.name, "private names carry the writer's tag");
-    assert_eq!((mine.local_name.as_str(), other.local_name.as_str()), ("state", "state"));
+    assert_eq!(
+        (mine.local_name.as_str(), other.local_name.as_str()),
+        ("state", "state")
+    );
     ours.abort(3).unwrap();
     let left: Vec<String> = fs::read_dir(ours.checkpoint_dir(3))
         .unwrap()
@@ -624,5 +627,8 @@ fn a_restart_makes_unfinished_checkpoints_above_the_restored_one_void() {
     checkpoint(&storage, 4, &["a.sst"]);
     let err = storage.void_unfinished_above(1, false).unwrap_err();
     assert!(err.to_string().contains("checkpoint 4 completed"), "{err}");
-    assert_eq!(storage.void_unfinished_above(1, true).unwrap(), Vec::<CheckpointId>::new());
+    assert_eq!(
+        storage.void_unfinished_above(1, true).unwrap(),
+        Vec::<CheckpointId>::new()
+    );
 }
