@@ -111,9 +111,11 @@ pub(crate) struct Paths {
     pub(crate) shared_deleted: u64,
     pub(crate) retention_stopped: u64,
     pub(crate) late_owner_stop: u64,
+    /// Model steps (store calls and landings' turns) the seed covered.
+    pub(crate) steps: u64,
 }
 
-/// Seeds that took each path.
+/// Seeds that took each path (and, in `steps`, the steps of all seeds).
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Coverage(pub(crate) Paths);
 
@@ -133,6 +135,7 @@ impl Coverage {
         ] {
             *sum += u64::from(n > 0);
         }
+        c.steps += p.steps;
     }
 }
 
@@ -761,7 +764,13 @@ pub(crate) fn run_paths(seed: u64) -> std::result::Result<(u64, Paths), String> 
                     )),
                     Ok(Outcome::Finished) => {
                         let w = world.lock().expect("not poisoned");
-                        Ok((w.trace.finish(), w.paths))
+                        Ok((
+                            w.trace.finish(),
+                            Paths {
+                                steps: w.step,
+                                ..w.paths
+                            },
+                        ))
                     }
                 };
             }
@@ -818,9 +827,10 @@ mod tests {
             panic!("{v}");
         }
         eprintln!(
-            "{n} seeds in {:.2} s ({:.0} seeds/s); seeds per path: {:?}",
+            "{n} seeds in {:.2} s ({:.0} seeds/s), {:.0} store calls per seed; seeds per path: {:?}",
             started.elapsed().as_secs_f64(),
             n as f64 / started.elapsed().as_secs_f64(),
+            coverage.0.steps as f64 / n as f64,
             coverage.0
         );
         if n >= 2_000 {

@@ -73,6 +73,8 @@ pub(crate) struct Paths {
     pub(crate) busy: u64,
     pub(crate) landed: u64,
     pub(crate) retried: u64,
+    /// Model steps (statements, pauses, backoffs) the seed covered.
+    pub(crate) steps: u64,
 }
 
 struct World {
@@ -278,7 +280,13 @@ pub(crate) fn run_paths(seed: u64) -> Result<(u64, Paths), String> {
                 } else {
                     w.paths.committed_answered += 1;
                 }
-                return Ok((w.trace.finish(), w.paths));
+                return Ok((
+                    w.trace.finish(),
+                    Paths {
+                        steps: w.step,
+                        ..w.paths
+                    },
+                ));
             }
             Next::Lost(why) => {
                 if w.state != State::RolledBack {
@@ -291,7 +299,13 @@ pub(crate) fn run_paths(seed: u64) -> Result<(u64, Paths), String> {
                     ));
                 }
                 w.paths.lost += 1;
-                return Ok((w.trace.finish(), w.paths));
+                return Ok((
+                    w.trace.finish(),
+                    Paths {
+                        steps: w.step,
+                        ..w.paths
+                    },
+                ));
             }
             Next::Fatal(why) => {
                 return Err(fail(
@@ -337,6 +351,7 @@ pub(crate) fn run_seeds(first: u64, seeds: u64, m: Mutant) -> (Option<String>, P
             ] {
                 *sum += u64::from(n > 0);
             }
+            seen.steps += p.steps;
             None
         }
     });
@@ -369,9 +384,10 @@ mod tests {
             panic!("{v}");
         }
         eprintln!(
-            "{n} seeds in {:.2} s ({:.0} seeds/s); seeds per path: {seen:?}",
+            "{n} seeds in {:.2} s ({:.0} seeds/s), {:.1} statements per seed; seeds per path: {seen:?}",
             started.elapsed().as_secs_f64(),
-            n as f64 / started.elapsed().as_secs_f64()
+            n as f64 / started.elapsed().as_secs_f64(),
+            seen.steps as f64 / n as f64
         );
         if n >= 50_000 {
             for (path, seeds) in [

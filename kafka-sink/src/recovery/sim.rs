@@ -138,6 +138,8 @@ pub(crate) struct Paths {
     pub(crate) committed_probed: bool,
     pub(crate) lost: bool,
     pub(crate) fatal: bool,
+    /// Requests the recovery sent (descriptions, EndTxns, probe reads) in the seed.
+    pub(crate) requests: u32,
 }
 
 /// The seeds that took each path.
@@ -149,10 +151,13 @@ pub(crate) struct Coverage {
     pub(crate) committed_probed: u64,
     pub(crate) lost: u64,
     pub(crate) fatal: u64,
+    /// Requests of all seeds.
+    pub(crate) requests: u64,
 }
 
 impl Coverage {
     fn add(&mut self, p: Paths) {
+        self.requests += u64::from(p.requests);
         self.held_landed += p.held_landed as u64;
         self.zombie_began += p.zombie_began as u64;
         self.committed_described += p.committed_described as u64;
@@ -503,7 +508,7 @@ pub(crate) fn run_paths(seed: u64) -> Result<(u64, Paths), String> {
     let mut h = DefaultHasher::new();
     w.trace.hash(&mut h);
     w.txns.hash(&mut h);
-    Ok((h.finish(), w.paths))
+    Ok((h.finish(), Paths { requests, ..w.paths }))
 }
 
 /// What the simulation found in the code as it is and cannot be closed under transaction
@@ -565,9 +570,10 @@ mod tests {
             panic!("{v}\n(replay: scripts/simulate --kafka --first <seed> --seeds 1)");
         }
         eprintln!(
-            "{n} seeds in {:.2} s ({:.0} seeds/s); {known} showed the known transaction-version-1 hazard; paths: {coverage:?}",
+            "{n} seeds in {:.2} s ({:.0} seeds/s), {:.1} requests per seed; {known} showed the known transaction-version-1 hazard; paths: {coverage:?}",
             started.elapsed().as_secs_f64(),
-            n as f64 / started.elapsed().as_secs_f64()
+            n as f64 / started.elapsed().as_secs_f64(),
+            coverage.requests as f64 / n as f64
         );
         if n >= 5_000 {
             // Every path the checks guard was taken, by more than a handful of seeds.
@@ -578,6 +584,7 @@ mod tests {
                 committed_probed,
                 lost,
                 fatal,
+                requests: _,
             } = coverage;
             for (path, seeds) in [
                 ("a held EndTxn landed", held_landed),
