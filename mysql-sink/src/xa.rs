@@ -160,11 +160,18 @@ impl XaMysqlSink {
                     }
                     steps.listed(listed)
                 }
-                Next::ReadRecord => steps.recorded(
-                    db::has_progress(conn, &self.config, c.subtask, c.checkpoint_id)
+                Next::ReadRecord => {
+                    // Committed rows only, whatever the server's default isolation (a prepared
+                    // branch's rows are visible at READ UNCOMMITTED).
+                    db::read_committed(conn)
                         .await
-                        .map_err(|e| CommitError::Retriable(e.into()))?,
-                ),
+                        .map_err(|e| CommitError::Retriable(e.into()))?;
+                    steps.recorded(
+                        db::has_progress(conn, &self.config, c.subtask, c.checkpoint_id)
+                            .await
+                            .map_err(|e| CommitError::Retriable(e.into()))?,
+                    )
+                }
                 Next::Committed => return Ok(()),
                 Next::Retry(why) => return Err(CommitError::Retriable(format!("{}: {why}", what()).into())),
                 Next::Fatal(why) => return Err(CommitError::Fatal(format!("{}: {why}", what()).into())),
