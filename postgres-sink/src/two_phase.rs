@@ -110,7 +110,7 @@ impl TwoPhasePostgresSink {
     /// [`PreparedCommit`]'s (shared with the MySQL sink and simulated in `exactly-twophase`): a
     /// transaction COMMIT PREPARED does not know is settled by listing the prepared transactions
     /// (still there: alive, tried again), then by its progress row (present: committed earlier;
-    /// absent: rolled back). One that another session is committing (busy, 55006) is tried again.
+    /// absent: rolled back). One that another session is committing (busy, 55000) is tried again.
     async fn commit_on(&self, conn: &mut PgConnection, c: &PgCommittable) -> Result<(), CommitError> {
         let what = || format!("prepared transaction {} of checkpoint {}", c.gid, c.checkpoint_id);
         let commit = async |conn: &mut PgConnection| match db::exec(

@@ -1,6 +1,6 @@
 //! Settling the commit of a prepared transaction (an XA branch of MySQL or MariaDB, a prepared
 //! transaction of PostgreSQL) whose earlier commit may have been sent: the decisions, without the
-//! I/O (sans-IO), so the database sinks and a simulation (`prepared/sim.rs`) drive the same code.
+//! I/O (sans-IO), so the database sinks and a simulation (`prepared_sim.rs`) drive the same code.
 //!
 //! A commit the server does not know (XAER_NOTA, 42704) proves nothing by itself: the transaction
 //! may have been committed before (an answer lost, a crash), rolled back, or — MariaDB — its
@@ -183,20 +183,23 @@ pub fn postgres_answer(sqlstate: Option<&str>, error: String) -> CommitAnswer {
         return CommitAnswer::Unclear(error);
     };
     // A prepared transaction another session is committing (a commit sent before, whose answer
-    // was lost) is busy: 55006, until that commit ends.
+    // was lost, still waiting for a synchronous standby or a slow disk) is busy until that commit
+    // ends: "prepared transaction with identifier … is busy", 55000 (object not in prerequisite
+    // state; the other cause on COMMIT PREPARED, prepared transactions disabled, is refused at
+    // start). It stays listed in pg_prepared_xacts meanwhile.
     #[cfg(test)]
-    if state == "55006" && crate::prepared_sim::mutant() == crate::prepared_sim::Mutant::BusyRefused {
+    if state == "55000" && crate::prepared_sim::mutant() == crate::prepared_sim::Mutant::BusyRefused {
         return CommitAnswer::Refused(error);
     }
     match state {
         "42704" => CommitAnswer::NotFound,
         // Serialization failure or deadlock (40), a resource shortage (53), an operator
-        // intervention such as a shutdown (57), a system error (58), a lock not available, the
-        // transaction busy: nothing about the transaction.
+        // intervention such as a shutdown (57), a system error (58), a lock not available, an
+        // object in use, the transaction busy: nothing about the transaction.
         s if s.starts_with("40") || s.starts_with("53") || s.starts_with("57") || s.starts_with("58") => {
             CommitAnswer::Unclear(error)
         }
-        "55P03" | "55006" => CommitAnswer::Unclear(error),
+        "55P03" | "55006" | "55000" => CommitAnswer::Unclear(error),
         _ => CommitAnswer::Refused(error),
     }
 }
@@ -238,7 +241,7 @@ mod tests {
             CommitAnswer::Refused(_)
         ));
         assert_eq!(postgres_answer(Some("42704"), String::new()), CommitAnswer::NotFound);
-        for busy_or_transient in ["55006", "55P03", "40001", "57P01"] {
+        for busy_or_transient in ["55000", "55006", "55P03", "40001", "57P01"] {
             assert!(matches!(
                 postgres_answer(Some(busy_or_transient), String::new()),
                 CommitAnswer::Unclear(_)

@@ -8,7 +8,7 @@
 //! answer lost, held by the server (still running, answered by nothing; it ends some steps later),
 //! or not applied (a transient error). Another session — a commit sent before a crash, or a second
 //! copy of the job — may be committing it meanwhile (busy: MariaDB answers XAER_RMFAIL or
-//! XAER_NOTA, PostgreSQL 55006). MariaDB may answer XAER_NOTA while its preparing session detaches.
+//! XAER_NOTA, PostgreSQL 55000). MariaDB may answer XAER_NOTA while its preparing session detaches.
 //! A timeout, an operator or another copy's cleanup may roll it back while it is prepared.
 //! Listing and reading the progress record may fail. A try ends with a decision or "try again";
 //! the driver tries again (its retries, then restarts) until one decides.
@@ -36,7 +36,7 @@ pub(crate) enum Mutant {
     RecordBeforeList,
     /// "Not found" taken as committed.
     NotFoundIsCommitted,
-    /// PostgreSQL's "busy" (55006) taken as a refusal: the job stops while a commit runs.
+    /// PostgreSQL's "busy" (55000) taken as a refusal: the job stops while a commit runs.
     BusyRefused,
 }
 
@@ -133,7 +133,7 @@ impl World {
         self.tick();
         let (not_found, busy, transient) = match self.dialect {
             Dialect::MariaDb => ("1397", "1399", "1205"),
-            Dialect::Postgres => ("42704", "55006", "40001"),
+            Dialect::Postgres => ("42704", "55000", "40001"),
         };
         let answer = match self.state {
             State::Committed | State::RolledBack => Err(Some(not_found)),
