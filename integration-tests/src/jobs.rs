@@ -82,8 +82,8 @@ pub fn damage_newest_checkpoint(checkpoints: &std::path::Path) -> Result<Checkpo
     use anyhow::Context;
     let newest = std::fs::read_dir(checkpoints)?
         .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("chk-")?.parse::<u64>().ok())
-        // Completed: an empty `_metadata` marks a void checkpoint (given up by a restart).
-        .filter(|id| std::fs::metadata(checkpoints.join(format!("chk-{id}/_metadata"))).is_ok_and(|m| m.len() > 0))
+        // Completed: a `_metadata` of `void\n` marks a void checkpoint (given up by a restart).
+        .filter(|id| std::fs::read(checkpoints.join(format!("chk-{id}/_metadata"))).is_ok_and(|m| m != b"void\n"))
         .max()
         .context("a completed checkpoint")?;
     let md = checkpoints.join(format!("chk-{newest}/_metadata"));

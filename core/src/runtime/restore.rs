@@ -161,8 +161,9 @@ impl RestorePlan {
                 floor: newest,
             })?;
             // The snapshot is from elsewhere: this location's own unfinished checkpoints above
-            // its newest are given up.
-            s.void_unfinished_above(newest, true)?;
+            // its newest are given up (and one completed since `newest` was read makes the
+            // attempt choose again).
+            s.void_unfinished_above(newest, false)?;
         }
         let plan = RestorePlan {
             explicit: Some((path.to_path_buf(), newest)),
@@ -209,7 +210,8 @@ impl RestorePlan {
                 match storage {
                     Some(s) if own => latest_settled(s),
                     Some(s) => {
-                        s.void_unfinished_above(*floor, true)?;
+                        // One of its own completed since `own` was decided: choose again.
+                        s.void_unfinished_above(*floor, false)?;
                         Storage::open_verified(path).map(Some)
                     }
                     None => Storage::open_verified(path).map(Some),

@@ -632,3 +632,22 @@ fn a_restart_makes_unfinished_checkpoints_above_the_restored_one_void() {
         Vec::<CheckpointId>::new()
     );
 }
+
+#[test]
+fn an_empty_metadata_is_damage_not_a_void_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::new(dir.path()).unwrap();
+    checkpoint(&storage, 1, &["a.sst"]);
+    checkpoint(&storage, 2, &["a.sst"]);
+    fs::write(storage.checkpoint_dir(2).join(METADATA_FILE), b"").unwrap();
+    assert_eq!(
+        storage.completed().unwrap(),
+        vec![1, 2],
+        "still listed: never skipped silently"
+    );
+    let err = storage.latest().unwrap_err();
+    assert!(
+        matches!(err, CoreError::NewestCheckpointUnusable { id: 2, .. }),
+        "{err}"
+    );
+}

@@ -10,7 +10,7 @@ mod layout;
 mod object;
 mod owner;
 mod split;
-mod unfinished;
+pub(crate) mod unfinished;
 
 use std::path::Path;
 use std::sync::Arc;

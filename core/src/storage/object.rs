@@ -12,7 +12,9 @@
 //! the same checkpoint id fails instead of replacing it. A store that does not implement
 //! conditional puts (an S3-compatible server configured with `AWS_CONDITIONAL_PUT=disabled`)
 //! gets a check for the key before the write, with a warning: two jobs misconfigured onto the
-//! same prefix could then both write one checkpoint's metadata in the window between the two.
+//! same prefix could then both write one checkpoint's metadata in the window between the two, and
+//! a metadata write whose answer was lost, landing late, could replace the void marker a restart
+//! put in its place (`unfinished.rs`).
 //!
 //! Calls block the calling thread (storage calls run on blocking threads), driven by a small
 //! runtime of their own so they work from any thread.
@@ -406,7 +408,7 @@ impl Blobs for Bucket {
             Err(object_store::Error::NotImplemented) if conditional => {
                 warn!(
                     location = %self.url,
-                    "This object store does not implement conditional puts: checkpoint metadata is checked for, then written (two jobs on the same prefix could both write one checkpoint)."
+                    "This object store does not implement conditional puts: checkpoint metadata is checked for, then written (two jobs on the same prefix could both write one checkpoint, and a metadata write whose answer was lost could land after a restart gave its checkpoint up)."
                 );
                 self.conditional.store(false, Ordering::Relaxed);
                 self.put(key, bytes, how)

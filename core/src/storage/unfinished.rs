@@ -5,16 +5,28 @@
 //! When the job then restarts from an older checkpoint, its sinks abort that checkpoint's
 //! transactions. Were its metadata to land afterwards, it would be the newest completed
 //! checkpoint, and the next restart would restore it: input marked done whose output was aborted.
-//! So before a run goes on from a checkpoint, every unfinished one above it gets an empty
-//! `_metadata`, created only if absent: the late write can then never land (the store's
-//! create-if-absent refuses it), and the checkpoint is void — listed neither as completed nor
-//! restorable. The real write landing first makes it completed: the restart chooses again.
+//! So before a run goes on from a checkpoint, every unfinished one above it gets a `_metadata`
+//! holding only [`VOID`], created only if absent: the late write can then never land (the store's
+//! create-if-absent refuses it; on a store without conditional puts the metadata create is a
+//! check-then-write, and so is this — that store is warned about), and the checkpoint is void —
+//! listed neither as completed nor restorable. The real write landing first makes it completed:
+//! the restart chooses again. A checkpoint without files of its own is listed before its
+//! metadata is written (`layout.rs`, `commit`), so none escapes this.
 
-use super::blobs::Put;
+use super::blobs::{Blobs, Put};
 use super::layout::{chk, join, METADATA_FILE};
 use super::Storage;
 use crate::error::{CoreError, Result};
 use crate::message::CheckpointId;
+
+/// The whole `_metadata` of a void checkpoint. Never real metadata, which is longer (a header of
+/// 20 bytes and more); an empty or truncated `_metadata` is damage, not a void.
+pub(crate) const VOID: &[u8] = b"void\n";
+
+/// Whether `key` (a `_metadata` of `size` bytes) marks a void checkpoint.
+pub(crate) fn is_void(blobs: &dyn Blobs, key: &str, size: u64) -> crate::error::Result<bool> {
+    Ok(size == VOID.len() as u64 && blobs.get(key)? == VOID)
+}
 
 /// The checkpoints of a location by state, each ascending.
 #[derive(Debug, Default)]
@@ -35,8 +47,9 @@ impl Storage {
             let Some(id) = name.strip_prefix("chk-").and_then(|n| n.parse().ok()) else {
                 continue;
             };
-            match self.blobs.size(&join(&name, METADATA_FILE))? {
-                Some(0) => scan.void.push(id),
+            let key = join(&name, METADATA_FILE);
+            match self.blobs.size(&key)? {
+                Some(n) if is_void(self.blobs.as_ref(), &key, n)? => scan.void.push(id),
                 Some(_) => scan.completed.push(id),
                 None => scan.unfinished.push(id),
             }
@@ -72,12 +85,12 @@ impl Storage {
                 break;
             }
             let key = join(&chk(id), METADATA_FILE);
-            let created = self.blobs.put(&key, &[], Put::Create);
+            let created = self.blobs.put(&key, VOID, Put::Create);
             match created {
                 Ok(true) => voided.push(id),
                 // There now: ours (an earlier try whose answer was lost), or the late write.
                 Ok(false) | Err(_) => match self.blobs.size(&key)? {
-                    Some(0) => voided.push(id),
+                    Some(n) if is_void(self.blobs.as_ref(), &key, n)? => voided.push(id),
                     Some(_) if newer_expected => {}
                     Some(_) => return Err(landed(id)),
                     None => {
