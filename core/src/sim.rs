@@ -115,6 +115,7 @@ pub(crate) struct Paths {
     pub(crate) shared_deleted: u64,
     pub(crate) retention_stopped: u64,
     pub(crate) late_owner_stop: u64,
+    pub(crate) restarted_in_process: u64,
     /// Model steps (store calls and landings' turns) the seed covered.
     pub(crate) steps: u64,
 }
@@ -136,6 +137,7 @@ impl Coverage {
             (&mut c.shared_deleted, p.shared_deleted),
             (&mut c.retention_stopped, p.retention_stopped),
             (&mut c.late_owner_stop, p.late_owner_stop),
+            (&mut c.restarted_in_process, p.restarted_in_process),
         ] {
             *sum += u64::from(n > 0);
         }
@@ -506,6 +508,9 @@ struct Truth {
     abandoned: BTreeSet<(CheckpointId, u32)>,
     /// Checkpoints completed since the last restore, and in all.
     done: u64,
+    /// The last checkpoint id a process used: an attempt of the job that starts again in the
+    /// same process goes on past it (the executor keeps it), never begins an id again.
+    last_used: BTreeMap<u32, CheckpointId>,
 }
 
 /// Why a seed fails: the violation, then the trace's last lines.
@@ -523,6 +528,69 @@ enum Outcome {
     Gone,
     /// The job reached its target.
     Finished,
+}
+
+/// Checks the snapshot a process (`me`) restored, reads its files, and records in `truth` what
+/// the run going on from it does: `None` when the process is gone meanwhile (or an outage
+/// stopped the reads: the attempt restarts), else the restored id and the shared files its
+/// model RocksDB holds.
+fn went_on(
+    world: &Arc<Mutex<World>>,
+    truth: &mut Truth,
+    me: u32,
+    snapshot: Option<&crate::storage::Snapshot>,
+    plan: &RestorePlan,
+) -> std::result::Result<Option<(CheckpointId, Vec<String>)>, String> {
+    let gone = || world.lock().expect("not poisoned").alive != me;
+    if let Some(f) = &plan.fallback {
+        return Err(format!(
+            "UNRESTORABLE: fell back to checkpoint {} past {}, which the job itself made unreadable: {}",
+            f.restored, f.unusable, f.error
+        ));
+    }
+    let restored = snapshot.map_or(0, |s| s.meta.id);
+    let writer = snapshot.map_or(0, |s| s.meta.timestamp_ms as u32);
+    if restored < truth.acked {
+        return Err(format!(
+            "restored checkpoint {restored}, behind checkpoint {} whose transactions the sinks committed",
+            truth.acked
+        ));
+    }
+    if truth.abandoned.contains(&(restored, writer)) {
+        return Err(format!(
+            "restored checkpoint {restored} of process {writer}, whose transactions a restart had aborted (it went on from an older one)"
+        ));
+    }
+    let mut live: Vec<String> = Vec::new();
+    if let Some(s) = snapshot {
+        for f in s.meta.files() {
+            match s.reader.read(f) {
+                Ok(_) => {}
+                Err(_) if gone() => return Ok(None),
+                Err(e @ CoreError::Corrupt { .. }) => {
+                    return Err(format!(
+                        "UNRESTORABLE: checkpoint {restored} restored, a file reads wrong: {e}"
+                    ))
+                }
+                Err(_) => return Ok(None), // an outage while reading: the attempt restarts
+            }
+            if f.scope == FileScope::Shared {
+                live.push(f.name.clone());
+            }
+        }
+        world.lock().expect("not poisoned").paths.restored_some += 1;
+    }
+    // The run goes on from `restored`: every checkpoint begun above it is given up, its
+    // transactions aborted by the sinks' recovery; the restored one's are committed.
+    truth
+        .abandoned
+        .extend(truth.started.range((restored + 1, 0)..).copied());
+    truth.acked = truth.acked.max(restored);
+    world
+        .lock()
+        .expect("not poisoned")
+        .note(format!("process {me} restored {restored}"));
+    Ok(Some((restored, live)))
 }
 
 /// Process `me` stopped, naming another run: here (one copy of the job), an earlier process
@@ -579,54 +647,11 @@ fn process(
             Err(e) => return Err(format!("UNRESTORABLE: the restore failed: {e}")),
         }
     };
-    if let Some(f) = &plan.fallback {
-        return Err(format!(
-            "UNRESTORABLE: fell back to checkpoint {} past {}, which the job itself made unreadable: {}",
-            f.restored, f.unusable, f.error
-        ));
-    }
-    let restored = snapshot.as_ref().map_or(0, |s| s.meta.id);
-    let writer = snapshot.as_ref().map_or(0, |s| s.meta.timestamp_ms as u32);
-    if restored < truth.acked {
-        return Err(format!(
-            "restored checkpoint {restored}, behind checkpoint {} whose transactions the sinks committed",
-            truth.acked
-        ));
-    }
-    if truth.abandoned.contains(&(restored, writer)) {
-        return Err(format!(
-            "restored checkpoint {restored} of process {writer}, whose transactions a restart had aborted (it went on from an older one)"
-        ));
-    }
-    let mut live: Vec<String> = Vec::new();
-    if let Some(s) = &snapshot {
-        for f in s.meta.files() {
-            match s.reader.read(f) {
-                Ok(_) => {}
-                Err(_) if gone() => return Ok(Outcome::Gone),
-                Err(e @ CoreError::Corrupt { .. }) => {
-                    return Err(format!(
-                        "UNRESTORABLE: checkpoint {restored} restored, a file reads wrong: {e}"
-                    ))
-                }
-                Err(_) => return Ok(Outcome::Gone), // an outage while reading: the attempt restarts
-            }
-            if f.scope == FileScope::Shared {
-                live.push(f.name.clone());
-            }
-        }
-        world.lock().expect("not poisoned").paths.restored_some += 1;
-    }
-    // The run goes on from `restored`: every checkpoint begun above it is given up, its
-    // transactions aborted by the sinks' recovery; the restored one's are committed.
-    truth
-        .abandoned
-        .extend(truth.started.range((restored + 1, 0)..).copied());
-    truth.acked = truth.acked.max(restored);
-    world
-        .lock()
-        .expect("not poisoned")
-        .note(format!("process {me} restored {restored}"));
+    let (restored, mut live) = match went_on(world, truth, me, snapshot.as_ref(), &plan)? {
+        Some(r) => r,
+        None => return Ok(Outcome::Gone),
+    };
+    let mut plan = plan;
     if last {
         // What retention keeps stays whole: each of the newest checkpoints it keeps that the
         // job committed reads well (the checkpoints a restore past an unreadable newest one needs).
@@ -663,9 +688,10 @@ fn process(
         }
         return Ok(Outcome::Finished);
     }
+    let used = truth.last_used.get(&me).copied().unwrap_or(0);
     let mut next = loop {
         match storage.highest_id() {
-            Ok(h) => break h.max(restored) + 1,
+            Ok(h) => break h.max(restored).max(used) + 1,
             Err(_) if gone() => return Ok(Outcome::Gone),
             Err(_) => continue,
         }
@@ -696,6 +722,7 @@ fn process(
         let id = next;
         next += 1;
         truth.started.insert((id, me));
+        truth.last_used.insert(me, id);
         let stateless = world.lock().expect("not poisoned").stateless;
         let files = (|| -> Result<Vec<FileHandle>> {
             let w = storage.writer(id)?;
@@ -739,13 +766,44 @@ fn process(
                 }
             }
             Err(_) if gone() => return Ok(Outcome::Gone),
-            Err(e) => match after_failed_commit(&e) {
-                FailedCommit::KeepFiles => {
-                    world.lock().expect("not poisoned").paths.outcome_unknown += 1;
+            Err(e) => {
+                match after_failed_commit(&e) {
+                    FailedCommit::KeepFiles => {
+                        world.lock().expect("not poisoned").paths.outcome_unknown += 1;
+                    }
+                    FailedCommit::Discard => discards.push_back(id),
+                    FailedCommit::RunEnds => return Ok(stopped(world, me, &e)),
                 }
-                FailedCommit::Discard => discards.push_back(id),
-                FailedCommit::RunEnds => return Ok(stopped(world, me, &e)),
-            },
+                // Now and then the executor restarts the whole job in this process (failures
+                // past its tolerance): the plan's next choice, the same storage and tag, ids
+                // going on past the last one used. (From the step, not the generator: the
+                // other seeds' worlds stay as they were.)
+                let step = world.lock().expect("not poisoned").step;
+                if step % 4 == 0 {
+                    match plan.later_job(Some(&storage)) {
+                        Ok(snapshot) => match went_on(world, truth, me, snapshot.as_ref(), &plan)? {
+                            Some((restored, restored_live)) => {
+                                world.lock().expect("not poisoned").paths.restarted_in_process += 1;
+                                live = restored_live;
+                                let highest = loop {
+                                    match storage.highest_id() {
+                                        Ok(h) => break h,
+                                        Err(_) if gone() => return Ok(Outcome::Gone),
+                                        Err(_) => continue,
+                                    }
+                                };
+                                next = (next - 1).max(highest).max(restored) + 1;
+                            }
+                            None => return Ok(Outcome::Gone),
+                        },
+                        Err(_) if gone() => return Ok(Outcome::Gone),
+                        Err(e @ CoreError::LocationOwned { .. }) => return Ok(stopped(world, me, &e)),
+                        // The restart's restore failed (an outage): the process starts over.
+                        Err(e) if e.class() == ErrorClass::Restart => return Ok(Outcome::Gone),
+                        Err(e) => return Err(format!("UNRESTORABLE: the restore of a restart failed: {e}")),
+                    }
+                }
+            }
         }
     }
 }
@@ -856,6 +914,7 @@ mod tests {
                 ("a late metadata write refused by a void", p.late_refused),
                 ("retention deleted a shared file", p.shared_deleted),
                 ("retention stopped by an error", p.retention_stopped),
+                ("a restart of the job within its process", p.restarted_in_process),
             ] {
                 assert!(seeds >= 10, "only {seeds} seeds took the path {path:?}: {p:?}");
             }
@@ -895,8 +954,8 @@ mod tests {
             (Mutant::UntaggedPrivateNames, "corrupt checkpoint data"),
             (Mutant::NoBegunFile, "a restart had aborted"),
         ] {
-            let (found, _) = run_seeds(0, 2_000, m);
-            let found = found.unwrap_or_else(|| panic!("{m:?} was not caught in 2 000 seeds"));
+            let (found, _) = run_seeds(0, 5_000, m);
+            let found = found.unwrap_or_else(|| panic!("{m:?} was not caught in 5 000 seeds"));
             let first = found.lines().next().unwrap_or_default();
             assert!(first.contains(by), "{m:?} caught by another check: {first}");
             eprintln!("{m:?} caught: {first}");

@@ -179,7 +179,7 @@ impl RestorePlan {
 
     /// The choice of a later attempt of the whole job, which may go back past checkpoints it
     /// cannot read as the first may ([`RestorePlan::fallback`] says whether it did).
-    pub(super) fn later_job(&mut self, storage: Option<&Storage>) -> Result<Option<Snapshot>> {
+    pub(crate) fn later_job(&mut self, storage: Option<&Storage>) -> Result<Option<Snapshot>> {
         if let (None, Some(s)) = (&self.explicit, storage) {
             s.renew_claim()?;
             let (latest, fallback) = latest_or_back(s)?;
