@@ -155,15 +155,16 @@ impl RestorePlan {
             );
         }
         if let Some(s) = storage {
+            // The snapshot is from elsewhere: this location's own unfinished checkpoints above
+            // its newest are given up (and one completed since `newest` was read makes the
+            // attempt choose again) — before the restore is recorded, which would make the next
+            // attempt take that one for the continuation of this restore.
+            s.void_unfinished_above(newest, false)?;
             s.record_restore(&RestoreRecord {
                 path: given,
                 snapshot_id: snapshot.meta.id,
                 floor: newest,
             })?;
-            // The snapshot is from elsewhere: this location's own unfinished checkpoints above
-            // its newest are given up (and one completed since `newest` was read makes the
-            // attempt choose again).
-            s.void_unfinished_above(newest, false)?;
         }
         let plan = RestorePlan {
             explicit: Some((path.to_path_buf(), newest)),
