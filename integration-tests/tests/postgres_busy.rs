@@ -10,24 +10,9 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use exactly_core::runtime::SubtaskInfo;
-use exactly_integration_tests::{connect_postgres, pg_execute, pg_i64, postgres_url, unique};
+use exactly_integration_tests::{connect_postgres, pg_execute, pg_i64, postgres_url, subtask_info, unique};
 use exactly_postgres_sink::{PgCommittable, PgOrigin, PgRecord, PostgresSinkConfig, TwoPhasePostgresSink};
 use exactly_twophase::{CommitError, PreCommitted, RecoveryContext, TwoPhaseCommitSink};
-
-fn info() -> SubtaskInfo {
-    SubtaskInfo {
-        uid: "pg".into(),
-        index: 0,
-        parallelism: 1,
-        max_parallelism: 128,
-        attempt: 0,
-        starting: true,
-        commit_window: None,
-        restored_checkpoint: None,
-        accept_replay: false,
-    }
-}
 
 /// Takes the synchronous standby setting back, on a fresh connection, trying a few times.
 async fn no_standby() -> Result<()> {
@@ -132,7 +117,7 @@ async fn a_prepared_transaction_busy_in_another_session_is_tried_again_never_fat
         "progress_table": format!("{table}_progress"),
         "columns": [{ "name": "id", "type": "bigint" }],
     }))?;
-    let me = info();
+    let me = subtask_info("pg");
     let mut sink = TwoPhasePostgresSink::new(config)?;
     sink.open(&me).await?;
     let ctx = RecoveryContext {

@@ -438,32 +438,30 @@ impl Blobs for Bucket {
     }
 
     fn delete_dir(&self, dir: &str) -> Result<()> {
-        let (store, k) = (self.quick.clone(), self.key(dir));
-        block(async move {
-            let keys: Vec<Key> = store.list(Some(&k)).map_ok(|m| m.location).try_collect().await?;
-            for key in keys {
-                match store.delete(&key).await {
-                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            Ok(())
-        })
-        .map_err(|e| self.error("removing", dir, e))
+        self.delete_under(dir, None)
     }
 
     fn delete_named(&self, dir: &str, prefix: &str) -> Result<()> {
+        self.delete_under(dir, Some(prefix.to_owned()))
+    }
+}
+
+impl Bucket {
+    /// Deletes every key under `dir`, or (`named`) only the files directly under it whose names
+    /// begin with that prefix; a key gone meanwhile is fine.
+    fn delete_under(&self, dir: &str, named: Option<String>) -> Result<()> {
         let (store, k) = (self.quick.clone(), self.key(dir));
-        let prefix = prefix.to_owned();
         block(async move {
             let keys: Vec<Key> = store
                 .list(Some(&k))
                 .try_filter(|m| {
-                    let named = m.location.filename().is_some_and(|n| n.starts_with(&prefix))
-                        && m.location
-                            .prefix_match(&k)
-                            .is_some_and(|mut rest| rest.nth(1).is_none());
-                    futures::future::ready(named)
+                    let wanted = named.as_ref().is_none_or(|prefix| {
+                        m.location.filename().is_some_and(|n| n.starts_with(prefix.as_str()))
+                            && m.location
+                                .prefix_match(&k)
+                                .is_some_and(|mut rest| rest.nth(1).is_none())
+                    });
+                    futures::future::ready(wanted)
                 })
                 .map_ok(|m| m.location)
                 .try_collect()
