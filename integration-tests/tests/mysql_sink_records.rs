@@ -306,3 +306,72 @@ async fn a_job_id_with_quotes_works() -> Result<()> {
     }
     Ok(())
 }
+
+/// A run restoring a checkpoint whose location another run took over meanwhile (it stalled past
+/// its claim's lease while it restored) changes nothing in the database: the restored
+/// checkpoint's prepared XA branch is neither committed nor rolled back by it — the new owner's
+/// recovery settles it. The run that still owns the location commits it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_lost_its_location_leaves_the_restored_branch_to_the_owner() -> Result<()> {
+    use exactly_core::storage::{CheckpointStorage, Storage};
+    use sqlx::Row;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    let env = TestEnv::get().await?;
+    let c = config(env, Mode::Xa, OnError::Fail);
+    let table = c.table.clone();
+    let info = subtask_info("mysql");
+    // Checkpoint 1 prepared, its completion never seen (the process stopped there).
+    let mut sink = MysqlSink::new(c.clone())?;
+    sink.initialize_state(&InitContext::new(&info, None)).await?;
+    sink.write(vec![record(1, r#"{"id":1,"name":"a"}"#)]).await?;
+    let mut ctx = SnapshotContext::new(1, SnapshotKind::Checkpoint, 0);
+    sink.snapshot_state(&mut ctx).await?;
+    let restored = ctx.into_restored();
+    drop(sink);
+    let mut conn = connect_mysql(env).await?;
+    let branches = || format!("SELECT COUNT(*) FROM `{table}`");
+
+    let dir = tempfile::tempdir()?;
+    let lease = Duration::from_secs(60);
+    let stalled = Storage::new(dir.path())?;
+    stalled.claim("job", lease)?;
+    // Another run claims the location (here the same process: an earlier run of it has ended).
+    Storage::new(dir.path())?.claim("job", lease)?;
+    let stalled: Arc<dyn CheckpointStorage> = Arc::new(stalled);
+    let mut restoring = info.clone();
+    restoring.restored_checkpoint = Some(1);
+    let err = MysqlSink::new(c.clone())?
+        .initialize_state(&InitContext::new(&restoring, Some(&restored)).with_checkpoint_storage(&stalled))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("another run took it over"), "{err}");
+    assert_eq!(
+        query_i64(&mut conn, &branches()).await?,
+        0,
+        "not committed by the run that lost the location"
+    );
+    let gtrid = format!("exactly:{}:", c.job_id);
+    let prepared = sqlx::raw_sql("XA RECOVER")
+        .fetch_all(&mut conn)
+        .await?
+        .iter()
+        .filter(|row| {
+            row.try_get::<Vec<u8>, _>("data")
+                .is_ok_and(|d| d.starts_with(gtrid.as_bytes()))
+        })
+        .count();
+    assert_eq!(prepared, 1, "the branch is still prepared (not rolled back)");
+
+    // The owner's recovery commits it.
+    let owner = Storage::new(dir.path())?;
+    owner.claim("job", lease)?;
+    let owner: Arc<dyn CheckpointStorage> = Arc::new(owner);
+    let mut sink = MysqlSink::new(c)?;
+    sink.initialize_state(&InitContext::new(&restoring, Some(&restored)).with_checkpoint_storage(&owner))
+        .await?;
+    assert_eq!(query_i64(&mut conn, &branches()).await?, 1);
+    sink.close().await?;
+    Ok(())
+}

@@ -599,6 +599,10 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
             ctx.prove_nothing_newer_committed();
             ctx.proofs_settled().await?;
         }
+        // Nothing in the external system changes before this run is known to still own its
+        // checkpoint location: one that stalled past its claim's lease while it restored (and
+        // was taken over) would abort or fence the new owner's transactions.
+        ctx.check_still_owner().await?;
         // Open transactions nobody needs go first, so that checking a restored one never waits
         // on them; the restored ones are committed before anything else may touch them (a
         // producer re-initialising an id would abort them).

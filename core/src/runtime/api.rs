@@ -43,7 +43,6 @@ pub struct SubtaskInfo {
 }
 
 /// Given to `initialize_state`: the restored state of this subtask, if any.
-#[derive(Debug)]
 pub struct InitContext<'a> {
     /// This subtask.
     pub info: &'a SubtaskInfo,
@@ -52,6 +51,20 @@ pub struct InitContext<'a> {
     pub(crate) proof: Option<&'a RestoreProof>,
     /// This sink subtask proved it (see [`InitContext::prove_nothing_newer_committed`]).
     pub(crate) proved_here: std::sync::atomic::AtomicBool,
+    /// The job's checkpoint storage (see [`InitContext::check_still_owner`]).
+    pub(crate) owner: Option<&'a std::sync::Arc<dyn crate::storage::CheckpointStorage>>,
+}
+
+impl std::fmt::Debug for InitContext<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InitContext")
+            .field("info", &self.info)
+            .field("restored", &self.restored)
+            .field("proof", &self.proof)
+            .field("proved_here", &self.proved_here)
+            .field("owner", &self.owner.is_some())
+            .finish()
+    }
 }
 
 /// A restore that went back past checkpoints it cannot read: safe only if every sink proves that
@@ -150,7 +163,40 @@ impl<'a> InitContext<'a> {
             restored,
             proof: None,
             proved_here: Default::default(),
+            owner: None,
         }
+    }
+
+    /// This context with the job's checkpoint storage, whose owner
+    /// [`InitContext::check_still_owner`] checks (the runtime sets it; public so that a sink can
+    /// be tested with it).
+    pub fn with_checkpoint_storage(
+        mut self,
+        storage: &'a std::sync::Arc<dyn crate::storage::CheckpointStorage>,
+    ) -> Self {
+        self.owner = Some(storage);
+        self
+    }
+
+    /// (Sinks) Checks that this run still owns its checkpoint location. A sink calls it on
+    /// restore right before it changes anything in its external system (commits the restored
+    /// checkpoint's transactions, aborts lingering ones, fences producers): a run that stalled
+    /// past its claim's lease while it restored — another run took the location over meanwhile —
+    /// stops here ([`CoreError::LocationOwned`](crate::CoreError), fatal), before it could abort
+    /// or fence the new owner's transactions. `Ok` for a job without checkpoint storage.
+    pub async fn check_still_owner(&self) -> crate::Result<()> {
+        let Some(storage) = self.owner.cloned() else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || storage.check_owner())
+            .await
+            .map_err(|e| {
+                crate::CoreError::io(
+                    "checking the owner of",
+                    std::path::PathBuf::from("the checkpoint location"),
+                    std::io::Error::other(format!("the check did not finish: {e}")),
+                )
+            })?
     }
 
     /// (Sinks) When the job restores `info.restored_checkpoint` although newer checkpoints exist

@@ -339,6 +339,8 @@ pub(crate) struct SinkNode<T, S> {
     pub(crate) buffer: Vec<T>,
     /// The run's restore past unreadable checkpoints, which this sink must prove safe.
     pub(crate) proof: Option<Arc<crate::runtime::api::RestoreProof>>,
+    /// The job's checkpoint storage, whose owner check a sink makes before its recovery acts.
+    pub(crate) owner: Option<Arc<dyn crate::storage::CheckpointStorage>>,
 }
 
 impl<T: Send + 'static, S: Sink<T>> SinkNode<T, S> {
@@ -378,6 +380,7 @@ impl<T: Send + 'static, S: Sink<T>> Output<T> for SinkNode<T, S> {
                 restored: self.restored.as_ref(),
                 proof: self.proof.as_deref(),
                 proved_here: Default::default(),
+                owner: self.owner.as_ref(),
             };
             let opened = self.sink.initialize_state(&ctx).await;
             // A sink that returns without having proved it: a refusal (fatal) stops the others,

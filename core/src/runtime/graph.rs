@@ -445,6 +445,7 @@ impl<T: Send + 'static> Stream<T> {
                     restored,
                     buffer: Vec::new(),
                     proof: ctx.proof.clone(),
+                    owner: ctx.storage.clone(),
                 }),
             )
         });

@@ -18,7 +18,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::error::{CoreError, Result};
+use crate::error::{CoreError, ErrorClass, Result};
 use crate::message::CheckpointId;
 use crate::storage::{CheckpointStorage, RestoreRecord, Snapshot, Storage};
 
@@ -49,16 +49,30 @@ pub(crate) struct Fallback {
 /// safe exactly when no sink committed a transaction of a later checkpoint, which only the sinks
 /// can tell. Without an older readable checkpoint, the error stands.
 fn latest_or_back(storage: &Storage) -> Result<(Option<Snapshot>, Option<Fallback>)> {
-    let (chosen, fallback) = newest_or_back(storage)?;
+    let (chosen, fallback) = owner_first(storage, newest_or_back(storage))?;
     go_on_from(storage, chosen.as_ref(), fallback.is_some())?;
     Ok((chosen, fallback))
 }
 
 /// The newest checkpoint of `storage`, verified, once the unfinished ones above it are void.
 fn latest_settled(storage: &Storage) -> Result<Option<Snapshot>> {
-    let chosen = storage.latest()?;
+    let chosen = owner_first(storage, storage.latest())?;
     go_on_from(storage, chosen.as_ref(), false)?;
     Ok(chosen)
+}
+
+/// A choice that failed for good — no checkpoint left, the newest unreadable — may be that of a
+/// run that stalled past its lease while another took the location over and went on (its
+/// retention deleting what the stalled run had listed): that run is told it lost the location
+/// ([`CoreError::LocationOwned`]) rather than that its checkpoints are gone.
+fn owner_first<T>(storage: &Storage, chosen: Result<T>) -> Result<T> {
+    match chosen {
+        Err(e) if e.class() == ErrorClass::Fatal => {
+            storage.check_owner()?;
+            Err(e)
+        }
+        other => other,
+    }
 }
 
 /// Makes the unfinished checkpoints above `chosen` (a checkpoint of `storage`; `None`: nothing)

@@ -221,6 +221,7 @@ impl Flaky {
             claim: Arc::default(),
             claim_id: Arc::default(),
             tag: super::new_tag(),
+            machine: crate::storage::owner::ThisMachine::shared(),
         };
         (storage, flaky)
     }
@@ -464,21 +465,28 @@ fn a_claim_from_another_machine_is_taken_over_only_once_it_lapses() {
     let dir = tempfile::tempdir().unwrap();
     let storage = Storage::new(dir.path()).unwrap();
     let lease = Duration::from_millis(600);
-    // Renewed while watched: a live owner, refused, naming it.
-    foreign_owner(dir.path(), 1);
-    let path = dir.path().to_path_buf();
-    let renewer = std::thread::spawn(move || {
-        for beat in 2..6 {
-            std::thread::sleep(Duration::from_millis(100));
-            foreign_owner(&path, beat);
-        }
-    });
-    let err = storage.claim("j", lease).unwrap_err();
-    renewer.join().unwrap();
-    assert!(
-        matches!(err, CoreError::LocationOwned { ref reason, .. } if reason.contains("other-host")),
-        "{err}"
-    );
+    // Renewed while watched: a live owner, refused, naming it — renewed by its heartbeat (this
+    // build), or by writing its record again (builds before it).
+    for heartbeat in [true, false] {
+        foreign_owner(dir.path(), 1);
+        let path = dir.path().to_path_buf();
+        let renewer = std::thread::spawn(move || {
+            for beat in 2..6 {
+                std::thread::sleep(Duration::from_millis(100));
+                if heartbeat {
+                    fs::write(path.join("_owner-beat-elsewhere"), format!("{beat}\n")).unwrap();
+                } else {
+                    foreign_owner(&path, beat);
+                }
+            }
+        });
+        let err = storage.claim("j", lease).unwrap_err();
+        renewer.join().unwrap();
+        assert!(
+            matches!(err, CoreError::LocationOwned { ref reason, .. } if reason.contains("other-host")),
+            "{err}"
+        );
+    }
     // Not renewed for a lease: taken over.
     let started = std::time::Instant::now();
     storage.claim("j", lease).expect("lapsed");
@@ -493,8 +501,16 @@ fn a_released_or_unreadable_claim_is_taken_at_once_and_a_lost_one_stops_commits(
     let storage = Storage::new(dir.path()).unwrap();
     storage.claim("j", lease).unwrap();
     checkpoint(&storage, 1, &[]);
+    // A renewal writes the heartbeat, never the record: a run stalled between reading the record
+    // (still its own) and writing it would write its claim back over another's that took over.
+    let record = fs::read(dir.path().join("_owner")).unwrap();
     storage.renew_claim().unwrap();
-    assert_eq!(owner_of(dir.path())["beat"], 1);
+    assert_eq!(fs::read(dir.path().join("_owner")).unwrap(), record);
+    let id = owner_of(dir.path())["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        fs::read_to_string(dir.path().join(format!("_owner-beat-{id}"))).unwrap(),
+        "1\n"
+    );
     storage.release_claim().unwrap();
     assert_eq!(owner_of(dir.path())["released"], true);
     // Released on another machine: claimed at once.
@@ -650,4 +666,27 @@ fn an_empty_metadata_is_damage_not_a_void_checkpoint() {
         matches!(err, CoreError::NewestCheckpointUnusable { id: 2, .. }),
         "{err}"
     );
+}
+
+/// A run that stalled while another took its location over, and whose listing the new owner's
+/// retention outdated (every checkpoint it saw is gone), is told that it lost the location — not
+/// that its checkpoints vanished, which sends an operator looking for lost data.
+#[test]
+fn a_run_taken_over_is_told_so_not_that_its_checkpoints_vanished() {
+    let dir = tempfile::tempdir().unwrap();
+    let lease = Duration::from_secs(30);
+    let stalled = Storage::new(dir.path()).unwrap();
+    stalled.claim("j", lease).unwrap();
+    checkpoint(&stalled, 1, &[]);
+    // Another run takes over; its retention deletes checkpoint 1 (its own are newer, written
+    // after the stalled run's listing: here, none).
+    Storage::new(dir.path()).unwrap().claim("j", lease).unwrap();
+    fs::remove_dir_all(dir.path().join("chk-1")).unwrap();
+    let err = crate::runtime::RestorePlan::first(Some(&stalled), None, false).unwrap_err();
+    assert!(matches!(err, CoreError::LocationOwned { .. }), "{err}");
+    // The owner itself is told the truth.
+    let owner = Storage::new(dir.path()).unwrap();
+    owner.claim("j", lease).unwrap();
+    let err = crate::runtime::RestorePlan::first(Some(&owner), None, false).unwrap_err();
+    assert!(matches!(err, CoreError::CheckpointsVanished(_)), "{err}");
 }

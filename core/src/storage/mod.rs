@@ -8,7 +8,7 @@ pub(crate) mod blobs;
 mod format;
 mod layout;
 mod object;
-mod owner;
+pub(crate) mod owner;
 mod split;
 pub(crate) mod unfinished;
 
@@ -85,6 +85,12 @@ pub trait CheckpointStorage: Send + Sync {
     fn discard_all(&self) -> Result<()>;
     /// Writes a self-contained copy of checkpoint `id` (metadata and every file) to `dir`.
     fn export(&self, id: CheckpointId, dir: &Path) -> Result<()>;
+    /// Checks that this run still owns the location (see `owner.rs`): reads the owner record
+    /// (renewing the claim when it is due). [`CoreError::LocationOwned`](crate::CoreError) when
+    /// another run took it over. Storage without owners: always `Ok`.
+    fn check_owner(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// What a run does with a checkpoint whose metadata write (`CheckpointStorage::commit`) failed.

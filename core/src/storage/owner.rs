@@ -4,8 +4,9 @@
 //! while the old one still runs) would fence each other's transactions and restore each other's
 //! checkpoints: the second copy restores an older checkpoint and writes again what the first has
 //! committed. So a job claims its location before it restores anything (`_owner`: who, where,
-//! since when, renewed while it runs), checks the claim before each checkpoint's metadata is
-//! written, and gives it up when it ends.
+//! since when; renewed while it runs by a heartbeat beside it, never by writing the record
+//! again: see [`beat_key`]), checks the claim before each checkpoint's metadata is written and
+//! before its sinks' recovery acts, and gives it up when it ends.
 //!
 //! Whether the recorded owner is still alive is decided from evidence ([`judge`], a pure
 //! function): on the same machine (host name and boot id) its process id and start time say it
@@ -14,6 +15,7 @@
 //! machine's clock) is taken over, and a renewed one is a live owner: this start is refused,
 //! naming it.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -44,7 +46,8 @@ pub(crate) struct OwnerRecord {
     pub(crate) pid_start: Option<u64>,
     /// When the claim was made (ms since the epoch, the owner's clock).
     pub(crate) since_ms: u64,
-    /// Renewals so far: a record whose count moves has a live owner.
+    /// Renewals so far, as of this record (builds before the heartbeat file renewed the record
+    /// itself): a record whose count moves has a live owner.
     pub(crate) beat: u64,
     /// The process id namespace (`/proc/self/ns/pid`), empty where unknown: containers that
     /// share a host name and a kernel see different processes under one id.
@@ -53,6 +56,51 @@ pub(crate) struct OwnerRecord {
     pub(crate) lease_ms: u64,
     /// The run ended and gave the location up: the next start claims it at once.
     pub(crate) released: bool,
+}
+
+/// What the owner rule needs of the machine: its clock, who this process is, whether another
+/// process of it runs. The real one ([`ThisMachine`]) asks the operating system; the simulation
+/// (`sim.rs`) runs processes of several machines on a model clock.
+pub(crate) trait Machine: Send + Sync + std::fmt::Debug {
+    /// Time since some fixed moment (monotonic).
+    fn now(&self) -> Duration;
+    /// Waits `d`.
+    fn sleep(&self, d: Duration);
+    /// A claim by this process for `job`, renewed within `lease`: every field but the id, which
+    /// is random.
+    fn this_process(&self, job: &str, lease: Duration) -> OwnerRecord;
+    /// Whether process `pid` runs with start time `start` on this machine (`None`: cannot tell).
+    fn alive(&self, pid: u32, start: Option<u64>) -> Option<bool>;
+}
+
+/// The machine this process runs on.
+#[derive(Debug)]
+pub(crate) struct ThisMachine {
+    start: Instant,
+}
+
+impl ThisMachine {
+    pub(crate) fn shared() -> Arc<dyn Machine> {
+        Arc::new(ThisMachine { start: Instant::now() })
+    }
+}
+
+impl Machine for ThisMachine {
+    fn now(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    fn sleep(&self, d: Duration) {
+        std::thread::sleep(d);
+    }
+
+    fn this_process(&self, job: &str, lease: Duration) -> OwnerRecord {
+        OwnerRecord::this_process(job, lease)
+    }
+
+    fn alive(&self, pid: u32, start: Option<u64>) -> Option<bool> {
+        alive_here(pid, start)
+    }
 }
 
 impl OwnerRecord {
@@ -65,7 +113,7 @@ impl OwnerRecord {
                 .unwrap_or_default(),
             lease_ms: lease.as_millis() as u64,
             released: false,
-            id: format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>()),
+            id: new_claim_id(),
             job: job.to_owned(),
             host: read_trimmed("/proc/sys/kernel/hostname")
                 .or_else(|| read_trimmed("/etc/hostname"))
@@ -143,12 +191,17 @@ pub(crate) fn judge(current: Option<&OwnerRecord>, me: &OwnerRecord, alive: Aliv
 }
 
 /// What watching another machine's owner for a lease concluded: `first` was read at the start,
-/// `last` at the end.
-pub(crate) fn after_watch(first: &OwnerRecord, last: Option<&OwnerRecord>, lease: Duration) -> Verdict {
+/// `last` at the end, with the owner's heartbeat then (`beats`: first, last).
+pub(crate) fn after_watch(
+    first: &OwnerRecord,
+    last: Option<&OwnerRecord>,
+    beats: (u64, u64),
+    lease: Duration,
+) -> Verdict {
     match last {
         None => Verdict::Claim,
         Some(last) if last.released => Verdict::Claim,
-        Some(last) if last.id == first.id && last.beat == first.beat => Verdict::Claim,
+        Some(last) if last.id == first.id && last.beat == first.beat && beats.0 == beats.1 => Verdict::Claim,
         Some(last) => Verdict::Refuse(format!(
             "its owner renewed its claim within {}: {}",
             humantime::format_duration(lease),
@@ -158,6 +211,16 @@ pub(crate) fn after_watch(first: &OwnerRecord, last: Option<&OwnerRecord>, lease
 }
 
 const OWNER_FILE: &str = "_owner";
+
+/// The heartbeat of claim `id`: the number of its renewals. Renewals write this, never the owner
+/// record: a renewal is a read of the record (still mine?) and then a write, and a run that
+/// stalled between the two — past its lease, taken over meanwhile — would otherwise write its
+/// claim back over the new owner's and go on as the owner (with checkpoint ids the other run
+/// may have used and retention deleted since: output committed twice). Only a claim writes the
+/// record, and a claim is followed by a restore.
+fn beat_key(id: &str) -> String {
+    format!("_owner-beat-{id}")
+}
 
 /// How often a claimant watching another machine's owner reads its record again.
 const WATCH_STEP: Duration = Duration::from_secs(1);
@@ -169,8 +232,8 @@ pub(crate) struct Claim {
     me: OwnerRecord,
     /// The lease it renews within.
     lease: Duration,
-    /// When the record was last written (claimed or renewed).
-    renewed: Instant,
+    /// When the record was last written (claimed or renewed), by [`Machine::now`].
+    renewed: Duration,
     /// Given up (the run ended) or found taken over: no renewal writes it again.
     over: bool,
 }
@@ -198,6 +261,22 @@ impl Storage {
         self.blobs.put(OWNER_FILE, &bytes, how)
     }
 
+    /// The heartbeat of claim `id` (0: none yet, or unreadable).
+    fn read_beat(&self, id: &str) -> Result<u64> {
+        let key = beat_key(id);
+        if self.blobs.size(&key)?.is_none() {
+            return Ok(0);
+        }
+        let bytes = match self.blobs.get(&key) {
+            Err(CoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            other => other?,
+        };
+        Ok(std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0))
+    }
+
     fn owned(&self, reason: String) -> CoreError {
         CoreError::LocationOwned {
             location: self.root.clone(),
@@ -210,11 +289,12 @@ impl Storage {
     /// owner's if longer) when the owner runs on another machine; never while its owner runs
     /// ([`CoreError::LocationOwned`], fatal). Blocks (storage calls, the watch).
     pub fn claim(&self, job: &str, lease: Duration) -> Result<()> {
-        let mut me = OwnerRecord::this_process(job, lease);
+        let mut me = self.machine.this_process(job, lease);
         me.id = self.claim_id.get_or_init(|| me.id.clone()).clone();
+        let alive = |pid, start| self.machine.alive(pid, start);
         for _ in 0..5 {
             let current = self.read_owner()?;
-            let verdict = match judge(current.as_ref(), &me, &alive_here) {
+            let verdict = match judge(current.as_ref(), &me, &alive) {
                 Verdict::Watch => {
                     let owner = current.as_ref().expect("watched");
                     self.watch(owner, lease.max(Duration::from_millis(owner.lease_ms)))?
@@ -226,14 +306,18 @@ impl Storage {
             }
             let how = if current.is_some() { Put::Replace } else { Put::Create };
             // From before the write: a watcher elsewhere may count the lease from its appearance.
-            let written = Instant::now();
+            let written = self.machine.now();
             if !self.write_owner(&me, how)? {
                 continue; // created meanwhile by another start: judge it
             }
             // Two starts taking over at once both write: the one whose record stays wins.
             if self.read_owner()?.is_some_and(|r| r.id == me.id) {
-                if let Some(old) = current.filter(|c| c.id != me.id && !c.released) {
-                    warn!(location = %self.root.display(), previous = %old.describe(), "Took over the checkpoint location from a run that has ended.");
+                if let Some(old) = current.filter(|c| c.id != me.id) {
+                    if !old.released {
+                        warn!(location = %self.root.display(), previous = %old.describe(), "Took over the checkpoint location from a run that has ended.");
+                    }
+                    // Its heartbeat is of no use any more (best effort: a leftover is harmless).
+                    let _ = self.blobs.delete(&beat_key(&old.id));
                 }
                 *self.claim.lock().expect("not poisoned") = Some(Claim {
                     me,
@@ -256,25 +340,29 @@ impl Storage {
             lease = %humantime::format_duration(lease),
             "The checkpoint location's owner ran on another machine: waiting for its claim to lapse before taking over."
         );
-        let start = Instant::now();
-        let mut logged = Instant::now();
+        let clock = || self.machine.now();
+        let start = clock();
+        let mut logged = start;
+        let first_beat = self.read_beat(&first.id)?;
         loop {
             let last = self.read_owner()?;
-            let verdict = after_watch(first, last.as_ref(), lease);
+            let beat = self.read_beat(&first.id)?;
+            let verdict = after_watch(first, last.as_ref(), (first_beat, beat), lease);
             let freed = last.as_ref().is_none_or(|l| l.released);
-            if freed || matches!(verdict, Verdict::Refuse(_)) || start.elapsed() >= lease {
+            let waited = clock() - start;
+            if freed || matches!(verdict, Verdict::Refuse(_)) || waited >= lease {
                 return Ok(verdict);
             }
-            if logged.elapsed() >= Duration::from_secs(10) {
-                logged = Instant::now();
+            if clock() - logged >= Duration::from_secs(10) {
+                logged = clock();
                 info!(
                     location = %self.root.display(),
-                    waited_s = start.elapsed().as_secs(),
+                    waited_s = waited.as_secs(),
                     lease_s = lease.as_secs(),
                     "Still waiting for the previous owner's claim to lapse."
                 );
             }
-            std::thread::sleep(WATCH_STEP.min(lease.saturating_sub(start.elapsed())));
+            self.machine.sleep(WATCH_STEP.min(lease.saturating_sub(waited)));
         }
     }
 
@@ -285,6 +373,11 @@ impl Storage {
     /// renewed for two thirds of its lease (another machine may take over after a lease) is
     /// [`CoreError::ClaimNotRenewed`]: the attempt restarts, and renews before it restores.
     pub(super) fn check_claim(&self) -> Result<()> {
+        // The bug this guards against, put back for the simulation to catch.
+        #[cfg(test)]
+        if crate::sim::mutant() == crate::sim::Mutant::NoClaimCheck {
+            return Ok(());
+        }
         let Some((me, lease, renewed, over)) = self
             .claim
             .lock()
@@ -297,7 +390,8 @@ impl Storage {
         if over {
             return Err(self.owned("this run gave it up or lost it".into()));
         }
-        if renewed.elapsed() > lease * 2 / 3 {
+        let since_renewed = self.machine.now().saturating_sub(renewed);
+        if since_renewed > lease * 2 / 3 {
             // Renewed here, now (the store may be back before the renewal task's next turn);
             // failing that, nothing is made durable.
             return match self.renew_claim() {
@@ -307,7 +401,7 @@ impl Storage {
                     warn!(location = %self.root.display(), error = %e, "Renewing the checkpoint location's claim failed.");
                     Err(CoreError::ClaimNotRenewed {
                         location: self.root.clone(),
-                        seconds: renewed.elapsed().as_secs(),
+                        seconds: since_renewed.as_secs(),
                     })
                 }
             };
@@ -350,11 +444,21 @@ impl Storage {
         }
         self.still_mine(&me)?;
         me.beat += 1;
-        let started = Instant::now();
+        let started = self.machine.now();
         if self.claim.lock().expect("not poisoned").as_ref().is_none_or(|c| c.over) {
             return Err(self.owned("this run gave it up or lost it".into())); // released meanwhile
         }
-        self.write_owner(&me, Put::Replace)?;
+        // The bug this guards against (see `beat_key`), put back for the simulation to catch.
+        #[cfg(test)]
+        let in_record = crate::sim::mutant() == crate::sim::Mutant::RenewRewritesRecord;
+        #[cfg(not(test))]
+        let in_record = false;
+        if in_record {
+            self.write_owner(&me, Put::Replace)?;
+        } else {
+            self.blobs
+                .put(&beat_key(&me.id), format!("{}\n", me.beat).as_bytes(), Put::Replace)?;
+        }
         let mut guard = self.claim.lock().expect("not poisoned");
         if let Some(c) = guard.as_mut().filter(|c| !c.over) {
             c.me = me;
@@ -376,8 +480,15 @@ impl Storage {
             c.me.clone()
         };
         if self.read_owner()?.is_some_and(|r| r.id == me.id) {
-            self.write_owner(&OwnerRecord { released: true, ..me }, Put::Replace)?;
+            self.write_owner(
+                &OwnerRecord {
+                    released: true,
+                    ..me.clone()
+                },
+                Put::Replace,
+            )?;
         }
+        let _ = self.blobs.delete(&beat_key(&me.id)); // best effort: a leftover is harmless
         Ok(())
     }
 }
@@ -409,6 +520,11 @@ pub(crate) fn alive_here(pid: u32, start: Option<u64>) -> Option<bool> {
         None => Some(false),
         Some(s) => Some(start.is_none_or(|start| start == s)),
     }
+}
+
+/// A new random claim id.
+pub(crate) fn new_claim_id() -> String {
+    format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>())
 }
 
 fn now_ms() -> u64 {
@@ -499,13 +615,21 @@ mod tests {
     fn a_watched_record_that_moves_is_a_live_owner() {
         let first = other(|o| o.boot_id = "x".into());
         let lease = Duration::from_secs(30);
-        assert_eq!(after_watch(&first, Some(&first), lease), Verdict::Claim);
-        assert_eq!(after_watch(&first, None, lease), Verdict::Claim);
+        assert_eq!(after_watch(&first, Some(&first), (0, 0), lease), Verdict::Claim);
+        assert_eq!(after_watch(&first, None, (0, 0), lease), Verdict::Claim);
+        // Renewed by its heartbeat (this build), or in the record (an older one).
+        assert!(matches!(
+            after_watch(&first, Some(&first), (3, 4), lease),
+            Verdict::Refuse(_)
+        ));
         let renewed = other(|o| o.beat = 1);
-        assert!(matches!(after_watch(&first, Some(&renewed), lease), Verdict::Refuse(_)));
+        assert!(matches!(
+            after_watch(&first, Some(&renewed), (0, 0), lease),
+            Verdict::Refuse(_)
+        ));
         let replaced = other(|o| o.id = "third".into());
         assert!(matches!(
-            after_watch(&first, Some(&replaced), lease),
+            after_watch(&first, Some(&replaced), (0, 0), lease),
             Verdict::Refuse(_)
         ));
     }

@@ -41,8 +41,11 @@ use crate::message::{CheckpointId, SnapshotKind};
 use crate::runtime::RestorePlan;
 use crate::state::KeyGroupRange;
 use crate::storage::blobs::{Blobs, Put};
+use crate::storage::owner::{Machine, OwnerRecord};
 use crate::storage::unfinished::VOID;
 use crate::storage::{after_failed_commit, CheckpointStorage, FailedCommit, Storage};
+
+mod copies;
 
 /// Known bugs, put back on purpose (one at a time, per thread): the simulation must catch each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +71,20 @@ pub(crate) enum Mutant {
     /// A checkpoint without files of its own is committed without a file first: a restart cannot
     /// see it to make it void, and its metadata lands after.
     NoBegunFile,
+    /// A commit does not check that this run still owns the location: a copy whose claim was
+    /// taken over (it stalled past its lease) commits on top of what the other copy restored.
+    NoClaimCheck,
+    /// The sinks' recovery on restore does not check the owner first: a copy that stalled past
+    /// its lease while it restored goes on from what it chose before, behind the new owner.
+    NoOwnerCheckBeforeRecovery,
+    /// A checkpoint without files of its own is checked for its owner before its first file is
+    /// written: a run that stalls between the two, and is taken over meanwhile, commits one the
+    /// new owner could not see (and make void) when it listed.
+    CheckBeforeBegun,
+    /// A renewal writes the owner record again (after reading it still this run's): a run that
+    /// stalls between the two, past its lease, writes its claim back over the new owner's and
+    /// goes on with checkpoint ids the other may have used and deleted.
+    RenewRewritesRecord,
 }
 
 thread_local! {
@@ -79,9 +96,17 @@ pub(crate) fn mutant() -> Mutant {
     MUTANT.with(Cell::get)
 }
 
+/// Runs `f` with `m` active on this thread (and on the threads it starts that ask for it).
+fn with_mutant<T>(m: Mutant, f: impl FnOnce() -> T) -> T {
+    MUTANT.with(|c| c.set(m));
+    let r = f();
+    MUTANT.with(|c| c.set(Mutant::None));
+    r
+}
+
 const ROOT: &str = "s3://sim/job";
 const KEEP: usize = 2;
-const TRACE_LINES: usize = 120;
+const TRACE_LINES: usize = 400;
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -116,6 +141,15 @@ pub(crate) struct Paths {
     pub(crate) retention_stopped: u64,
     pub(crate) late_owner_stop: u64,
     pub(crate) restarted_in_process: u64,
+    /// Two copies: a process stopped because the other copy owns the location.
+    pub(crate) owner_stops: u64,
+    /// Two copies: a claim made while a process of the other copy was still running.
+    pub(crate) takeovers: u64,
+    /// Two copies: a copy paused past the lease (a stall, a partition).
+    pub(crate) long_pauses: u64,
+    /// Two copies: a recovery that reached the sinks after another run took over since its owner
+    /// check (`copies::STALE_RECOVERY`).
+    pub(crate) stale_recovery: u64,
     /// Model steps (store calls and landings' turns) the seed covered.
     pub(crate) steps: u64,
 }
@@ -138,6 +172,10 @@ impl Coverage {
             (&mut c.retention_stopped, p.retention_stopped),
             (&mut c.late_owner_stop, p.late_owner_stop),
             (&mut c.restarted_in_process, p.restarted_in_process),
+            (&mut c.owner_stops, p.owner_stops),
+            (&mut c.takeovers, p.takeovers),
+            (&mut c.long_pauses, p.long_pauses),
+            (&mut c.stale_recovery, p.stale_recovery),
         ] {
             *sum += u64::from(n > 0);
         }
@@ -154,8 +192,12 @@ struct World {
     held: Vec<(u64, Op)>,
     /// Directories deleted lately that listings still show, until that step.
     ghosts: Vec<(String, u64)>,
-    /// The process whose calls reach the store (earlier ones crashed or ended).
-    alive: u32,
+    /// The processes whose calls reach the store (the others crashed or ended).
+    alive: BTreeSet<u32>,
+    /// The id of the next process to start.
+    next_pid: u32,
+    /// Two copies of the job at once (`copies.rs`): whose turn it is; `None` for one copy.
+    sched: Option<copies::Sched>,
     /// Fault rates per call: an error (nothing done), an answer lost (done), held, a crash.
     fail: f64,
     lost: f64,
@@ -165,6 +207,8 @@ struct World {
     faults_until: u64,
     /// The job has no keyed state: its checkpoints write no files of their own.
     stateless: bool,
+    /// Two copies of the job ran (`copies.rs`): for the replay command.
+    copies: bool,
     trace: DefaultHasher,
     lines: VecDeque<String>,
     paths: Paths,
@@ -190,12 +234,15 @@ impl World {
             faults_until: rng.random_range(200..1_500),
             // From the seed, not the generator: every other seed's world stays as it was.
             stateless: seed % 4 == 3,
+            copies: false,
             rng,
             step: 0,
             files: BTreeMap::new(),
             held: Vec::new(),
             ghosts: Vec::new(),
-            alive: 0,
+            alive: BTreeSet::new(),
+            next_pid: 0,
+            sched: None,
             trace: DefaultHasher::new(),
             lines: VecDeque::new(),
             paths: Paths::default(),
@@ -286,26 +333,52 @@ impl World {
         ));
     }
 
+    /// A call's description in the trace: with two copies, whose call it is.
+    fn who(&self, me: u32, what: &str) -> String {
+        if self.copies {
+            format!("p{me} {what}")
+        } else {
+            what.to_owned()
+        }
+    }
+
+    /// A new process: its id.
+    fn spawn(&mut self) -> u32 {
+        let me = self.next_pid;
+        self.next_pid += 1;
+        self.alive.insert(me);
+        me
+    }
+
+    /// The run is over (two copies: one finished): no call reaches the store any more.
+    fn over(&self) -> bool {
+        self.sched.as_ref().is_some_and(|s| s.over)
+    }
+
     /// Entering a call of process `me`: the step, a crash, a failure.
     fn enter(&mut self, me: u32, what: &str) -> Result<()> {
+        if self.over() {
+            return Err(outage("the run is over", what));
+        }
         self.tick();
-        if me != self.alive {
+        if !self.alive.contains(&me) {
             return Err(outage("the process is gone", what));
         }
         if self.faulty() && self.chance(self.crash) {
-            self.crash_now(what);
+            self.crash_now(me, what);
             return Err(outage("the process crashed", what));
         }
         Ok(())
     }
 
-    fn crash_now(&mut self, at: &str) {
-        self.alive += 1;
+    fn crash_now(&mut self, me: u32, at: &str) {
+        self.alive.remove(&me);
         self.paths.crashes += 1;
         self.note(format!("CRASH at {at}"));
     }
 
     fn read(&mut self, me: u32, what: &str) -> Result<()> {
+        let what = &self.who(me, what);
         self.enter(me, what)?;
         if self.faulty() && self.chance(self.fail) {
             self.note(format!("{what}: failed"));
@@ -316,9 +389,12 @@ impl World {
     }
 
     fn write(&mut self, me: u32, op: Op) -> Result<bool> {
-        let what = op.describe();
+        let what = self.who(me, &op.describe());
+        if self.over() {
+            return Err(outage("the run is over", &what));
+        }
         self.tick();
-        if me != self.alive {
+        if !self.alive.contains(&me) {
             return Err(outage("the process is gone", &what));
         }
         if self.faulty() && self.chance(self.crash) {
@@ -330,7 +406,7 @@ impl World {
                 1 => self.hold(op.clone()),
                 _ => {}
             }
-            self.crash_now(&what);
+            self.crash_now(me, &what);
             return Err(outage("the process crashed", &what));
         }
         if self.faulty() {
@@ -387,11 +463,83 @@ impl World {
 struct Sim {
     world: Arc<Mutex<World>>,
     me: u32,
+    /// Two copies at once: each call waits for this copy's turn.
+    baton: Option<Arc<copies::Baton>>,
 }
 
 impl Sim {
     fn world(&self) -> MutexGuard<'_, World> {
-        self.world.lock().expect("not poisoned")
+        let w = self.world.lock().expect("not poisoned");
+        match &self.baton {
+            Some(b) => b.pass(w),
+            None => w,
+        }
+    }
+}
+
+/// The machine a model process runs on: the model's clock (a step is 100 ms), its process ids.
+struct SimMachine {
+    world: Arc<Mutex<World>>,
+    baton: Option<Arc<copies::Baton>>,
+    host: String,
+    pid: u32,
+}
+
+/// Model time per step.
+const STEP: Duration = Duration::from_millis(100);
+
+impl std::fmt::Debug for SimMachine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimMachine")
+            .field("host", &self.host)
+            .field("pid", &self.pid)
+            .finish()
+    }
+}
+
+impl Machine for SimMachine {
+    fn now(&self) -> Duration {
+        STEP * self.world.lock().expect("not poisoned").step as u32
+    }
+
+    fn sleep(&self, d: Duration) {
+        let steps = d.as_millis().div_ceil(STEP.as_millis()) as u64;
+        let mut w = self.world.lock().expect("not poisoned");
+        match &self.baton {
+            Some(b) => {
+                let wake = w.step + steps;
+                if let Some(s) = w.sched.as_mut() {
+                    s.wake[b.copy] = wake;
+                }
+                drop(b.pass(w));
+            }
+            None => {
+                for _ in 0..steps {
+                    w.tick();
+                }
+            }
+        }
+    }
+
+    fn this_process(&self, job: &str, lease: Duration) -> OwnerRecord {
+        let step = self.world.lock().expect("not poisoned").step;
+        OwnerRecord {
+            id: format!("p{}-claim", self.pid),
+            job: job.to_owned(),
+            host: self.host.clone(),
+            boot_id: "boot".into(),
+            pid: self.pid,
+            pid_start: Some(1),
+            since_ms: step * STEP.as_millis() as u64,
+            beat: 0,
+            pid_ns: "pid-ns".into(),
+            lease_ms: lease.as_millis() as u64,
+            released: false,
+        }
+    }
+
+    fn alive(&self, pid: u32, _start: Option<u64>) -> Option<bool> {
+        Some(self.world.lock().expect("not poisoned").alive.contains(&pid))
     }
 }
 
@@ -511,6 +659,57 @@ struct Truth {
     /// The last checkpoint id a process used: an attempt of the job that starts again in the
     /// same process goes on past it (the executor keeps it), never begins an id again.
     last_used: BTreeMap<u32, CheckpointId>,
+    /// Per process, the checkpoint (id, writer) its output goes on from: the one it restored,
+    /// then each it committed.
+    base: BTreeMap<u32, (CheckpointId, u32)>,
+    /// Each committed checkpoint by the one it went on from. Two on the same one: the output
+    /// between was committed twice.
+    child: BTreeMap<(CheckpointId, u32), (CheckpointId, u32)>,
+}
+
+impl Truth {
+    /// Process `me`'s commit of checkpoint `id` was answered: the sinks commit its transactions.
+    fn committed(&mut self, me: u32, id: CheckpointId) -> std::result::Result<(), String> {
+        if self.abandoned.contains(&(id, me)) {
+            return Err(format!(
+                "DATA LOST: checkpoint {id} of process {me} committed, but a restore elsewhere had gone on from an older one and aborted its transactions"
+            ));
+        }
+        let base = self.base.get(&me).copied().unwrap_or_default();
+        if let Some(&(other, by)) = self.child.get(&base).filter(|&&c| c != (id, me)) {
+            return Err(format!(
+                "DUPLICATES: checkpoint {id} of process {me} committed on top of checkpoint {} of process {}, as checkpoint {other} of process {by} was: the output between was committed twice",
+                base.0, base.1
+            ));
+        }
+        self.child.insert(base, (id, me));
+        // (A late answer: another run may have restored this one and gone on already.)
+        self.acked = self.acked.max(id);
+        self.committed.insert((id, me));
+        self.done += 1;
+        self.base.insert(me, (id, me));
+        Ok(())
+    }
+}
+
+/// A model process: the world, the truth, who it is, what it reaches the store through.
+struct Proc<'a> {
+    world: &'a Arc<Mutex<World>>,
+    truth: &'a Mutex<Truth>,
+    me: u32,
+    baton: Option<Arc<copies::Baton>>,
+    /// The machine it runs on (two copies may run on two).
+    host: String,
+}
+
+impl Proc<'_> {
+    fn truth(&self) -> MutexGuard<'_, Truth> {
+        self.truth.lock().expect("not poisoned")
+    }
+
+    fn gone(&self) -> bool {
+        !self.world.lock().expect("not poisoned").alive.contains(&self.me)
+    }
 }
 
 /// Why a seed fails: the violation, then the trace's last lines.
@@ -518,7 +717,8 @@ fn violation(world: &Arc<Mutex<World>>, seed: u64, what: String) -> String {
     let w = world.lock().expect("not poisoned");
     let lines: Vec<&str> = w.lines.iter().map(String::as_str).collect();
     format!(
-        "seed {seed}: {what}\n(replay: scripts/simulate --storage --first {seed} --seeds 1)\nlast steps:\n{}",
+        "seed {seed}: {what}\n(replay: scripts/simulate --{} --first {seed} --seeds 1)\nlast steps:\n{}",
+        if w.copies { "copies" } else { "storage" },
         lines.join("\n")
     )
 }
@@ -530,18 +730,17 @@ enum Outcome {
     Finished,
 }
 
-/// Checks the snapshot a process (`me`) restored, reads its files, and records in `truth` what
+/// Checks the snapshot process `p` restored, reads its files, and records in the truth what
 /// the run going on from it does: `None` when the process is gone meanwhile (or an outage
 /// stopped the reads: the attempt restarts), else the restored id and the shared files its
 /// model RocksDB holds.
 fn went_on(
-    world: &Arc<Mutex<World>>,
-    truth: &mut Truth,
-    me: u32,
+    p: &Proc<'_>,
+    storage: &Storage,
     snapshot: Option<&crate::storage::Snapshot>,
     plan: &RestorePlan,
 ) -> std::result::Result<Option<(CheckpointId, Vec<String>)>, String> {
-    let gone = || world.lock().expect("not poisoned").alive != me;
+    let me = p.me;
     if let Some(f) = &plan.fallback {
         return Err(format!(
             "UNRESTORABLE: fell back to checkpoint {} past {}, which the job itself made unreadable: {}",
@@ -550,23 +749,12 @@ fn went_on(
     }
     let restored = snapshot.map_or(0, |s| s.meta.id);
     let writer = snapshot.map_or(0, |s| s.meta.timestamp_ms as u32);
-    if restored < truth.acked {
-        return Err(format!(
-            "restored checkpoint {restored}, behind checkpoint {} whose transactions the sinks committed",
-            truth.acked
-        ));
-    }
-    if truth.abandoned.contains(&(restored, writer)) {
-        return Err(format!(
-            "restored checkpoint {restored} of process {writer}, whose transactions a restart had aborted (it went on from an older one)"
-        ));
-    }
     let mut live: Vec<String> = Vec::new();
     if let Some(s) = snapshot {
         for f in s.meta.files() {
             match s.reader.read(f) {
                 Ok(_) => {}
-                Err(_) if gone() => return Ok(None),
+                Err(_) if p.gone() => return Ok(None),
                 Err(e @ CoreError::Corrupt { .. }) => {
                     return Err(format!(
                         "UNRESTORABLE: checkpoint {restored} restored, a file reads wrong: {e}"
@@ -578,49 +766,109 @@ fn went_on(
                 live.push(f.name.clone());
             }
         }
-        world.lock().expect("not poisoned").paths.restored_some += 1;
+        p.world.lock().expect("not poisoned").paths.restored_some += 1;
+    }
+    // With two copies: the state restored, the tasks start and the sinks connect (seconds, in
+    // which a stall may come as at any call); then the sinks' recovery changes nothing before
+    // the owner check right before it (the two-phase driver's, `InitContext::check_still_owner`).
+    // (One copy: no other run to check for; the model of one copy stays as it was.)
+    let two = p.baton.is_some();
+    if two {
+        copies::starting_tasks(p);
+    }
+    let made = two && mutant() != Mutant::NoOwnerCheckBeforeRecovery;
+    let checked = if made { storage.check_owner() } else { Ok(()) };
+    match &checked {
+        Ok(()) => {}
+        Err(_) if p.gone() => return Ok(None),
+        Err(e @ CoreError::LocationOwned { .. }) => {
+            stopped(p.world, me, e);
+            return Ok(None);
+        }
+        Err(_) => return Ok(None), // an outage: the attempt restarts
+    }
+    // Then the sinks reach their external systems: another turn (a stall may come here too).
+    if copies::recovery_went_stale(p, made && checked.is_ok()) {
+        return Err(copies::STALE_RECOVERY.into());
+    }
+    if p.gone() {
+        return Ok(None); // the run ended (the other copy finished) meanwhile
+    }
+    // What the sinks' recovery does is judged now: it commits the restored checkpoint's
+    // transactions and aborts the others'.
+    {
+        let truth = p.truth();
+        if restored < truth.acked {
+            return Err(format!(
+                "restored checkpoint {restored}, behind checkpoint {} whose transactions the sinks committed",
+                truth.acked
+            ));
+        }
+        if truth.abandoned.contains(&(restored, writer)) {
+            return Err(format!(
+                "restored checkpoint {restored} of process {writer}, whose transactions a restart had aborted (it went on from an older one)"
+            ));
+        }
     }
     // The run goes on from `restored`: every checkpoint begun above it is given up, its
     // transactions aborted by the sinks' recovery; the restored one's are committed.
-    truth
-        .abandoned
-        .extend(truth.started.range((restored + 1, 0)..).copied());
-    truth.acked = truth.acked.max(restored);
-    world
+    {
+        let mut truth = p.truth();
+        let above: Vec<_> = truth.started.range((restored + 1, 0)..).copied().collect();
+        truth.abandoned.extend(above);
+        truth.acked = truth.acked.max(restored);
+        truth.base.insert(me, (restored, writer));
+    }
+    p.world
         .lock()
         .expect("not poisoned")
         .note(format!("process {me} restored {restored}"));
     Ok(Some((restored, live)))
 }
 
-/// Process `me` stopped, naming another run: here (one copy of the job), an earlier process
-/// whose write of the owner record landed late. The operator (or the supervisor) starts it again.
+/// Process `me` stopped, naming another run: with one copy of the job, an earlier process whose
+/// write of the owner record landed late; with two, the other copy. The operator (or the
+/// supervisor) starts it again.
 fn stopped(world: &Arc<Mutex<World>>, me: u32, e: &CoreError) -> Outcome {
     let mut w = world.lock().expect("not poisoned");
-    w.paths.late_owner_stop += 1;
-    w.note(format!("process {me} stopped: {e}"));
-    if w.alive == me {
-        w.alive += 1;
+    if w.sched.is_some() {
+        w.paths.owner_stops += 1;
+    } else {
+        w.paths.late_owner_stop += 1;
     }
+    w.note(format!("process {me} stopped: {e}"));
+    w.alive.remove(&me);
     Outcome::Gone
 }
 
+/// The lease of a claim: with one copy, never lapsing; with two, 20 s (200 steps).
+fn lease(two: bool) -> Duration {
+    if two {
+        copies::LEASE
+    } else {
+        Duration::from_secs(3_600)
+    }
+}
+
 /// One process: claims, restores, checks, then checkpoints until it crashes or the job is done.
-fn process(
-    world: &Arc<Mutex<World>>,
-    truth: &mut Truth,
-    target: u64,
-    last: bool,
-) -> std::result::Result<Outcome, String> {
-    let me = world.lock().expect("not poisoned").alive;
-    let gone = || world.lock().expect("not poisoned").alive != me;
+fn process(p: &Proc<'_>, target: u64, last: bool) -> std::result::Result<Outcome, String> {
+    let (world, me) = (p.world, p.me);
+    let two = p.baton.is_some();
+    let machine = Arc::new(SimMachine {
+        world: world.clone(),
+        baton: p.baton.clone(),
+        host: p.host.clone(),
+        pid: me,
+    });
     let storage = Storage::on_blobs(
         Arc::new(Sim {
             world: world.clone(),
             me,
+            baton: p.baton.clone(),
         }),
         PathBuf::from(ROOT),
         &format!("p{me}"),
+        machine.clone(),
     );
     // Claim, then restore as the executor does (renewing the claim first): I/O errors are retried.
     let mut tries = 0;
@@ -633,21 +881,24 @@ fn process(
         let chosen = if claimed {
             storage.renew_claim()
         } else {
-            storage.claim("sim", Duration::from_secs(3_600))
+            storage.claim("sim", lease(two))
         }
         .and_then(|()| {
+            if !claimed && two {
+                copies::claimed(world, me);
+            }
             claimed = true;
             RestorePlan::first(Some(&storage), None, false)
         });
         match chosen {
             Ok(c) => break c,
-            Err(_) if gone() => return Ok(Outcome::Gone),
+            Err(_) if p.gone() => return Ok(Outcome::Gone),
             Err(e) if e.class() == ErrorClass::Restart => continue,
             Err(e @ CoreError::LocationOwned { .. }) => return Ok(stopped(world, me, &e)),
             Err(e) => return Err(format!("UNRESTORABLE: the restore failed: {e}")),
         }
     };
-    let (restored, mut live) = match went_on(world, truth, me, snapshot.as_ref(), &plan)? {
+    let (restored, mut live) = match went_on(p, &storage, snapshot.as_ref(), &plan)? {
         Some(r) => r,
         None => return Ok(Outcome::Gone),
     };
@@ -658,7 +909,7 @@ fn process(
         let kept = loop {
             match storage.completed() {
                 Ok(ids) => break ids,
-                Err(_) if gone() => return Err("the last process crashed without faults".into()),
+                Err(_) if p.gone() => return Err("the last process crashed without faults".into()),
                 Err(_) => continue,
             }
         };
@@ -667,7 +918,7 @@ fn process(
                 .open(id)
                 .map_err(|e| format!("UNRESTORABLE: listed checkpoint {id} does not open: {e}"))?;
             let writer = s.meta.timestamp_ms as u32;
-            if truth.abandoned.contains(&(id, writer)) {
+            if p.truth().abandoned.contains(&(id, writer)) {
                 return Err(format!(
                     "checkpoint {id} of process {writer}, whose transactions a restart had aborted, is listed as completed"
                 ));
@@ -677,7 +928,7 @@ fn process(
             let s = storage
                 .open(id)
                 .map_err(|e| format!("UNRESTORABLE: kept checkpoint {id} does not open: {e}"))?;
-            if !truth.committed.contains(&(id, s.meta.timestamp_ms as u32)) {
+            if !p.truth().committed.contains(&(id, s.meta.timestamp_ms as u32)) {
                 continue; // landed late, never committed: retention may have taken its files
             }
             for f in s.meta.files() {
@@ -688,22 +939,23 @@ fn process(
         }
         return Ok(Outcome::Finished);
     }
-    let used = truth.last_used.get(&me).copied().unwrap_or(0);
+    let used = p.truth().last_used.get(&me).copied().unwrap_or(0);
     let mut next = loop {
         match storage.highest_id() {
             Ok(h) => break h.max(restored).max(used) + 1,
-            Err(_) if gone() => return Ok(Outcome::Gone),
+            Err(_) if p.gone() => return Ok(Outcome::Gone),
             Err(_) => continue,
         }
     };
     let mut discards: VecDeque<CheckpointId> = VecDeque::new();
     let mut steps_after_faults = 0;
+    let mut renewed = machine.now();
     loop {
         {
             let w = world.lock().expect("not poisoned");
             if !w.faulty() {
                 steps_after_faults += 1;
-                if truth.done >= target {
+                if p.truth().done >= target {
                     return Ok(Outcome::Finished);
                 }
             }
@@ -711,8 +963,17 @@ fn process(
         if steps_after_faults > 300 {
             return Err(format!(
                 "no progress: {} checkpoints of {target} after faults stopped",
-                truth.done
+                p.truth().done
             ));
+        }
+        // The claim is renewed every third of its lease (the executor's renewal task).
+        if two && machine.now() - renewed >= lease(two) / 3 {
+            match storage.renew_claim() {
+                Ok(()) => renewed = machine.now(),
+                Err(_) if p.gone() => return Ok(Outcome::Gone),
+                Err(e @ CoreError::LocationOwned { .. }) => return Ok(stopped(world, me, &e)),
+                Err(_) => {} // the next try, or the check before a commit, renews
+            }
         }
         // Background deletes of failed checkpoints run when they get their turn.
         while !discards.is_empty() && world.lock().expect("not poisoned").rng.random_bool(0.4) {
@@ -721,8 +982,11 @@ fn process(
         }
         let id = next;
         next += 1;
-        truth.started.insert((id, me));
-        truth.last_used.insert(me, id);
+        {
+            let mut truth = p.truth();
+            truth.started.insert((id, me));
+            truth.last_used.insert(me, id);
+        }
         let stateless = world.lock().expect("not poisoned").stateless;
         let files = (|| -> Result<Vec<FileHandle>> {
             let w = storage.writer(id)?;
@@ -744,7 +1008,7 @@ fn process(
             }
             Ok(files)
         })();
-        if gone() {
+        if p.gone() {
             return Ok(Outcome::Gone);
         }
         let files = match files {
@@ -756,16 +1020,14 @@ fn process(
         };
         match storage.commit(&metadata(id, me, files)) {
             Ok(()) => {
-                truth.acked = id;
-                truth.committed.insert((id, me));
-                truth.done += 1;
+                p.truth().committed(me, id)?;
                 match storage.retain(KEEP) {
-                    Err(_) if gone() => return Ok(Outcome::Gone),
+                    Err(_) if p.gone() => return Ok(Outcome::Gone),
                     Err(_) => world.lock().expect("not poisoned").paths.retention_stopped += 1,
                     Ok(_) => {}
                 }
             }
-            Err(_) if gone() => return Ok(Outcome::Gone),
+            Err(_) if p.gone() => return Ok(Outcome::Gone),
             Err(e) => {
                 match after_failed_commit(&e) {
                     FailedCommit::KeepFiles => {
@@ -781,14 +1043,14 @@ fn process(
                 let step = world.lock().expect("not poisoned").step;
                 if step % 4 == 0 {
                     match plan.later_job(Some(&storage)) {
-                        Ok(snapshot) => match went_on(world, truth, me, snapshot.as_ref(), &plan)? {
+                        Ok(snapshot) => match went_on(p, &storage, snapshot.as_ref(), &plan)? {
                             Some((restored, restored_live)) => {
                                 world.lock().expect("not poisoned").paths.restarted_in_process += 1;
                                 live = restored_live;
                                 let highest = loop {
                                     match storage.highest_id() {
                                         Ok(h) => break h,
-                                        Err(_) if gone() => return Ok(Outcome::Gone),
+                                        Err(_) if p.gone() => return Ok(Outcome::Gone),
                                         Err(_) => continue,
                                     }
                                 };
@@ -796,7 +1058,7 @@ fn process(
                             }
                             None => return Ok(Outcome::Gone),
                         },
-                        Err(_) if gone() => return Ok(Outcome::Gone),
+                        Err(_) if p.gone() => return Ok(Outcome::Gone),
                         Err(e @ CoreError::LocationOwned { .. }) => return Ok(stopped(world, me, &e)),
                         // The restart's restore failed (an outage): the process starts over.
                         Err(e) if e.class() == ErrorClass::Restart => return Ok(Outcome::Gone),
@@ -812,41 +1074,63 @@ fn process(
 pub(crate) fn run_paths(seed: u64) -> std::result::Result<(u64, Paths), String> {
     let world = Arc::new(Mutex::new(World::new(seed)));
     let target = world.lock().expect("not poisoned").rng.random_range(6..20);
-    let mut truth = Truth::default();
+    let truth = Mutex::new(Truth::default());
+    let proc_ = |me: u32| Proc {
+        world: &world,
+        truth: &truth,
+        me,
+        baton: None,
+        host: "m0".into(),
+    };
+    let mut me = world.lock().expect("not poisoned").spawn();
     for _ in 0..200 {
-        match process(&world, &mut truth, target, false) {
+        match process(&proc_(me), target, false) {
             Err(v) => return Err(violation(&world, seed, v)),
-            Ok(Outcome::Gone) => continue,
+            Ok(Outcome::Gone) => {
+                // Crashed or stopped: a new process starts; else (an outage) the attempt
+                // starts over in this one.
+                let mut w = world.lock().expect("not poisoned");
+                if !w.alive.contains(&me) {
+                    me = w.spawn();
+                }
+            }
             Ok(Outcome::Finished) => {
                 // The run is over: every held write lands, and a last process must restore well.
-                {
+                let me = {
                     let mut w = world.lock().expect("not poisoned");
-                    w.alive += 1;
+                    w.alive.clear();
+                    let last = w.spawn();
                     w.land_all();
                     w.note("every held write landed; a last process starts".into());
-                }
-                return match process(&world, &mut truth, target, true) {
-                    Err(v) => Err(violation(&world, seed, v)),
-                    Ok(Outcome::Gone) => Err(violation(
-                        &world,
-                        seed,
-                        "the last process crashed without faults".into(),
-                    )),
-                    Ok(Outcome::Finished) => {
-                        let w = world.lock().expect("not poisoned");
-                        Ok((
-                            w.trace.finish(),
-                            Paths {
-                                steps: w.step,
-                                ..w.paths
-                            },
-                        ))
-                    }
+                    last
                 };
+                return finish(&world, seed, process(&proc_(me), target, true));
             }
         }
     }
     Err(violation(&world, seed, "no progress: 200 processes".into()))
+}
+
+/// The end of a seed: the last process's verdict, then the trace's hash and the paths taken.
+fn finish(
+    world: &Arc<Mutex<World>>,
+    seed: u64,
+    last: std::result::Result<Outcome, String>,
+) -> std::result::Result<(u64, Paths), String> {
+    match last {
+        Err(v) => Err(violation(world, seed, v)),
+        Ok(Outcome::Gone) => Err(violation(world, seed, "the last process crashed without faults".into())),
+        Ok(Outcome::Finished) => {
+            let w = world.lock().expect("not poisoned");
+            Ok((
+                w.trace.finish(),
+                Paths {
+                    steps: w.step,
+                    ..w.paths
+                },
+            ))
+        }
+    }
 }
 
 /// The trace hash of `seed`, or its violation.
@@ -857,17 +1141,17 @@ pub(crate) fn run(seed: u64) -> std::result::Result<u64, String> {
 /// Runs `seeds` seeds from `first` with `m` active on this thread: the first violation, and the
 /// paths taken.
 pub(crate) fn run_seeds(first: u64, seeds: u64, m: Mutant) -> (Option<String>, Coverage) {
-    MUTANT.with(|c| c.set(m));
-    let mut coverage = Coverage::default();
-    let found = (first..first + seeds).find_map(|s| match run_paths(s) {
-        Err(v) => Some(v),
-        Ok((_, paths)) => {
-            coverage.add(paths);
-            None
-        }
-    });
-    MUTANT.with(|c| c.set(Mutant::None));
-    (found, coverage)
+    with_mutant(m, || {
+        let mut coverage = Coverage::default();
+        let found = (first..first + seeds).find_map(|s| match run_paths(s) {
+            Err(v) => Some(v),
+            Ok((_, paths)) => {
+                coverage.add(paths);
+                None
+            }
+        });
+        (found, coverage)
+    })
 }
 
 #[cfg(test)]
