@@ -375,3 +375,111 @@ async fn a_run_that_lost_its_location_leaves_the_restored_branch_to_the_owner() 
     sink.close().await?;
     Ok(())
 }
+
+/// The location lost while the recovery runs (a partition from the checkpoint store, the claim
+/// taken over after a lease): each step that changes the database checks again, so the recovery
+/// stops at the next one, and the restored branch stays prepared for the new owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovery_that_loses_its_location_midway_stops_before_its_next_step() -> Result<()> {
+    use exactly_core::checkpoint::CheckpointMetadata;
+    use exactly_core::storage::{CheckpointStorage, Snapshot, SnapshotWriter};
+    use exactly_core::{CheckpointId, CoreError};
+    use sqlx::Row;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    /// Checkpoint storage whose owner check passes `ok` times, then finds the location taken.
+    struct LostAfter {
+        ok: u32,
+        calls: AtomicU32,
+    }
+    fn unused<T>() -> exactly_core::Result<T> {
+        Err(CoreError::Config("not used by this test".into()))
+    }
+    impl CheckpointStorage for LostAfter {
+        fn writer(&self, _: CheckpointId) -> exactly_core::Result<Arc<dyn SnapshotWriter>> {
+            unused()
+        }
+        fn commit(&self, _: &CheckpointMetadata) -> exactly_core::Result<()> {
+            unused()
+        }
+        fn abort(&self, _: CheckpointId) -> exactly_core::Result<()> {
+            unused()
+        }
+        fn completed(&self) -> exactly_core::Result<Vec<CheckpointId>> {
+            unused()
+        }
+        fn open(&self, _: CheckpointId) -> exactly_core::Result<Snapshot> {
+            unused()
+        }
+        fn latest(&self) -> exactly_core::Result<Option<Snapshot>> {
+            unused()
+        }
+        fn retain(&self, _: usize) -> exactly_core::Result<Vec<CheckpointId>> {
+            unused()
+        }
+        fn discard_all(&self) -> exactly_core::Result<()> {
+            unused()
+        }
+        fn export(&self, _: CheckpointId, _: &std::path::Path) -> exactly_core::Result<()> {
+            unused()
+        }
+        fn check_owner(&self) -> exactly_core::Result<()> {
+            if self.calls.fetch_add(1, Ordering::SeqCst) < self.ok {
+                return Ok(());
+            }
+            Err(CoreError::LocationOwned {
+                location: "test-location".into(),
+                reason: "another run took it over".into(),
+            })
+        }
+    }
+
+    let env = TestEnv::get().await?;
+    let c = config(env, Mode::Xa, OnError::Fail);
+    let table = c.table.clone();
+    let info = subtask_info("mysql");
+    let mut sink = MysqlSink::new(c.clone())?;
+    sink.initialize_state(&InitContext::new(&info, None)).await?;
+    sink.write(vec![record(1, r#"{"id":1,"name":"a"}"#)]).await?;
+    let mut ctx = SnapshotContext::new(1, SnapshotKind::Checkpoint, 0);
+    sink.snapshot_state(&mut ctx).await?;
+    let restored = ctx.into_restored();
+    drop(sink);
+
+    let lost: Arc<dyn CheckpointStorage> = Arc::new(LostAfter {
+        ok: 1,
+        calls: AtomicU32::new(0),
+    });
+    let mut restoring = info.clone();
+    restoring.restored_checkpoint = Some(1);
+    let err = MysqlSink::new(c.clone())?
+        .initialize_state(&InitContext::new(&restoring, Some(&restored)).with_checkpoint_storage(&lost))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("another run took it over"), "{err}");
+    let mut conn = connect_mysql(env).await?;
+    assert_eq!(
+        query_i64(&mut conn, &format!("SELECT COUNT(*) FROM `{table}`")).await?,
+        0,
+        "nothing committed after the location was lost"
+    );
+    let gtrid = format!("exactly:{}:", c.job_id);
+    let prepared = sqlx::raw_sql("XA RECOVER")
+        .fetch_all(&mut conn)
+        .await?
+        .iter()
+        .filter(|row| {
+            row.try_get::<Vec<u8>, _>("data")
+                .is_ok_and(|d| d.starts_with(gtrid.as_bytes()))
+        })
+        .count();
+    assert_eq!(prepared, 1, "the restored branch is still prepared, for the new owner");
+    // Tidy: the branch goes with a recovery that owns the location.
+    let mut owner = MysqlSink::new(c)?;
+    owner
+        .initialize_state(&InitContext::new(&restoring, Some(&restored)))
+        .await?;
+    owner.close().await?;
+    Ok(())
+}

@@ -551,6 +551,12 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
             }
         }
         self.sink.open(ctx.info).await?;
+        // Nothing in the external system changes before this run is known to still own its
+        // checkpoint location: one that stalled past its claim's lease while it restored (and
+        // was taken over) would abort or fence the new owner's transactions. (First, too, so that
+        // such a run is told it lost the location rather than that the sink is behind.) Each
+        // step below that changes anything checks again: the recovery may take long.
+        ctx.check_still_owner().await?;
         // Union state: every subtask sees every committable (so a cleanup can spare the ones
         // others commit); each commits those whose origin maps to it, which with unchanged
         // parallelism are its own.
@@ -599,13 +605,10 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
             ctx.prove_nothing_newer_committed();
             ctx.proofs_settled().await?;
         }
-        // Nothing in the external system changes before this run is known to still own its
-        // checkpoint location: one that stalled past its claim's lease while it restored (and
-        // was taken over) would abort or fence the new owner's transactions.
-        ctx.check_still_owner().await?;
         // Open transactions nobody needs go first, so that checking a restored one never waits
         // on them; the restored ones are committed before anything else may touch them (a
         // producer re-initialising an id would abort them).
+        ctx.check_still_owner().await?;
         self.sink.abort_unneeded(&recovery).await?;
         if !restored.is_empty() {
             failpoint::hit_in(&self.uid, "sink.before_recovery_commit");
@@ -613,8 +616,10 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
         for (id, c) in &restored {
             self.commit_one(*id, c).await?;
         }
+        ctx.check_still_owner().await?;
         self.sink.abort_lingering(&recovery).await?;
         if let Some(base) = forget {
+            ctx.check_still_owner().await?;
             self.sink.forget_commits_after(&recovery, base).await?;
         }
         self.current_id = all.iter().map(|(id, _)| id + 1).max().unwrap_or(1);

@@ -184,6 +184,10 @@ impl<'a> InitContext<'a> {
     /// past its claim's lease while it restored — another run took the location over meanwhile —
     /// stops here ([`CoreError::LocationOwned`](crate::CoreError), fatal), before it could abort
     /// or fence the new owner's transactions. `Ok` for a job without checkpoint storage.
+    /// The two-phase driver calls it again before each further step that changes the external
+    /// system (aborting, fencing, forgetting): a recovery may take long, and the location be
+    /// lost meanwhile (a partition from the checkpoint store while the external system stays
+    /// reachable: the claim then goes unrenewed, and the check fails).
     pub async fn check_still_owner(&self) -> crate::Result<()> {
         let Some(storage) = self.owner.cloned() else {
             return Ok(());

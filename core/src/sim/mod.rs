@@ -85,6 +85,11 @@ pub(crate) enum Mutant {
     /// stalls between the two, past its lease, writes its claim back over the new owner's and
     /// goes on with checkpoint ids the other may have used and deleted.
     RenewRewritesRecord,
+    /// A restart makes unfinished checkpoints void without checking its claim after listing them,
+    /// and a commit that finds its checkpoint void takes that for another owner: a run that
+    /// stalled while it restored makes the new owner's checkpoint in progress void, and the new
+    /// owner stops as if it had lost the location.
+    StaleVoidStopsOwner,
 }
 
 thread_local! {
@@ -209,6 +214,8 @@ struct World {
     stateless: bool,
     /// Two copies of the job ran (`copies.rs`): for the replay command.
     copies: bool,
+    /// Two copies: an owner that stopped as if it had lost the location.
+    spurious_stop: Option<String>,
     trace: DefaultHasher,
     lines: VecDeque<String>,
     paths: Paths,
@@ -235,6 +242,7 @@ impl World {
             // From the seed, not the generator: every other seed's world stays as it was.
             stateless: seed % 4 == 3,
             copies: false,
+            spurious_stop: None,
             rng,
             step: 0,
             files: BTreeMap::new(),
@@ -700,6 +708,8 @@ struct Proc<'a> {
     baton: Option<Arc<copies::Baton>>,
     /// The machine it runs on (two copies may run on two).
     host: String,
+    /// Its storage, when kept across attempts (two copies).
+    storage: Option<Storage>,
 }
 
 impl Proc<'_> {
@@ -709,6 +719,26 @@ impl Proc<'_> {
 
     fn gone(&self) -> bool {
         !self.world.lock().expect("not poisoned").alive.contains(&self.me)
+    }
+
+    /// A storage for this process on the model store and machine.
+    fn new_storage(&self) -> Storage {
+        let machine = Arc::new(SimMachine {
+            world: self.world.clone(),
+            baton: self.baton.clone(),
+            host: self.host.clone(),
+            pid: self.me,
+        });
+        Storage::on_blobs(
+            Arc::new(Sim {
+                world: self.world.clone(),
+                me: self.me,
+                baton: self.baton.clone(),
+            }),
+            PathBuf::from(ROOT),
+            &format!("p{}", self.me),
+            machine,
+        )
     }
 }
 
@@ -833,6 +863,16 @@ fn stopped(world: &Arc<Mutex<World>>, me: u32, e: &CoreError) -> Outcome {
     let mut w = world.lock().expect("not poisoned");
     if w.sched.is_some() {
         w.paths.owner_stops += 1;
+        // The record still names this process: it stopped though nobody took its place.
+        let owner = w
+            .files
+            .get("_owner")
+            .and_then(|b| serde_json::from_slice::<OwnerRecord>(b).ok());
+        if owner.is_some_and(|o| o.id == format!("p{me}-claim") && !o.released) && w.spurious_stop.is_none() {
+            w.spurious_stop = Some(format!(
+                "SPURIOUS STOP: process {me} owns the location, yet stopped: {e}"
+            ));
+        }
     } else {
         w.paths.late_owner_stop += 1;
     }
@@ -860,19 +900,12 @@ fn process(p: &Proc<'_>, target: u64, last: bool) -> std::result::Result<Outcome
         host: p.host.clone(),
         pid: me,
     });
-    let storage = Storage::on_blobs(
-        Arc::new(Sim {
-            world: world.clone(),
-            me,
-            baton: p.baton.clone(),
-        }),
-        PathBuf::from(ROOT),
-        &format!("p{me}"),
-        machine.clone(),
-    );
+    // The process's storage, kept across its attempts as the executor keeps it (with one copy,
+    // the model as it was: one per attempt, the claim made again).
+    let storage = p.storage.clone().unwrap_or_else(|| p.new_storage());
     // Claim, then restore as the executor does (renewing the claim first): I/O errors are retried.
     let mut tries = 0;
-    let mut claimed = false;
+    let mut claimed = storage.has_claim();
     let (snapshot, plan) = loop {
         tries += 1;
         if tries > 400 {
@@ -1081,6 +1114,7 @@ pub(crate) fn run_paths(seed: u64) -> std::result::Result<(u64, Paths), String> 
         me,
         baton: None,
         host: "m0".into(),
+        storage: None,
     };
     let mut me = world.lock().expect("not poisoned").spawn();
     for _ in 0..200 {

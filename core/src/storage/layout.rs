@@ -139,6 +139,15 @@ pub(super) fn join(dir: &str, name: &str) -> String {
     }
 }
 
+/// The bug the owner check in `void_unfinished_above` and the void case of `settle_commit` guard
+/// against, put back for the simulation to catch.
+fn stale_void_stops_owner() -> bool {
+    #[cfg(test)]
+    return crate::sim::mutant() == crate::sim::Mutant::StaleVoidStopsOwner;
+    #[cfg(not(test))]
+    false
+}
+
 pub(super) fn chk(id: CheckpointId) -> String {
     format!("chk-{id}")
 }
@@ -324,6 +333,7 @@ impl Storage {
     /// Records that the checkpoints after `record.floor` continue from the explicit restore
     /// `record.path` (replacing an earlier record).
     pub(crate) fn record_restore(&self, record: &RestoreRecord) -> Result<()> {
+        self.check_claim()?;
         let bytes = serde_json::to_vec_pretty(record).map_err(|e| CoreError::Serialization {
             what: "the restore record".into(),
             reason: e.to_string(),
@@ -345,6 +355,17 @@ impl Storage {
                     tracing::warn!(checkpoint_id = id, error = %e, "Writing checkpoint metadata answered an error, but it was written.");
                 }
                 Ok(())
+            }
+            Ok(there) if there == super::unfinished::VOID && !stale_void_stops_owner() => {
+                // Made void by another run's restart: one that took the location over (this run
+                // then no longer owns it: the check says so), or one that stalled while it
+                // restored and listed this checkpoint in progress (this run still owns it: the
+                // checkpoint fails, the run goes on).
+                self.check_claim()?;
+                Err(CoreError::CheckpointAborted {
+                    id,
+                    reason: "another run made it void while it was written (a run that restored meanwhile)".into(),
+                })
             }
             Ok(_) => Err(CoreError::LocationOwned {
                 location: self.root.clone(),

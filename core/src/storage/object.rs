@@ -48,7 +48,7 @@ pub(crate) fn is_url(location: &Path) -> bool {
 /// of explicit restores), read with the quick client. Checkpoint metadata is not one: it holds
 /// operator state inline, of any size.
 fn control_record(key: &str) -> bool {
-    matches!(key.rsplit('/').next(), Some("_owner" | "_restore" | "_restored_from"))
+    matches!(key.rsplit('/').next(), Some(name) if matches!(name, "_owner" | "_restore" | "_restored_from") || name.starts_with("_owner-beat-"))
 }
 
 /// How long a request for a small object (a control record, a listing, a deletion) may take

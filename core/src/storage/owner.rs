@@ -409,6 +409,13 @@ impl Storage {
         self.still_mine(&me)
     }
 
+    /// Whether this storage holds a claim (made once per run; the simulation's model process
+    /// keeps its storage across attempts as the executor does).
+    #[cfg(test)]
+    pub(crate) fn has_claim(&self) -> bool {
+        self.claim.lock().expect("not poisoned").is_some()
+    }
+
     /// Whether the record is still `me`'s.
     fn still_mine(&self, me: &OwnerRecord) -> Result<()> {
         let lost = |why: String| {

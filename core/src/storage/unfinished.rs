@@ -79,6 +79,16 @@ impl Storage {
             return Err(landed(id));
         }
         let mut voided = Vec::new();
+        // Only the owner makes anything void, and with a listing made before its check: a run
+        // that stalled past its lease while it restored would otherwise list the new owner's
+        // checkpoint in progress and make it void.
+        #[cfg(test)]
+        let unchecked = crate::sim::mutant() == crate::sim::Mutant::StaleVoidStopsOwner;
+        #[cfg(not(test))]
+        let unchecked = false;
+        if !unchecked && scan.unfinished.iter().any(|&id| id > from) {
+            self.check_claim()?;
+        }
         for id in scan.unfinished.into_iter().filter(|&id| id > from) {
             #[cfg(test)]
             if crate::sim::mutant() == crate::sim::Mutant::NoVoid {
