@@ -387,7 +387,7 @@ mod tests {
             panic!("{v}");
         }
         eprintln!(
-            "{n} seeds in {:.2} s ({:.0} seeds/s), {:.0} steps per seed; seeds per path: {:?}; seeds ended by the known hazard (a recovery stalled past the lease after its owner check): {}",
+            "{n} seeds in {:.2} s ({:.0} seeds/s), {:.0} steps per seed; seeds per path: {:?}; seeds ended by the known hazard (a recovery request on its way while its run stalled past the lease): {}",
             started.elapsed().as_secs_f64(),
             n as f64 / started.elapsed().as_secs_f64(),
             coverage.0.steps as f64 / n as f64,

@@ -690,3 +690,30 @@ fn a_run_taken_over_is_told_so_not_that_its_checkpoints_vanished() {
     let err = crate::runtime::RestorePlan::first(Some(&owner), None, false).unwrap_err();
     assert!(matches!(err, CoreError::CheckpointsVanished(_)), "{err}");
 }
+
+/// A claim write of an earlier attempt of this run (answered by an error) that lands while the
+/// next attempt watches another machine's owner is this run's record, not a live owner's: the
+/// claim goes on (before, the run stopped, naming itself as the live owner; found by the
+/// simulation of two copies, seed 2555).
+#[test]
+fn a_late_claim_write_of_this_run_while_it_watches_is_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Arc::new(Storage::new(dir.path()).unwrap());
+    foreign_owner(dir.path(), 1);
+    let claiming = {
+        let storage = storage.clone();
+        std::thread::spawn(move || storage.claim("j", Duration::from_secs(3)))
+    };
+    let mine = loop {
+        if let Some(id) = storage.claim_id.get() {
+            break id.clone();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let mut record = owner_of(dir.path());
+    record["id"] = mine.clone().into();
+    fs::write(dir.path().join("_owner"), serde_json::to_vec(&record).unwrap()).unwrap();
+    claiming.join().unwrap().expect("its own record");
+    assert_eq!(owner_of(dir.path())["id"], mine.as_str());
+}

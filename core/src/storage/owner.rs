@@ -297,7 +297,7 @@ impl Storage {
             let verdict = match judge(current.as_ref(), &me, &alive) {
                 Verdict::Watch => {
                     let owner = current.as_ref().expect("watched");
-                    self.watch(owner, lease.max(Duration::from_millis(owner.lease_ms)))?
+                    self.watch(owner, &me.id, lease.max(Duration::from_millis(owner.lease_ms)))?
                 }
                 v => v,
             };
@@ -333,7 +333,9 @@ impl Storage {
 
     /// Watches another machine's owner record for `lease`: a record that moves has a live owner;
     /// one that goes (released, removed) frees the location at once.
-    fn watch(&self, first: &OwnerRecord, lease: Duration) -> Result<Verdict> {
+    /// (`mine`: this run's claim id. A claim write of an earlier attempt of this run, answered by
+    /// an error, may land while it watches: the record is then this run's, not a live owner's.)
+    fn watch(&self, first: &OwnerRecord, mine: &str, lease: Duration) -> Result<Verdict> {
         info!(
             location = %self.root.display(),
             owner = %first.describe(),
@@ -346,6 +348,9 @@ impl Storage {
         let first_beat = self.read_beat(&first.id)?;
         loop {
             let last = self.read_owner()?;
+            if last.as_ref().is_some_and(|l| l.id == mine) {
+                return Ok(Verdict::Claim);
+            }
             let beat = self.read_beat(&first.id)?;
             let verdict = after_watch(first, last.as_ref(), (first_beat, beat), lease);
             let freed = last.as_ref().is_none_or(|l| l.released);
