@@ -16,6 +16,7 @@ mod ids;
 mod jobs;
 mod kafka;
 mod mysql;
+mod owner;
 mod postgres;
 mod proxy;
 
@@ -28,5 +29,6 @@ pub use kafka::{
     recreate_topic, transactional_producer, wait_for_committed, wait_for_uncommitted, CommittedRecord, Feed,
 };
 pub use mysql::{connect_mysql, execute, query_i64, query_pairs};
+pub use owner::OwnerLostAfter;
 pub use postgres::{connect_postgres, pg_execute, pg_i64, postgres_url, HOW_TO_START_POSTGRES};
 pub use proxy::Proxy;

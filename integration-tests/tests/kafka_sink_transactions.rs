@@ -76,6 +76,7 @@ async fn start(s: &mut TransactionalKafkaSink, info: &SubtaskInfo, restored: &[(
         is_restored: !restored.is_empty(),
         restored_checkpoint: None,
         unreadable_newer: None,
+        owner: None,
     })
     .await?;
     Ok(())
@@ -96,6 +97,7 @@ async fn restore(
         is_restored: true,
         restored_checkpoint: None,
         unreadable_newer: None,
+        owner: None,
     };
     s.abort_unneeded(&ctx).await?;
     for (_, c) in restored {
@@ -671,5 +673,50 @@ async fn order_across_a_barrier(queue_cap: usize, second: &[usize]) -> Result<()
         out_of_order, 0,
         "log order broken {out_of_order} times, first: {first:?}"
     );
+    Ok(())
+}
+
+/// A recovery that lost its checkpoint location (another run took it over while this one was
+/// cut off from the checkpoint store) fences none of the ids: the open transaction of another
+/// run of the job stays open, not aborted by this one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovery_without_its_location_fences_nothing() -> Result<()> {
+    use exactly_core::storage::CheckpointStorage;
+    use exactly_integration_tests::OwnerLostAfter;
+    use std::sync::Arc;
+
+    let env = TestEnv::get().await?;
+    let (topic, prefix) = (unique("owner-lost"), unique("owner-lost-txn"));
+    create_topic(env, &topic, 1).await?;
+    let me = info(0, 1);
+    // The run that owns the location: a transaction open on its first id.
+    let mut owner = sink(env, &topic, &prefix, 2, T);
+    start(&mut owner, &me, &[]).await?;
+    let t = txn(&mut owner, 1, &["kept"]).await?;
+    let c = prepared(&mut owner, t, 1).await?;
+
+    // A run that lost the location recovers: refused before it fences the pool.
+    let lost = Arc::new(OwnerLostAfter::new(0));
+    let storage: Arc<dyn CheckpointStorage> = lost.clone();
+    let mut stale = sink(env, &topic, &prefix, 2, T);
+    stale.open(&me).await?;
+    let err = stale
+        .abort_lingering(&RecoveryContext {
+            info: &me,
+            restored: &[],
+            all_restored: &[],
+            is_restored: false,
+            restored_checkpoint: None,
+            unreadable_newer: None,
+            owner: Some(&storage),
+        })
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("another run took it over"), "{err}");
+    let now = describe_transaction(&Cluster::plaintext(&env.kafka_bootstrap), &c.transactional_id).await?;
+    assert_eq!(now.state, "Ongoing", "the owner's transaction is still open: {now:?}");
+    // And the owner commits it.
+    owner.commit(&c).await.map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    assert_eq!(values(env, &topic)?, vec!["kept".to_owned()]);
     Ok(())
 }

@@ -381,59 +381,10 @@ async fn a_run_that_lost_its_location_leaves_the_restored_branch_to_the_owner() 
 /// stops at the next one, and the restored branch stays prepared for the new owner.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recovery_that_loses_its_location_midway_stops_before_its_next_step() -> Result<()> {
-    use exactly_core::checkpoint::CheckpointMetadata;
-    use exactly_core::storage::{CheckpointStorage, Snapshot, SnapshotWriter};
-    use exactly_core::{CheckpointId, CoreError};
+    use exactly_core::storage::CheckpointStorage;
+    use exactly_integration_tests::OwnerLostAfter;
     use sqlx::Row;
-    use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
-
-    /// Checkpoint storage whose owner check passes `ok` times, then finds the location taken.
-    struct LostAfter {
-        ok: u32,
-        calls: AtomicU32,
-    }
-    fn unused<T>() -> exactly_core::Result<T> {
-        Err(CoreError::Config("not used by this test".into()))
-    }
-    impl CheckpointStorage for LostAfter {
-        fn writer(&self, _: CheckpointId) -> exactly_core::Result<Arc<dyn SnapshotWriter>> {
-            unused()
-        }
-        fn commit(&self, _: &CheckpointMetadata) -> exactly_core::Result<()> {
-            unused()
-        }
-        fn abort(&self, _: CheckpointId) -> exactly_core::Result<()> {
-            unused()
-        }
-        fn completed(&self) -> exactly_core::Result<Vec<CheckpointId>> {
-            unused()
-        }
-        fn open(&self, _: CheckpointId) -> exactly_core::Result<Snapshot> {
-            unused()
-        }
-        fn latest(&self) -> exactly_core::Result<Option<Snapshot>> {
-            unused()
-        }
-        fn retain(&self, _: usize) -> exactly_core::Result<Vec<CheckpointId>> {
-            unused()
-        }
-        fn discard_all(&self) -> exactly_core::Result<()> {
-            unused()
-        }
-        fn export(&self, _: CheckpointId, _: &std::path::Path) -> exactly_core::Result<()> {
-            unused()
-        }
-        fn check_owner(&self) -> exactly_core::Result<()> {
-            if self.calls.fetch_add(1, Ordering::SeqCst) < self.ok {
-                return Ok(());
-            }
-            Err(CoreError::LocationOwned {
-                location: "test-location".into(),
-                reason: "another run took it over".into(),
-            })
-        }
-    }
 
     let env = TestEnv::get().await?;
     let c = config(env, Mode::Xa, OnError::Fail);
@@ -447,10 +398,7 @@ async fn a_recovery_that_loses_its_location_midway_stops_before_its_next_step() 
     let restored = ctx.into_restored();
     drop(sink);
 
-    let lost: Arc<dyn CheckpointStorage> = Arc::new(LostAfter {
-        ok: 1,
-        calls: AtomicU32::new(0),
-    });
+    let lost: Arc<dyn CheckpointStorage> = Arc::new(OwnerLostAfter::new(1));
     let mut restoring = info.clone();
     restoring.restored_checkpoint = Some(1);
     let err = MysqlSink::new(c.clone())?

@@ -127,6 +127,7 @@ async fn a_prepared_transaction_busy_in_another_session_is_tried_again_never_fat
         is_restored: false,
         restored_checkpoint: None,
         unreadable_newer: None,
+        owner: None,
     };
     sink.abort_lingering(&ctx).await?;
     let mut admin = connect_postgres().await?;

@@ -66,6 +66,7 @@ async fn start(s: &mut TwoPhasePostgresSink, me: &SubtaskInfo, restored: &[(u64,
         is_restored: !restored.is_empty(),
         restored_checkpoint: None,
         unreadable_newer: None,
+        owner: None,
     };
     s.abort_unneeded(&ctx).await?;
     for (_, c) in restored {
@@ -307,5 +308,47 @@ async fn json_fields_become_the_columns_types_as_postgresql_converts_them() -> R
         None,
     ];
     assert_eq!(got, want.map(|v| v.map(str::to_owned)), "row 2");
+    Ok(())
+}
+
+/// A recovery that loses its checkpoint location while it rolls back lingering prepared
+/// transactions (another run took it over: a partition from the checkpoint store) stops before
+/// its next rollback: the new owner's prepared transactions are not its to roll back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleanup_that_loses_its_location_stops_before_the_next_rollback() -> Result<()> {
+    use exactly_core::storage::CheckpointStorage;
+    use exactly_integration_tests::OwnerLostAfter;
+    use std::sync::Arc;
+
+    let (table, job) = (unique("pg_lost").replace('-', "_"), unique("job"));
+    let me = info(0, 1);
+    let mut s = TwoPhasePostgresSink::new(config("two_phase", &table, &job)?)?;
+    s.open(&me).await?;
+    prepare(&mut s, 1, &[1]).await?;
+    prepare(&mut s, 2, &[2]).await?;
+    drop(s);
+    assert_eq!(prepared_count(&job).await?, 2);
+
+    // One check passes (the first rollback), the next finds the location taken over.
+    let lost = Arc::new(OwnerLostAfter::new(1));
+    let owner: Arc<dyn CheckpointStorage> = lost.clone();
+    let mut s = TwoPhasePostgresSink::new(config("two_phase", &table, &job)?)?;
+    s.open(&me).await?;
+    let ctx = RecoveryContext {
+        info: &me,
+        restored: &[],
+        all_restored: &[],
+        is_restored: false,
+        restored_checkpoint: None,
+        unreadable_newer: None,
+        owner: Some(&owner),
+    };
+    let err = s.abort_lingering(&ctx).await.unwrap_err();
+    assert!(err.to_string().contains("another run took it over"), "{err}");
+    assert_eq!(lost.checks(), 2, "checked before each rollback");
+    assert_eq!(prepared_count(&job).await?, 1, "the second was left alone");
+    // The owner's cleanup rolls back what is left.
+    start(&mut s, &me, &[]).await?;
+    assert_eq!(prepared_count(&job).await?, 0);
     Ok(())
 }

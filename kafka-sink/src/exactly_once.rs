@@ -654,6 +654,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
                     && c.is_same_transaction(d.producer_id, d.producer_epoch, d.start_time_ms)
             });
             if !needed {
+                ctx.check_still_owner().await?;
                 warn!(transactional_id = %t.transactional_id, "Aborting an open transaction no checkpoint needs before recovering.");
                 self.fence_and_abort(&t.transactional_id)?;
             }
@@ -691,6 +692,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
                     continue;
                 }
             }
+            ctx.check_still_owner().await?;
             if t.state == "Ongoing" {
                 warn!(transactional_id = %t.transactional_id, "Aborting a lingering transaction.");
             }
@@ -704,6 +706,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         let ids: Vec<String> = (0..self.pool_size)
             .map(|slot| transactional_id(&self.prefix, me, slot))
             .collect();
+        ctx.check_still_owner().await?;
         let this = &*self;
         let inited: Vec<Result<(Producer_, Arc<Deliveries>)>> = tokio::task::block_in_place(|| {
             std::thread::scope(|scope| {

@@ -372,6 +372,7 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
             if !mine || pending.contains(&bqual.as_str()) {
                 continue;
             }
+            ctx.check_still_owner().await?;
             warn!(bqual = %bqual, "Rolling back a prepared XA branch no checkpoint needs.");
             self.xa(&mut conn, "XA ROLLBACK", &bqual)
                 .await

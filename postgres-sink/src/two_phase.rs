@@ -306,6 +306,7 @@ impl TwoPhaseCommitSink<PgRecord> for TwoPhasePostgresSink {
             if !mine || pending.contains(&gid.as_str()) {
                 continue;
             }
+            ctx.check_still_owner().await?;
             warn!(gid = %gid, "Rolling back a prepared transaction no checkpoint needs.");
             match db::exec(&mut conn, format!("ROLLBACK PREPARED {}", literal(&gid))).await {
                 Ok(()) => rolled_back += 1,

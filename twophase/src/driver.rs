@@ -585,6 +585,7 @@ impl<T: Send + 'static, S: TwoPhaseCommitSink<T>> Sink<T> for TwoPhaseSink<T, S>
             is_restored: ctx.is_restored(),
             restored_checkpoint: info.restored_checkpoint,
             unreadable_newer: ctx.unreadable_newer(),
+            owner: ctx.checkpoint_storage(),
         };
         // Refused here when behind (the sink committed past the restored checkpoint).
         let forget = self.check_not_behind(&recovery).await?;

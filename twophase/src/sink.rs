@@ -98,7 +98,6 @@ impl Debug for Committing {
 }
 
 /// What a sink learns at start, to recover and to clean up.
-#[derive(Debug)]
 pub struct RecoveryContext<'a, C> {
     /// This subtask.
     pub info: &'a SubtaskInfo,
@@ -117,6 +116,34 @@ pub struct RecoveryContext<'a, C> {
     /// is the proof that none of this subtask's transactions after the restored one committed,
     /// and a record that cannot tell must say so (an error), not answer `None`.
     pub unreadable_newer: Option<CheckpointId>,
+    /// The job's checkpoint storage (`None`: none, or a test): see
+    /// [`RecoveryContext::check_still_owner`].
+    pub owner: Option<&'a std::sync::Arc<dyn exactly_core::storage::CheckpointStorage>>,
+}
+
+impl<C: Debug> Debug for RecoveryContext<'_, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecoveryContext")
+            .field("info", &self.info)
+            .field("restored", &self.restored)
+            .field("all_restored", &self.all_restored)
+            .field("is_restored", &self.is_restored)
+            .field("restored_checkpoint", &self.restored_checkpoint)
+            .field("unreadable_newer", &self.unreadable_newer)
+            .field("owner", &self.owner.is_some())
+            .finish()
+    }
+}
+
+impl<C> RecoveryContext<'_, C> {
+    /// Checks that this run still owns its checkpoint location. A sink calls it before each
+    /// request of its recovery that changes the external system (fencing a producer, aborting a
+    /// transaction, rolling back a prepared one): a recovery may take long, and a run that lost
+    /// its location meanwhile (stalled past its claim's lease, or cut off from the checkpoint
+    /// store) must not abort or fence the new owner's transactions.
+    pub async fn check_still_owner(&self) -> exactly_core::Result<()> {
+        exactly_core::storage::check_still_owner(self.owner).await
+    }
 }
 
 /// A sink that writes into transactions of an external system and commits them in two phases.

@@ -189,18 +189,13 @@ impl<'a> InitContext<'a> {
     /// lost meanwhile (a partition from the checkpoint store while the external system stays
     /// reachable: the claim then goes unrenewed, and the check fails).
     pub async fn check_still_owner(&self) -> crate::Result<()> {
-        let Some(storage) = self.owner.cloned() else {
-            return Ok(());
-        };
-        tokio::task::spawn_blocking(move || storage.check_owner())
-            .await
-            .map_err(|e| {
-                crate::CoreError::io(
-                    "checking the owner of",
-                    std::path::PathBuf::from("the checkpoint location"),
-                    std::io::Error::other(format!("the check did not finish: {e}")),
-                )
-            })?
+        crate::storage::check_still_owner(self.owner).await
+    }
+
+    /// The job's checkpoint storage, for a sink's recovery to check its owner before each
+    /// request that changes the external system ([`crate::storage::check_still_owner`]).
+    pub fn checkpoint_storage(&self) -> Option<&'a std::sync::Arc<dyn crate::storage::CheckpointStorage>> {
+        self.owner
     }
 
     /// (Sinks) When the job restores `info.restored_checkpoint` although newer checkpoints exist

@@ -713,7 +713,10 @@ fn a_late_claim_write_of_this_run_while_it_watches_is_its_own() {
     std::thread::sleep(Duration::from_millis(200));
     let mut record = owner_of(dir.path());
     record["id"] = mine.clone().into();
-    fs::write(dir.path().join("_owner"), serde_json::to_vec(&record).unwrap()).unwrap();
+    // Into place at once (a record read half-written would be an unknown owner's).
+    let tmp = dir.path().join("_owner.test");
+    fs::write(&tmp, serde_json::to_vec(&record).unwrap()).unwrap();
+    fs::rename(&tmp, dir.path().join("_owner")).unwrap();
     claiming.join().unwrap().expect("its own record");
     assert_eq!(owner_of(dir.path())["id"], mine.as_str());
 }

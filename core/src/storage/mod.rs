@@ -93,6 +93,25 @@ pub trait CheckpointStorage: Send + Sync {
     }
 }
 
+/// Checks, off the async runtime's threads, that this run still owns the checkpoint location of
+/// `storage` ([`CheckpointStorage::check_owner`]); `Ok` without storage. What a sink's recovery
+/// calls before each request that changes its external system (see
+/// `runtime::InitContext::check_still_owner`).
+pub async fn check_still_owner(storage: Option<&Arc<dyn CheckpointStorage>>) -> Result<()> {
+    let Some(storage) = storage.cloned() else {
+        return Ok(());
+    };
+    tokio::task::spawn_blocking(move || storage.check_owner())
+        .await
+        .map_err(|e| {
+            crate::CoreError::io(
+                "checking the owner of",
+                std::path::PathBuf::from("the checkpoint location"),
+                std::io::Error::other(format!("the check did not finish: {e}")),
+            )
+        })?
+}
+
 /// What a run does with a checkpoint whose metadata write (`CheckpointStorage::commit`) failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FailedCommit {

@@ -347,11 +347,13 @@ impl Storage {
         let mut logged = start;
         let first_beat = self.read_beat(&first.id)?;
         loop {
+            // The heartbeat first, the record last: a record this run's own late write made its
+            // own is seen as such, whatever the heartbeat read before it said.
+            let beat = self.read_beat(&first.id)?;
             let last = self.read_owner()?;
             if last.as_ref().is_some_and(|l| l.id == mine) {
                 return Ok(Verdict::Claim);
             }
-            let beat = self.read_beat(&first.id)?;
             let verdict = after_watch(first, last.as_ref(), (first_beat, beat), lease);
             let freed = last.as_ref().is_none_or(|l| l.released);
             let waited = clock() - start;
