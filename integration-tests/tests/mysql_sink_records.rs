@@ -307,6 +307,36 @@ async fn a_job_id_with_quotes_works() -> Result<()> {
     Ok(())
 }
 
+/// Checkpoint 1 of a sink prepared (one row), its completion never seen (the process stopped
+/// there): the state a restore of it gets.
+async fn prepared_not_completed(
+    c: &MysqlSinkConfig,
+    info: &exactly_core::runtime::SubtaskInfo,
+) -> Result<exactly_core::state::RestoredState> {
+    let mut sink = MysqlSink::new(c.clone())?;
+    sink.initialize_state(&InitContext::new(info, None)).await?;
+    sink.write(vec![record(1, r#"{"id":1,"name":"a"}"#)]).await?;
+    let mut ctx = SnapshotContext::new(1, SnapshotKind::Checkpoint, 0);
+    sink.snapshot_state(&mut ctx).await?;
+    Ok(ctx.into_restored())
+}
+
+/// The XA branches of job `job_id` that XA RECOVER lists (prepared, neither committed nor
+/// rolled back).
+async fn prepared_branches(conn: &mut sqlx::MySqlConnection, job_id: &str) -> Result<usize> {
+    use sqlx::Row;
+    let gtrid = format!("exactly:{job_id}:");
+    Ok(sqlx::raw_sql("XA RECOVER")
+        .fetch_all(conn)
+        .await?
+        .iter()
+        .filter(|row| {
+            row.try_get::<Vec<u8>, _>("data")
+                .is_ok_and(|d| d.starts_with(gtrid.as_bytes()))
+        })
+        .count())
+}
+
 /// A run restoring a checkpoint whose location another run took over meanwhile (it stalled past
 /// its claim's lease while it restored) changes nothing in the database: the restored
 /// checkpoint's prepared XA branch is neither committed nor rolled back by it — the new owner's
@@ -314,7 +344,6 @@ async fn a_job_id_with_quotes_works() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_that_lost_its_location_leaves_the_restored_branch_to_the_owner() -> Result<()> {
     use exactly_core::storage::{CheckpointStorage, Storage};
-    use sqlx::Row;
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -323,13 +352,7 @@ async fn a_run_that_lost_its_location_leaves_the_restored_branch_to_the_owner() 
     let table = c.table.clone();
     let info = subtask_info("mysql");
     // Checkpoint 1 prepared, its completion never seen (the process stopped there).
-    let mut sink = MysqlSink::new(c.clone())?;
-    sink.initialize_state(&InitContext::new(&info, None)).await?;
-    sink.write(vec![record(1, r#"{"id":1,"name":"a"}"#)]).await?;
-    let mut ctx = SnapshotContext::new(1, SnapshotKind::Checkpoint, 0);
-    sink.snapshot_state(&mut ctx).await?;
-    let restored = ctx.into_restored();
-    drop(sink);
+    let restored = prepared_not_completed(&c, &info).await?;
     let mut conn = connect_mysql(env).await?;
     let branches = || format!("SELECT COUNT(*) FROM `{table}`");
 
@@ -352,16 +375,7 @@ async fn a_run_that_lost_its_location_leaves_the_restored_branch_to_the_owner() 
         0,
         "not committed by the run that lost the location"
     );
-    let gtrid = format!("exactly:{}:", c.job_id);
-    let prepared = sqlx::raw_sql("XA RECOVER")
-        .fetch_all(&mut conn)
-        .await?
-        .iter()
-        .filter(|row| {
-            row.try_get::<Vec<u8>, _>("data")
-                .is_ok_and(|d| d.starts_with(gtrid.as_bytes()))
-        })
-        .count();
+    let prepared = prepared_branches(&mut conn, &c.job_id).await?;
     assert_eq!(prepared, 1, "the branch is still prepared (not rolled back)");
 
     // The owner's recovery commits it.
@@ -383,20 +397,13 @@ async fn a_run_that_lost_its_location_leaves_the_restored_branch_to_the_owner() 
 async fn a_recovery_that_loses_its_location_midway_stops_before_its_next_step() -> Result<()> {
     use exactly_core::storage::CheckpointStorage;
     use exactly_integration_tests::OwnerLostAfter;
-    use sqlx::Row;
     use std::sync::Arc;
 
     let env = TestEnv::get().await?;
     let c = config(env, Mode::Xa, OnError::Fail);
     let table = c.table.clone();
     let info = subtask_info("mysql");
-    let mut sink = MysqlSink::new(c.clone())?;
-    sink.initialize_state(&InitContext::new(&info, None)).await?;
-    sink.write(vec![record(1, r#"{"id":1,"name":"a"}"#)]).await?;
-    let mut ctx = SnapshotContext::new(1, SnapshotKind::Checkpoint, 0);
-    sink.snapshot_state(&mut ctx).await?;
-    let restored = ctx.into_restored();
-    drop(sink);
+    let restored = prepared_not_completed(&c, &info).await?;
 
     let lost: Arc<dyn CheckpointStorage> = Arc::new(OwnerLostAfter::new(1));
     let mut restoring = info.clone();
@@ -412,16 +419,7 @@ async fn a_recovery_that_loses_its_location_midway_stops_before_its_next_step() 
         0,
         "nothing committed after the location was lost"
     );
-    let gtrid = format!("exactly:{}:", c.job_id);
-    let prepared = sqlx::raw_sql("XA RECOVER")
-        .fetch_all(&mut conn)
-        .await?
-        .iter()
-        .filter(|row| {
-            row.try_get::<Vec<u8>, _>("data")
-                .is_ok_and(|d| d.starts_with(gtrid.as_bytes()))
-        })
-        .count();
+    let prepared = prepared_branches(&mut conn, &c.job_id).await?;
     assert_eq!(prepared, 1, "the restored branch is still prepared, for the new owner");
     // Tidy: the branch goes with a recovery that owns the location.
     let mut owner = MysqlSink::new(c)?;

@@ -346,17 +346,7 @@ pub(crate) fn run_copies(seed: u64) -> std::result::Result<(u64, Paths), String>
 /// Runs `seeds` seeds of two copies from `first` with `m` active on this thread and the copies'
 /// threads: the first violation, and the paths taken.
 pub(crate) fn run_copies_seeds(first: u64, seeds: u64, m: super::Mutant) -> (Option<String>, super::Coverage) {
-    super::with_mutant(m, || {
-        let mut coverage = super::Coverage::default();
-        let found = (first..first + seeds).find_map(|s| match run_copies(s) {
-            Err(v) => Some(v),
-            Ok((_, paths)) => {
-                coverage.add(paths);
-                None
-            }
-        });
-        (found, coverage)
-    })
+    super::sweep(first, seeds, m, run_copies)
 }
 
 #[cfg(test)]
@@ -364,23 +354,9 @@ mod tests {
     use super::super::Mutant;
     use super::*;
 
-    /// The seed budget of a test run (more with EXACTLY_SIM_SEEDS; EXACTLY_SIM_FIRST to start
-    /// elsewhere).
-    fn budget() -> (u64, u64) {
-        let n = std::env::var("EXACTLY_SIM_SEEDS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2_000);
-        let first = std::env::var("EXACTLY_SIM_FIRST")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        (first, n)
-    }
-
     #[test]
     fn two_copies_on_one_location_hold_for_every_seed() {
-        let (first, n) = budget();
+        let (first, n) = super::super::budget(2_000);
         let started = std::time::Instant::now();
         let (found, coverage) = run_copies_seeds(first, n, Mutant::None);
         if let Some(v) = found {

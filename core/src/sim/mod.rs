@@ -1175,9 +1175,20 @@ pub(crate) fn run(seed: u64) -> std::result::Result<u64, String> {
 /// Runs `seeds` seeds from `first` with `m` active on this thread: the first violation, and the
 /// paths taken.
 pub(crate) fn run_seeds(first: u64, seeds: u64, m: Mutant) -> (Option<String>, Coverage) {
+    sweep(first, seeds, m, run_paths)
+}
+
+/// Runs `run` for `seeds` seeds from `first` with `m` active: the first violation, and the paths
+/// taken.
+fn sweep(
+    first: u64,
+    seeds: u64,
+    m: Mutant,
+    run: impl Fn(u64) -> std::result::Result<(u64, Paths), String>,
+) -> (Option<String>, Coverage) {
     with_mutant(m, || {
         let mut coverage = Coverage::default();
-        let found = (first..first + seeds).find_map(|s| match run_paths(s) {
+        let found = (first..first + seeds).find_map(|s| match run(s) {
             Err(v) => Some(v),
             Ok((_, paths)) => {
                 coverage.add(paths);
@@ -1188,27 +1199,24 @@ pub(crate) fn run_seeds(first: u64, seeds: u64, m: Mutant) -> (Option<String>, C
     })
 }
 
+/// The seed budget of a test run: `default` seeds from 0, or EXACTLY_SIM_SEEDS from
+/// EXACTLY_SIM_FIRST (e.g. a seed a failure printed).
+#[cfg(test)]
+fn budget(default: u64) -> (u64, u64) {
+    let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
+    (
+        var("EXACTLY_SIM_FIRST").unwrap_or(0),
+        var("EXACTLY_SIM_SEEDS").unwrap_or(default),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The seed budget of a test run (more with EXACTLY_SIM_SEEDS; EXACTLY_SIM_FIRST to start
-    /// elsewhere, e.g. at a seed a failure printed).
-    fn budget() -> (u64, u64) {
-        let n = std::env::var("EXACTLY_SIM_SEEDS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2_000);
-        let first = std::env::var("EXACTLY_SIM_FIRST")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        (first, n)
-    }
-
     #[test]
     fn checkpoint_storage_holds_for_every_seed() {
-        let (first, n) = budget();
+        let (first, n) = budget(2_000);
         let started = std::time::Instant::now();
         let (found, coverage) = run_seeds(first, n, Mutant::None);
         if let Some(v) = found {
