@@ -291,6 +291,11 @@ impl CoreError {
         match self {
             CoreError::Io { source, .. } => unreachable_kind(source.kind()),
             CoreError::ClaimNotRenewed { .. } => true,
+            // A connector's error that is the engine's own (a sink's owner check before a step
+            // of its recovery, with the checkpoint store down).
+            CoreError::Operator { source, .. } => source
+                .downcast_ref::<CoreError>()
+                .is_some_and(CoreError::is_unavailable),
             _ => false,
         }
     }
@@ -319,5 +324,24 @@ impl CoreError {
             what: what.into(),
             reason: err.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sink's recovery that checks its owner with the checkpoint store down fails with the
+    /// engine's error wrapped as the sink's: still an outage to wait for, not a failed start.
+    #[test]
+    fn an_outage_wrapped_by_a_connector_is_still_an_outage() {
+        let outage = CoreError::ClaimNotRenewed {
+            location: "s3://b/p".into(),
+            seconds: 25,
+        };
+        assert!(CoreError::operator("sink", ErrorClass::Restart, outage).is_unavailable());
+        let refused = CoreError::Config("bad".into());
+        assert!(!CoreError::operator("sink", ErrorClass::Fatal, refused).is_unavailable());
+        assert!(!CoreError::operator("sink", ErrorClass::Restart, "a connector's own error").is_unavailable());
     }
 }

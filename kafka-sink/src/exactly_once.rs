@@ -732,6 +732,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         // Every id of the subtask is fenced now: no offset of an earlier session can land after
         // this one. Asked again first (an earlier attempt may have written it).
         if let Some(restored) = self.start_record.take() {
+            ctx.check_still_owner().await?; // the initialisations above may have taken long
             self.record(ctx.info).start_record(restored).await?;
         }
         info!(
@@ -779,7 +780,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         ctx: &RecoveryContext<'_, KafkaCommittable>,
         id: CheckpointId,
     ) -> exactly_core::Result<()> {
-        Ok(self.record(ctx.info).forget_after(id).await?)
+        self.record(ctx.info).forget_after(id, ctx.check_still_owner()).await
     }
 
     fn transaction_timeout(&self) -> Option<Duration> {

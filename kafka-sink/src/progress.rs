@@ -145,15 +145,23 @@ impl Record<'_> {
     }
 
     /// Sets the record back to checkpoint `id` (the operator accepted replay from it); after the
-    /// subtask's lingering transactions are gone.
-    pub(crate) async fn forget_after(&self, id: CheckpointId) -> Result<()> {
+    /// subtask's lingering transactions are gone, and after `owner_check` (the wait for them may
+    /// be long: a run that lost its checkpoint location meanwhile must not set back the new
+    /// owner's record).
+    pub(crate) async fn forget_after(
+        &self,
+        id: CheckpointId,
+        owner_check: impl std::future::Future<Output = exactly_core::Result<()>>,
+    ) -> exactly_core::Result<()> {
         let subtasks = self.settled_subtasks().await?;
+        owner_check.await?;
         tokio::task::block_in_place(|| {
             for s in subtasks {
                 forget_after(&self.cluster, &group(self.prefix, s), self.topic, id)?;
             }
-            Ok(())
-        })
+            Ok::<_, crate::error::SinkError>(())
+        })?;
+        Ok(())
     }
 }
 
