@@ -291,11 +291,20 @@ impl CoreError {
         match self {
             CoreError::Io { source, .. } => unreachable_kind(source.kind()),
             CoreError::ClaimNotRenewed { .. } => true,
-            // A connector's error that is the engine's own (a sink's owner check before a step
-            // of its recovery, with the checkpoint store down).
-            CoreError::Operator { source, .. } => source
-                .downcast_ref::<CoreError>()
-                .is_some_and(CoreError::is_unavailable),
+            // A sink's owner check before a step of its recovery, with the checkpoint store down,
+            // wrapped as the sink's error (only that: a connector's own I/O error, wrapped the
+            // same way, is the restart strategy's to judge).
+            CoreError::Operator { source, .. } => source.downcast_ref::<CoreError>().is_some_and(|e| match e {
+                CoreError::ClaimNotRenewed { .. } => true,
+                CoreError::Io { path, source, .. } => {
+                    unreachable_kind(source.kind())
+                        && path
+                            .file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.starts_with("_owner"))
+                }
+                _ => false,
+            }),
             _ => false,
         }
     }
@@ -340,6 +349,20 @@ mod tests {
             seconds: 25,
         };
         assert!(CoreError::operator("sink", ErrorClass::Restart, outage).is_unavailable());
+        let owner_read = CoreError::io(
+            "reading",
+            "s3://b/p/_owner",
+            std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out"),
+        );
+        assert!(CoreError::operator("sink", ErrorClass::Restart, owner_read).is_unavailable());
+        // A connector's own I/O error stays the restart strategy's to judge.
+        let pipe = CoreError::io(
+            "writing",
+            "/tmp/out.pipe",
+            std::io::Error::new(std::io::ErrorKind::BrokenPipe, "reader gone"),
+        );
+        assert!(pipe.is_unavailable());
+        assert!(!CoreError::operator("sink", ErrorClass::Restart, pipe).is_unavailable());
         let refused = CoreError::Config("bad".into());
         assert!(!CoreError::operator("sink", ErrorClass::Fatal, refused).is_unavailable());
         assert!(!CoreError::operator("sink", ErrorClass::Restart, "a connector's own error").is_unavailable());

@@ -732,8 +732,9 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         // Every id of the subtask is fenced now: no offset of an earlier session can land after
         // this one. Asked again first (an earlier attempt may have written it).
         if let Some(restored) = self.start_record.take() {
-            ctx.check_still_owner().await?; // the initialisations above may have taken long
-            self.record(ctx.info).start_record(restored).await?;
+            self.record(ctx.info)
+                .start_record(restored, ctx.check_still_owner())
+                .await?;
         }
         info!(
             subtask = me,

@@ -136,12 +136,19 @@ impl Record<'_> {
     /// later one can have committed, so it claims no more than the truth; a later fallback past
     /// an unreadable checkpoint can then rely on it. Called once every id of the subtask is fenced,
     /// and only if the group still holds nothing.
-    pub(crate) async fn start_record(&self, restored: CheckpointId) -> Result<()> {
+    /// `owner_check` runs between the read and the write (the read may wait for a coordinator).
+    pub(crate) async fn start_record(
+        &self,
+        restored: CheckpointId,
+        owner_check: impl std::future::Future<Output = exactly_core::Result<()>>,
+    ) -> exactly_core::Result<()> {
         let g = group(self.prefix, self.subtask);
-        tokio::task::block_in_place(|| match committed(&self.cluster, &g, self.topic, FAILOVER)? {
-            Some(_) => Ok(()),
-            None => forget_after(&self.cluster, &g, self.topic, restored),
-        })
+        if tokio::task::block_in_place(|| committed(&self.cluster, &g, self.topic, FAILOVER))?.is_some() {
+            return Ok(());
+        }
+        owner_check.await?;
+        tokio::task::block_in_place(|| forget_after(&self.cluster, &g, self.topic, restored))?;
+        Ok(())
     }
 
     /// Sets the record back to checkpoint `id` (the operator accepted replay from it); after the
