@@ -131,12 +131,8 @@ pub(super) fn recovery_went_stale(p: &Proc<'_>, checked: bool) -> bool {
         return false;
     };
     let mut w = b.pass(p.world.lock().expect("not poisoned"));
-    let mine = format!("p{}-claim", p.me);
-    let owner = w
-        .files
-        .get("_owner")
-        .and_then(|b| serde_json::from_slice::<crate::storage::owner::OwnerRecord>(b).ok());
-    let stale = checked && !w.over() && w.alive.contains(&p.me) && owner.is_some_and(|o| o.id != mine);
+    let stale =
+        checked && !w.over() && w.alive.contains(&p.me) && w.owner().is_some_and(|o| o.id != super::claim_id(p.me));
     if stale {
         w.paths.stale_recovery += 1;
         w.note(format!(

@@ -350,6 +350,11 @@ impl World {
         }
     }
 
+    /// The owner record in the store, as it reads now.
+    fn owner(&self) -> Option<OwnerRecord> {
+        self.files.get("_owner").and_then(|b| serde_json::from_slice(b).ok())
+    }
+
     /// A new process: its id.
     fn spawn(&mut self) -> u32 {
         let me = self.next_pid;
@@ -493,6 +498,11 @@ struct SimMachine {
     pid: u32,
 }
 
+/// The id of model process `pid`'s claim.
+fn claim_id(pid: u32) -> String {
+    format!("p{pid}-claim")
+}
+
 /// Model time per step.
 const STEP: Duration = Duration::from_millis(100);
 
@@ -532,7 +542,7 @@ impl Machine for SimMachine {
     fn this_process(&self, job: &str, lease: Duration) -> OwnerRecord {
         let step = self.world.lock().expect("not poisoned").step;
         OwnerRecord {
-            id: format!("p{}-claim", self.pid),
+            id: claim_id(self.pid),
             job: job.to_owned(),
             host: self.host.clone(),
             boot_id: "boot".into(),
@@ -864,11 +874,7 @@ fn stopped(world: &Arc<Mutex<World>>, me: u32, e: &CoreError) -> Outcome {
     if w.sched.is_some() {
         w.paths.owner_stops += 1;
         // The record still names this process: it stopped though nobody took its place.
-        let owner = w
-            .files
-            .get("_owner")
-            .and_then(|b| serde_json::from_slice::<OwnerRecord>(b).ok());
-        if owner.is_some_and(|o| o.id == format!("p{me}-claim") && !o.released) && w.spurious_stop.is_none() {
+        if w.owner().is_some_and(|o| o.id == claim_id(me) && !o.released) && w.spurious_stop.is_none() {
             w.spurious_stop = Some(format!(
                 "SPURIOUS STOP: process {me} owns the location, yet stopped: {e}"
             ));
