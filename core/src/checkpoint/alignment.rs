@@ -179,6 +179,10 @@ impl<T> BarrierAligner<T> {
     }
 
     fn blocked(&self, input: usize) -> bool {
+        #[cfg(test)]
+        if crate::sim::mutant() == crate::sim::Mutant::AlignerNeverBlocks {
+            return false;
+        }
         self.mode == AlignmentMode::ExactlyOnce && self.pending.as_ref().is_some_and(|p| p.seen[input])
     }
 
@@ -311,6 +315,11 @@ impl<T> BarrierAligner<T> {
     }
 
     fn abort(&mut self, reason: AbortReason, out: &mut impl FnMut(AlignerEvent<T>)) {
+        #[cfg(test)]
+        if crate::sim::mutant() == crate::sim::Mutant::DropHeldOnAbort {
+            self.held.iter_mut().for_each(VecDeque::clear);
+            (self.held_count, self.held_bytes) = (0, 0);
+        }
         if let Some(p) = self.pending.take() {
             self.last_handled = Some(p.barrier.id);
             out(AlignerEvent::Aborted {

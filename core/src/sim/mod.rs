@@ -46,6 +46,7 @@ use crate::storage::unfinished::VOID;
 use crate::storage::{after_failed_commit, CheckpointStorage, FailedCommit, Storage};
 
 mod copies;
+mod job;
 
 /// Known bugs, put back on purpose (one at a time, per thread): the simulation must catch each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +91,15 @@ pub(crate) enum Mutant {
     /// stalled while it restored makes the new owner's checkpoint in progress void, and the new
     /// owner stops as if it had lost the location.
     StaleVoidStopsOwner,
+    /// Barrier alignment in exactly-once mode never holds an input back: records that follow the
+    /// barrier on an input are processed before the snapshot (at-least-once).
+    AlignerNeverBlocks,
+    /// The coordinator takes a checkpoint as complete one acknowledgement short: a task's state
+    /// (and its pre-committed transaction) is missing from the checkpoint.
+    AckOneShort,
+    /// An alignment given up (its buffer over the limit) drops what it held back instead of
+    /// releasing it.
+    DropHeldOnAbort,
 }
 
 thread_local! {
