@@ -54,6 +54,10 @@ pub(crate) enum Mutant {
     InDoubtLaterToProbe,
     /// Each try of a commit starts afresh, forgetting an EndTxn in doubt of the try before.
     ForgetAcrossTries,
+    /// The rule before the simulation found its second gap: after an EndTxn in doubt, only a
+    /// later transaction under our very epoch counts as a zombie's — not one a timeout aborted
+    /// since, whose description shows the epoch the timeout bumped.
+    InDoubtLaterSameEpochOnly,
 }
 
 thread_local! {
@@ -66,8 +70,14 @@ pub(crate) fn mutant() -> Mutant {
 }
 
 const PID: i64 = 17;
-/// The crashed session's producer epoch (ours, and the zombie's until it is fenced).
+/// The crashed session's producer epoch (ours, and the zombie's until it is fenced), in most
+/// seeds; in some it is the last the coordinator gives a session before it must move the id to a
+/// new producer id ([`EXHAUSTED`]).
 const EPOCH: i16 = 3;
+/// An epoch the coordinator no longer bumps by an InitProducerId (Kafka's "epoch exhausted",
+/// from `i16::MAX - 1`): it gives the id a new producer id, epoch 0. A timeout still bumps it once.
+const EXHAUSTED: i16 = i16::MAX - 1;
+const INVALID_PRODUCER_ID_MAPPING: i16 = 49;
 const OURS_START: i64 = 1_000;
 const PROBE_OFFSET: i64 = 40;
 const PRODUCER_FENCED: i16 = 90;
@@ -75,6 +85,8 @@ const INVALID_TXN_STATE: i16 = 48;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum State {
+    /// Initialised (InitProducerId), no transaction begun since.
+    Empty,
     Ongoing,
     PrepareCommit,
     CompleteCommit,
@@ -85,6 +97,7 @@ enum State {
 impl State {
     fn name(self) -> &'static str {
         match self {
+            State::Empty => "Empty",
             State::Ongoing => "Ongoing",
             State::PrepareCommit => "PrepareCommit",
             State::CompleteCommit => "CompleteCommit",
@@ -103,6 +116,8 @@ impl State {
 #[derive(Debug, Clone, Hash)]
 struct Txn {
     ours: bool,
+    /// Begun by the zombie (the crashed session, under ours' producer id and epoch).
+    zombie: bool,
     start: i64,
     state: State,
     /// Committed by an EndTxn of the recovery.
@@ -115,7 +130,11 @@ struct Txn {
 struct World {
     rng: ChaCha8Rng,
     clock: i64,
+    /// The id's producer id and epoch now.
+    pid: i64,
     epoch: i16,
+    /// Ours' (and the zombie's) producer epoch.
+    ours_epoch: i16,
     txns: Vec<Txn>,
     /// EndTxn held by the network: applied after that many steps.
     held: Vec<(u32, i16)>,
@@ -138,6 +157,11 @@ pub(crate) struct Paths {
     pub(crate) committed_probed: bool,
     pub(crate) lost: bool,
     pub(crate) fatal: bool,
+    /// A restore of the same checkpoint had recovered it before, and the sink's pool had
+    /// initialised the id since.
+    pub(crate) initialised_again: bool,
+    /// ... and the coordinator had given the id a new producer id (epoch exhausted).
+    pub(crate) new_producer_id: bool,
     /// Requests the recovery sent (descriptions, EndTxns, probe reads) in the seed.
     pub(crate) requests: u32,
 }
@@ -151,6 +175,8 @@ pub(crate) struct Coverage {
     pub(crate) committed_probed: u64,
     pub(crate) lost: u64,
     pub(crate) fatal: u64,
+    pub(crate) initialised_again: u64,
+    pub(crate) new_producer_id: u64,
     /// Requests of all seeds.
     pub(crate) requests: u64,
 }
@@ -164,6 +190,8 @@ impl Coverage {
         self.committed_probed += p.committed_probed as u64;
         self.lost += p.lost as u64;
         self.fatal += p.fatal as u64;
+        self.initialised_again += p.initialised_again as u64;
+        self.new_producer_id += p.new_producer_id as u64;
     }
 }
 
@@ -179,12 +207,17 @@ pub(crate) enum Outcome {
 
 impl World {
     fn new(seed: u64) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let epoch = if rng.random_bool(0.2) { EXHAUSTED } else { EPOCH };
         World {
-            rng: ChaCha8Rng::seed_from_u64(seed),
+            rng,
             clock: OURS_START + 10,
-            epoch: EPOCH,
+            pid: PID,
+            epoch,
+            ours_epoch: epoch,
             txns: vec![Txn {
                 ours: true,
+                zombie: false,
                 start: OURS_START,
                 state: State::Ongoing,
                 committed_by_us: false,
@@ -210,8 +243,61 @@ impl World {
         self.rng.random_bool(p)
     }
 
-    /// Applies EndTxn(commit) with `epoch` now: the coordinator's answer.
+    /// InitProducerId by a new producer of the id: the open transaction aborted, the epoch bumped
+    /// — or, when it is exhausted, a new producer id with epoch 0.
+    fn init_producer_id(&mut self) {
+        let t = self.current();
+        if matches!(t.state, State::Ongoing | State::PrepareAbort) {
+            t.state = State::CompleteAbort;
+        } else if t.state == State::PrepareCommit {
+            t.state = State::CompleteCommit;
+        }
+        if self.epoch >= EXHAUSTED {
+            self.pid += 1;
+            self.epoch = 0;
+        } else {
+            self.epoch += 1;
+        }
+        self.trace
+            .push(format!("InitProducerId: producer {}, epoch {}", self.pid, self.epoch));
+    }
+
+    /// Before this recovery: a restore of the same checkpoint recovered ours (committed or
+    /// aborted by then), and the sink's pool initialised the id; its producer may have begun a
+    /// transaction of its own.
+    fn recovered_before(&mut self) {
+        let ended = if self.chance(0.7) {
+            State::CompleteCommit
+        } else {
+            State::CompleteAbort
+        };
+        self.current().state = ended;
+        self.trace.push(format!("an earlier restore found ours {ended:?}"));
+        self.init_producer_id();
+        self.paths.initialised_again = true;
+        self.paths.new_producer_id = self.pid != PID;
+        // The id's state now: initialised, with or without a transaction of the later run's
+        // producer (no transaction of ours, nor of the zombie, which is fenced).
+        let begun = self.chance(0.5);
+        let start = if begun { self.clock } else { -1 };
+        self.txns.push(Txn {
+            ours: false,
+            zombie: false,
+            start,
+            state: if begun { State::Ongoing } else { State::Empty },
+            committed_by_us: false,
+            committed_by_held: None,
+        });
+        if begun {
+            self.trace.push("the later run's producer begins a transaction".into());
+        }
+    }
+
+    /// Applies EndTxn(commit) with ours' producer id and `epoch` now: the coordinator's answer.
     fn apply_end_txn(&mut self, epoch: i16, held: bool) -> i16 {
+        if self.pid != PID {
+            return INVALID_PRODUCER_ID_MAPPING;
+        }
         if epoch != self.epoch {
             return PRODUCER_FENCED;
         }
@@ -226,7 +312,7 @@ impl World {
             }
             State::PrepareCommit => code::CONCURRENT_TRANSACTIONS,
             State::CompleteCommit => code::NONE,
-            State::PrepareAbort | State::CompleteAbort => INVALID_TXN_STATE,
+            State::Empty | State::PrepareAbort | State::CompleteAbort => INVALID_TXN_STATE,
         }
     }
 
@@ -269,17 +355,20 @@ impl World {
                 self.trace.push("the zombie commits the open transaction".into());
             }
             State::Ongoing if self.chance(0.03) => {
-                // Timed out: aborted, the epoch bumped.
+                // Timed out: aborted, the epoch bumped (an exhausted one too, once).
                 self.current().state = State::PrepareAbort;
                 self.epoch += 1;
                 self.trace
                     .push("the coordinator aborts the open transaction (timeout)".into());
             }
             // A zombie fenced by the timeout's epoch bump begins nothing more.
-            State::CompleteCommit | State::CompleteAbort if self.epoch == EPOCH && self.chance(0.25) => {
+            State::CompleteCommit | State::CompleteAbort
+                if self.pid == PID && self.epoch == self.ours_epoch && self.chance(0.25) =>
+            {
                 let start = self.clock;
                 self.txns.push(Txn {
                     ours: false,
+                    zombie: true,
                     start,
                     state: State::Ongoing,
                     committed_by_us: false,
@@ -300,7 +389,7 @@ impl World {
             .push(format!("describe: {} started {}", t.state.name(), t.start));
         Some(TxnDescription {
             state: t.state.name().into(),
-            producer_id: PID,
+            producer_id: self.pid,
             producer_epoch: epoch,
             timeout_ms: 60_000,
             start_time_ms: t.start,
@@ -374,12 +463,12 @@ impl World {
     }
 }
 
-fn committable() -> KafkaCommittable {
+fn committable(epoch: i16) -> KafkaCommittable {
     KafkaCommittable {
         version: COMMITTABLE_VERSION,
         transactional_id: "job-0-0".into(),
         producer_id: PID,
-        producer_epoch: EPOCH,
+        producer_epoch: epoch,
         txn_start_ms: OURS_START,
         checkpoint_id: 7,
         probe: Some(Probe {
@@ -398,11 +487,14 @@ pub(crate) fn run(seed: u64) -> Result<u64, String> {
 
 /// [`run`], with the paths the seed took.
 pub(crate) fn run_paths(seed: u64) -> Result<(u64, Paths), String> {
-    let c = committable();
     let mut w = World::new(seed);
+    let c = committable(w.ours_epoch);
     // Faults for a while, then none: the recovery must then decide.
     let calm_after = w.rng.random_range(5..40);
     w.other_open = w.chance(0.5);
+    if w.chance(0.15) {
+        w.recovered_before();
+    }
     let mut requests = 0u32;
     let mut outcome = Outcome::Undecided;
     // What the EndTxns of the earlier tries did, kept as the sink keeps it.
@@ -477,7 +569,7 @@ pub(crate) fn run_paths(seed: u64) -> Result<(u64, Paths), String> {
     }
     w.trace.push(format!("outcome: {outcome:?}"));
     // The sink's pool initialises the id next: the zombie is fenced, held EndTxns with it.
-    w.epoch += 1;
+    w.init_producer_id();
     let ours = w.ours().state;
     // A zombie's transaction committed by an EndTxn of ours that the recovery could have seen
     // (before its last description), and one committed by a held EndTxn landing after it.
@@ -496,7 +588,7 @@ pub(crate) fn run_paths(seed: u64) -> Result<(u64, Paths), String> {
             Some("an EndTxn of the recovery committed a zombie's transaction, and the recovery did not say so")
         }
         Outcome::Committed | Outcome::Lost if zombie_late => Some(KNOWN_HELD_END_TXN),
-        Outcome::Fatal if w.txns.len() == 1 => Some("stopped (fatal) though no other producer used the id"),
+        Outcome::Fatal if !w.txns.iter().any(|t| t.zombie) => Some("stopped (fatal) though no zombie used the id"),
         Outcome::Undecided => Some("no decision within 20 attempts, the faults long over"),
         _ => None,
     };
@@ -584,6 +676,8 @@ mod tests {
                 committed_probed,
                 lost,
                 fatal,
+                initialised_again,
+                new_producer_id,
                 requests: _,
             } = coverage;
             for (path, seeds) in [
@@ -593,6 +687,8 @@ mod tests {
                 ("committed, seen by the probe", committed_probed),
                 ("lost (aborted by timeout)", lost),
                 ("stopped: a zombie", fatal),
+                ("the id initialised again since an earlier recovery", initialised_again),
+                ("a new producer id (epoch exhausted)", new_producer_id),
             ] {
                 assert!(seeds >= 10, "only {seeds} seeds took the path {path:?}: {coverage:?}");
             }
@@ -611,6 +707,23 @@ mod tests {
         assert_ne!(run(1), run(2), "different seeds, different worlds");
     }
 
+    /// Seeds that found real bugs, kept: each passes, and fails again with its bug put back.
+    #[test]
+    fn the_seeds_that_found_bugs_pass_and_fail_with_the_bug_back() {
+        for (seed, m) in [
+            (829_583, Mutant::InDoubtLaterSameEpochOnly),
+            (829_583, Mutant::InDoubtLaterToProbe),
+        ] {
+            if let Err(v) = run(seed) {
+                panic!("{v}");
+            }
+            let (found, _, _) = run_seeds(seed, 1, m);
+            let found = found.unwrap_or_else(|| panic!("seed {seed} passes with {m:?} put back"));
+            let first = found.lines().next().unwrap_or_default();
+            assert!(first.contains("committed a zombie's transaction"), "{m:?}: {first}");
+        }
+    }
+
     /// Each known bug put back is caught, by the check that guards against it.
     #[test]
     fn each_known_bug_put_back_is_caught_within_the_budget() {
@@ -618,7 +731,7 @@ mod tests {
             (Mutant::ResendUnclearEndTxn, "without a description showing ours open"),
             (Mutant::TrustEndTxnSuccess, "committed a zombie's transaction"),
             (Mutant::ProbeSecondWatermark, "reported lost (DATA LOST)"),
-            (Mutant::FatalOnUnclear, "no other producer used the id"),
+            (Mutant::FatalOnUnclear, "no zombie used the id"),
             (Mutant::InDoubtLaterToProbe, "committed a zombie's transaction"),
             (Mutant::ForgetAcrossTries, "committed a zombie's transaction"),
         ] {

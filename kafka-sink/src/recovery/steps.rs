@@ -15,7 +15,9 @@
 //!   COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS), another retriable one (a timeout)
 //!   or none at all can follow a transaction-log append that was written: the EndTxn is in doubt,
 //!   and the id is described again before anything else — committing or committed: done; still
-//!   ours and Ongoing: sent again; no longer ours: the probe record tells how ours ended;
+//!   ours and Ongoing: sent again; a later transaction of our producer id (a zombie's, under our
+//!   epoch or one a timeout bumped since): a stop, as that EndTxn may have committed it; otherwise
+//!   the probe record tells how ours ended;
 //! - an EndTxn the coordinator refuses (invalid state, fenced) leaves the probe to decide.
 
 use crate::committable::KafkaCommittable;
@@ -178,12 +180,13 @@ impl<'a> CommitSteps<'a> {
                     self.now, c.checkpoint_id
                 )),
                 // An EndTxn of ours may have been applied, and the id now shows a later
-                // transaction of the same producer id and epoch: only the crashed session, still
-                // running (a zombie), makes those, and our EndTxn may have committed one (found by
-                // the simulation, seeds 308 and 2682).
-                Sent::InDoubt(_)
-                    if d.is_some_and(|d| d.producer_id == c.producer_id && d.producer_epoch == c.producer_epoch)
-                        && !mutant_in_doubt_later_to_probe() =>
+                // transaction of the same producer id: only the crashed session, still running (a
+                // zombie), begins those under our epoch, and our EndTxn may have committed one
+                // (found by the simulation, seeds 308 and 2682) — also when a timeout has aborted
+                // that transaction since and the description shows the epoch it bumped (seed
+                // 829 583). (Another process initialising the id meanwhile would be another copy
+                // of the job: stopping is right then too.)
+                Sent::InDoubt(_) if d.is_some_and(|d| self.later_of_same_producer(d)) =>
                 {
                     Next::Fatal(format!(
                         "an EndTxn for {c} answered unclearly, and the id now shows a later transaction of the same producer ({}): a zombie of the crashed process is still running, and that EndTxn may have committed its transaction. Stop every other process using this transactional id prefix, then check the output of checkpoint {}",
@@ -195,6 +198,21 @@ impl<'a> CommitSteps<'a> {
                 Sent::Nothing | Sent::InDoubt(_) => Next::Probe,
             },
         }
+    }
+
+    /// Whether `d` shows a transaction of our producer id begun after ours (not ours: the caller
+    /// checked), under our epoch or one a timeout bumped since.
+    fn later_of_same_producer(&self, d: &TxnDescription) -> bool {
+        let c = self.c;
+        let same_epoch = d.producer_id == c.producer_id && d.producer_epoch == c.producer_epoch;
+        #[cfg(test)]
+        match super::sim::mutant() {
+            super::sim::Mutant::InDoubtLaterToProbe => return false,
+            super::sim::Mutant::InDoubtLaterSameEpochOnly => return same_epoch,
+            _ => {}
+        }
+        // Start time -1: no transaction since the id was initialised.
+        same_epoch || (d.producer_id == c.producer_id && d.start_time_ms >= 0 && d.start_time_ms != c.txn_start_ms)
     }
 
     /// An EndTxn sent after [`Next::EndTxn`] came back with `answer`.
@@ -223,14 +241,6 @@ impl<'a> CommitSteps<'a> {
             EndTxnAnswer::Code(_) => Next::Probe,
         }
     }
-}
-
-/// The mutant that puts back the rule before the simulation found its gap (never in a build).
-fn mutant_in_doubt_later_to_probe() -> bool {
-    #[cfg(test)]
-    return super::sim::mutant() == super::sim::Mutant::InDoubtLaterToProbe;
-    #[cfg(not(test))]
-    false
 }
 
 #[cfg(test)]
@@ -355,6 +365,27 @@ mod tests {
                 ..desc("Ongoing", OURS)
             };
             assert_eq!(s.described(Some(&fenced)), Next::Probe);
+
+            // A zombie's later transaction that a timeout aborted since, bumping the epoch: a
+            // stop as well (the simulation's seed 829 583).
+            for state in ["PrepareAbort", "CompleteAbort"] {
+                let (mut s, _) = after_one_end_txn(&c, EndTxnAnswer::Code(e));
+                let timed_out = TxnDescription {
+                    producer_epoch: 4,
+                    ..desc(state, LATER)
+                };
+                assert!(
+                    matches!(s.described(Some(&timed_out)), Next::Fatal(why) if why.contains("zombie")),
+                    "{state}"
+                );
+            }
+            // The id initialised since, no transaction begun (start time -1): the probe decides.
+            let (mut s, _) = after_one_end_txn(&c, EndTxnAnswer::Code(e));
+            let empty = TxnDescription {
+                producer_epoch: 4,
+                ..desc("Empty", -1)
+            };
+            assert_eq!(s.described(Some(&empty)), Next::Probe);
 
             // Aborted meanwhile (transaction timeout): data lost, reported.
             let (mut s, _) = after_one_end_txn(&c, EndTxnAnswer::Code(e));

@@ -36,6 +36,11 @@ fn bootstrap() -> String {
 /// A new one-partition topic and a transactional producer with an open transaction that wrote
 /// one record to it (at offset 0): the restored transaction, and its zombie.
 async fn open_transaction(name: &str) -> (Wire, Zombie, KafkaCommittable) {
+    open_transaction_timing_out(name, 60_000).await
+}
+
+/// [`open_transaction`], the zombie's transactions timing out after `timeout_ms`.
+async fn open_transaction_timing_out(name: &str, timeout_ms: u32) -> (Wire, Zombie, KafkaCommittable) {
     let bootstrap = bootstrap();
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
@@ -54,7 +59,8 @@ async fn open_transaction(name: &str) -> (Wire, Zombie, KafkaCommittable) {
     let zombie: Zombie = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
         .set("transactional.id", name)
-        .set("transaction.timeout.ms", "60000")
+        .set("transaction.timeout.ms", timeout_ms.to_string())
+        .set("message.timeout.ms", timeout_ms.to_string())
         .create()
         .expect("producer");
     let z = zombie.clone();
@@ -121,6 +127,8 @@ struct Between<'a> {
     before_end_txn: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     /// The first EndTxn is sent, but its answer is lost.
     lose_first_answer: bool,
+    /// Run after the first EndTxn was applied, before its answer comes back.
+    after_first_end_txn: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl Coordinator for Between<'_> {
@@ -135,6 +143,10 @@ impl Coordinator for Between<'_> {
             tokio::task::spawn_blocking(before).await.unwrap();
         }
         let answer = self.wire.end_txn(id, producer_id, epoch, true).await?;
+        let after = self.after_first_end_txn.lock().unwrap().take();
+        if let Some(after) = after {
+            tokio::task::spawn_blocking(after).await.unwrap();
+        }
         if first && self.lose_first_answer {
             return Err(SinkError::Protocol(format!(
                 "the answer (error code {answer}) was lost"
@@ -167,6 +179,7 @@ async fn an_end_txn_that_committed_the_zombies_next_transaction_is_fatal() {
             write_one(&z, topic);
         }))),
         lose_first_answer: false,
+        after_first_end_txn: Mutex::new(None),
     };
     let outcome = commit_recovered(&between, &c, None, &mut Default::default()).await;
     assert_eq!(between.end_txns.load(Ordering::SeqCst), 1, "one EndTxn, never a second");
@@ -188,6 +201,7 @@ async fn an_end_txn_whose_answer_was_lost_is_described_not_sent_again() {
         end_txns: AtomicU32::new(0),
         before_end_txn: Mutex::new(None),
         lose_first_answer: true,
+        after_first_end_txn: Mutex::new(None),
     };
     commit_recovered(&between, &c, None, &mut Default::default())
         .await
@@ -203,4 +217,54 @@ async fn an_end_txn_whose_answer_was_lost_is_described_not_sent_again() {
             && matches!(now.state.as_str(), "PrepareCommit" | "CompleteCommit"),
         "{now:?}"
     );
+}
+
+/// The simulation's seed 829 583 on the real broker: our EndTxn commits the zombie's next
+/// transaction and its answer is lost; the zombie then begins another, which the coordinator
+/// aborts on timeout, bumping the epoch. The description after the EndTxn in doubt shows a later
+/// transaction of our producer id under another epoch: that EndTxn may have committed a
+/// zombie's transaction, so the recovery stops — it must not ask the probe, which finds ours
+/// committed (by the zombie) and would report success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_end_txn_in_doubt_then_a_zombie_transaction_timed_out_is_fatal() {
+    let name = unique("zombie-timeout");
+    let (wire, zombie, c) = open_transaction_timing_out(&name, 1_000).await;
+    let (z, topic) = (zombie.clone(), name.clone());
+    let (z2, topic2, id, epoch) = (zombie.clone(), name.clone(), name.clone(), c.producer_epoch);
+    let describer = Wire::new(wire.cluster().clone(), Duration::from_secs(10));
+    let handle = tokio::runtime::Handle::current();
+    let between = Between {
+        wire: &wire,
+        end_txns: AtomicU32::new(0),
+        before_end_txn: Mutex::new(Some(Box::new(move || {
+            z.commit_transaction(Duration::from_secs(30)).expect("zombie commit");
+            std::thread::sleep(Duration::from_millis(20));
+            write_one(&z, topic);
+        }))),
+        lose_first_answer: true,
+        after_first_end_txn: Mutex::new(Some(Box::new(move || {
+            // Our EndTxn committed the zombie's second transaction; the zombie (which believes it
+            // still open) commits it too, begins a third, and lets it time out.
+            z2.commit_transaction(Duration::from_secs(30)).expect("zombie commit of its second");
+            std::thread::sleep(Duration::from_millis(20));
+            write_one(&z2, topic2);
+            for _ in 0..300 {
+                let d = handle.block_on(describer.describe_known(&id)).expect("describe");
+                if d.is_some_and(|d| d.producer_epoch != epoch && d.state.contains("Abort")) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            panic!("the zombie's third transaction did not time out within 30 s");
+        }))),
+    };
+    let outcome = commit_recovered(&between, &c, None, &mut Default::default()).await;
+    assert_eq!(between.end_txns.load(Ordering::SeqCst), 1, "one EndTxn, never a second");
+    match outcome {
+        Err(CommitError::Fatal(why)) => {
+            let why = why.to_string();
+            assert!(why.contains("zombie") && why.contains("checkpoint 7"), "{why}");
+        }
+        other => panic!("an EndTxn in doubt followed by a zombie's later transaction must stop the job: {other:?}"),
+    }
 }
