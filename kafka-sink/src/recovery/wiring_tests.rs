@@ -98,6 +98,15 @@ fn write_one(p: &Zombie, topic: String) {
     p.flush(Duration::from_secs(30)).expect("flush");
 }
 
+/// The zombie commits what it has open and begins its next transaction, writing one record
+/// (blocking).
+fn commit_and_begin_next(z: &Zombie, topic: String) {
+    z.commit_transaction(Duration::from_secs(30)).expect("zombie commit");
+    // A later start time (the coordinator's clock, in ms) tells the next one apart.
+    std::thread::sleep(Duration::from_millis(20));
+    write_one(z, topic);
+}
+
 /// Waits until the id shows an Ongoing transaction (other than one started at `not`).
 async fn ongoing(wire: &Wire, id: &str, not: Option<i64>) -> TxnDescription {
     for _ in 0..200 {
@@ -172,12 +181,7 @@ async fn an_end_txn_that_committed_the_zombies_next_transaction_is_fatal() {
     let between = Between {
         wire: &wire,
         end_txns: AtomicU32::new(0),
-        before_end_txn: Mutex::new(Some(Box::new(move || {
-            z.commit_transaction(Duration::from_secs(30)).expect("zombie commit");
-            // A later start time (the coordinator's clock, in ms) tells the next one apart.
-            std::thread::sleep(Duration::from_millis(20));
-            write_one(&z, topic);
-        }))),
+        before_end_txn: Mutex::new(Some(Box::new(move || commit_and_begin_next(&z, topic)))),
         lose_first_answer: false,
         after_first_end_txn: Mutex::new(None),
     };
@@ -236,18 +240,12 @@ async fn an_end_txn_in_doubt_then_a_zombie_transaction_timed_out_is_fatal() {
     let between = Between {
         wire: &wire,
         end_txns: AtomicU32::new(0),
-        before_end_txn: Mutex::new(Some(Box::new(move || {
-            z.commit_transaction(Duration::from_secs(30)).expect("zombie commit");
-            std::thread::sleep(Duration::from_millis(20));
-            write_one(&z, topic);
-        }))),
+        before_end_txn: Mutex::new(Some(Box::new(move || commit_and_begin_next(&z, topic)))),
         lose_first_answer: true,
         after_first_end_txn: Mutex::new(Some(Box::new(move || {
             // Our EndTxn committed the zombie's second transaction; the zombie (which believes it
             // still open) commits it too, begins a third, and lets it time out.
-            z2.commit_transaction(Duration::from_secs(30)).expect("zombie commit of its second");
-            std::thread::sleep(Duration::from_millis(20));
-            write_one(&z2, topic2);
+            commit_and_begin_next(&z2, topic2);
             for _ in 0..300 {
                 let d = handle.block_on(describer.describe_known(&id)).expect("describe");
                 if d.is_some_and(|d| d.producer_epoch != epoch && d.state.contains("Abort")) {
