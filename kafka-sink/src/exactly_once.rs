@@ -26,7 +26,7 @@ use crate::pool::{
 };
 use crate::progress;
 use crate::protocol::{TxnDescription, TxnOffset, Wire};
-use crate::recovery::commit_recovered;
+use crate::recovery::commit_recovered_in_process;
 use crate::transactional_id::{parse, transactional_id};
 use crate::ProducerRecord;
 
@@ -50,8 +50,6 @@ pub struct TransactionalKafkaSink {
     /// Ends when the latest pre-commit's record of its checkpoint was written (or failed): the
     /// next one waits for it, so that records are written in checkpoint order.
     recorded: Option<tokio::sync::oneshot::Receiver<()>>,
-    /// What the EndTxns of each restored commit did in its earlier tries (by committable).
-    tried: BTreeMap<String, crate::recovery::Sent>,
     /// This subtask's group held no record at this start: given one (the restored checkpoint)
     /// once every transactional id of the subtask is fenced (`abort_lingering`).
     start_record: Option<CheckpointId>,
@@ -181,7 +179,6 @@ impl TransactionalKafkaSink {
             progress: String::new(),
             recorded: None,
             start_record: None,
-            tried: BTreeMap::new(),
             slots: Vec::new(),
             next_slot: 0,
             draining: None,
@@ -580,8 +577,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         self.settle_commits(false).await;
         let Some(i) = self.own_slot(c) else {
             // Pre-committed by an earlier run: finish it through the protocol.
-            let tried = self.tried.entry(c.to_string()).or_default();
-            return commit_recovered(&self.wire, c, self.accept_unknown_outcome_up_to, tried).await;
+            return commit_recovered_in_process(&self.wire, c, self.accept_unknown_outcome_up_to).await;
         };
         let s = &mut self.slots[i];
         let (next, result) =
@@ -595,8 +591,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
 
     async fn start_commit(&mut self, c: &KafkaCommittable) -> Result<Committed, CommitError> {
         let Some(i) = self.own_slot(c) else {
-            let tried = self.tried.entry(c.to_string()).or_default();
-            return commit_recovered(&self.wire, c, self.accept_unknown_outcome_up_to, tried)
+            return commit_recovered_in_process(&self.wire, c, self.accept_unknown_outcome_up_to)
                 .await
                 .map(|()| Committed::Done);
         };

@@ -76,6 +76,36 @@ impl Coordinator for Wire {
     }
 }
 
+/// What the EndTxns of restored commits did in tries that decided nothing, for the life of the
+/// process, by committable: a task restarted after a commit's tries ran out (a coordinator
+/// loading for long) has a new sink, and must still know that an EndTxn of that commit was in
+/// doubt — or the id moving on meanwhile goes to the probe, which may find ours committed and
+/// report success over a zombie's transaction that EndTxn committed. (A process that dies
+/// forgets it: the hazard the one-owner rule and transaction version 2 bound.)
+fn in_doubt() -> &'static std::sync::Mutex<std::collections::BTreeMap<String, Sent>> {
+    static IN_DOUBT: std::sync::OnceLock<std::sync::Mutex<std::collections::BTreeMap<String, Sent>>> =
+        std::sync::OnceLock::new();
+    IN_DOUBT.get_or_init(Default::default)
+}
+
+/// [`commit_recovered`], knowing what the earlier tries of this commit in this process did.
+pub(crate) async fn commit_recovered_in_process(
+    wire: &impl Coordinator,
+    c: &KafkaCommittable,
+    accept_unknown_up_to: Option<u64>,
+) -> Result<(), CommitError> {
+    let key = format!("{c} started at {}", c.txn_start_ms);
+    let remembered = || in_doubt().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut tried = remembered().get(&key).cloned().unwrap_or_default();
+    let result = commit_recovered(wire, c, accept_unknown_up_to, &mut tried).await;
+    if result.is_ok() {
+        remembered().remove(&key);
+    } else {
+        remembered().insert(key, tried);
+    }
+    result
+}
+
 /// Commits a restored committable through the protocol. Already committed is success. An
 /// outcome nobody can tell any more is a fatal error, unless `accept_unknown_up_to` covers the
 /// committable's checkpoint (the operator checked its output). `tried` is what the EndTxns of the
@@ -207,5 +237,95 @@ async fn commit_with(
                 .into(),
             ))
         }
+    }
+}
+
+#[cfg(test)]
+mod in_process_tests {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::committable::COMMITTABLE_VERSION;
+
+    /// A coordinator that answers from a script.
+    struct Scripted {
+        describes: Mutex<VecDeque<Result<Option<TxnDescription>>>>,
+        end_txns: Mutex<VecDeque<Result<i16>>>,
+        cluster: Cluster,
+    }
+
+    impl Coordinator for Scripted {
+        async fn describe_known(&self, _: &str) -> Result<Option<TxnDescription>> {
+            self.describes
+                .lock()
+                .unwrap()
+                .pop_front()
+                .expect("a scripted description")
+        }
+        async fn end_txn_commit(&self, _: &str, _: i64, _: i16) -> Result<i16> {
+            self.end_txns
+                .lock()
+                .unwrap()
+                .pop_front()
+                .expect("a scripted EndTxn answer")
+        }
+        fn cluster(&self) -> &Cluster {
+            &self.cluster
+        }
+    }
+
+    fn desc(state: &str, epoch: i16, start_time_ms: i64) -> TxnDescription {
+        TxnDescription {
+            state: state.into(),
+            producer_id: 17,
+            producer_epoch: epoch,
+            timeout_ms: 60_000,
+            start_time_ms,
+            partitions: 1,
+            topic_partitions: vec!["out-0".into()],
+        }
+    }
+
+    /// An EndTxn in doubt, then a try that could not describe (the task restarts with a new
+    /// sink): the next try in the process still knows, and a later transaction of the producer
+    /// stops it instead of going to the probe.
+    #[tokio::test]
+    async fn an_end_txn_in_doubt_is_remembered_across_sinks_of_the_process() {
+        let c = KafkaCommittable {
+            version: COMMITTABLE_VERSION,
+            transactional_id: "in-process-memory-0".into(),
+            producer_id: 17,
+            producer_epoch: 3,
+            txn_start_ms: 1_000,
+            checkpoint_id: 9,
+            probe: Some(crate::committable::Probe {
+                topic: "out".into(),
+                partition: 0,
+                offset: 5,
+            }),
+        };
+        let first = Scripted {
+            describes: Mutex::new(VecDeque::from([
+                Ok(Some(desc("Ongoing", 3, 1_000))),
+                Err(SinkError::Protocol("coordinator loading".into())),
+            ])),
+            end_txns: Mutex::new(VecDeque::from([Err(SinkError::Protocol("no answer".into()))])),
+            cluster: Cluster::plaintext("127.0.0.1:9"),
+        };
+        let r = commit_recovered_in_process(&first, &c, None).await;
+        assert!(matches!(r, Err(CommitError::Retriable(_))), "{r:?}");
+        // A new sink of the same process: the zombie's later transaction, aborted by a timeout
+        // since (epoch 4), is what the id shows now.
+        let second = Scripted {
+            describes: Mutex::new(VecDeque::from([Ok(Some(desc("CompleteAbort", 4, 2_000)))])),
+            end_txns: Mutex::new(VecDeque::new()),
+            cluster: Cluster::plaintext("127.0.0.1:9"),
+        };
+        let r = commit_recovered_in_process(&second, &c, None).await;
+        assert!(
+            matches!(&r, Err(CommitError::Fatal(why)) if why.to_string().contains("zombie")),
+            "{r:?}"
+        );
     }
 }

@@ -186,7 +186,7 @@ impl<'a> CommitSteps<'a> {
                 // that transaction since and the description shows the epoch it bumped (seed
                 // 829 583). (Another process initialising the id meanwhile would be another copy
                 // of the job: stopping is right then too.)
-                Sent::InDoubt(_) if d.is_some_and(|d| self.later_of_same_producer(d)) =>
+                Sent::InDoubt(_) if d.is_some_and(|d| self.moved_on_past_ours(d)) =>
                 {
                     Next::Fatal(format!(
                         "an EndTxn for {c} answered unclearly, and the id now shows a later transaction of the same producer ({}): a zombie of the crashed process is still running, and that EndTxn may have committed its transaction. Stop every other process using this transactional id prefix, then check the output of checkpoint {}",
@@ -200,9 +200,13 @@ impl<'a> CommitSteps<'a> {
         }
     }
 
-    /// Whether `d` shows a transaction of our producer id begun after ours (not ours: the caller
-    /// checked), under our epoch or one a timeout bumped since.
-    fn later_of_same_producer(&self, d: &TxnDescription) -> bool {
+    /// Whether `d` (not ours: the caller checked) shows the id moved on past ours other than by
+    /// ours being aborted: a later transaction (a zombie's, under our epoch or one a timeout bumped
+    /// since), or the id initialised again (start time -1: the zombie bumping its own epoch after
+    /// an abortable error, or another process). Within one commit nothing of this job initialises
+    /// the id before the restored commits end, so after an EndTxn in doubt either means another
+    /// producer used the id, and that EndTxn may have committed its transaction.
+    fn moved_on_past_ours(&self, d: &TxnDescription) -> bool {
         let c = self.c;
         let same_epoch = d.producer_id == c.producer_id && d.producer_epoch == c.producer_epoch;
         #[cfg(test)]
@@ -211,8 +215,8 @@ impl<'a> CommitSteps<'a> {
             super::sim::Mutant::InDoubtLaterSameEpochOnly => return same_epoch,
             _ => {}
         }
-        // Start time -1: no transaction since the id was initialised.
-        same_epoch || (d.producer_id == c.producer_id && d.start_time_ms >= 0 && d.start_time_ms != c.txn_start_ms)
+        // Ours, aborted since (a timeout bumps the epoch it shows): the probe tells.
+        same_epoch || d.start_time_ms != c.txn_start_ms
     }
 
     /// An EndTxn sent after [`Next::EndTxn`] came back with `answer`.
@@ -236,6 +240,10 @@ impl<'a> CommitSteps<'a> {
                 self.sent = Sent::InDoubt(format!("no answer ({why})"));
                 Next::Describe
             }
+            // Refused (invalid state, fenced) after an earlier EndTxn of this commit was in doubt:
+            // the refusal may come from what that one did (it committed a zombie's transaction,
+            // and the id moved on): the description decides, not the probe.
+            EndTxnAnswer::Code(_) if matches!(self.sent, Sent::InDoubt(_)) => Next::Describe,
             // Refused (invalid state, fenced): the coordinator did not take it; the log tells
             // what became of ours.
             EndTxnAnswer::Code(_) => Next::Probe,
@@ -276,6 +284,7 @@ mod tests {
     /// A later transaction of the same producer id and epoch (a zombie's).
     const LATER: i64 = OURS + 5_000;
     const INVALID_TXN_STATE: i16 = 48;
+    const PRODUCER_FENCED: i16 = 90;
     const MOVING: [i16; 3] = [
         code::NOT_COORDINATOR,
         code::COORDINATOR_NOT_AVAILABLE,
@@ -379,13 +388,21 @@ mod tests {
                     "{state}"
                 );
             }
-            // The id initialised since, no transaction begun (start time -1): the probe decides.
+            // The id initialised since (start time -1; the zombie bumping its own epoch, or a new
+            // producer id): a stop too — someone else used the id while ours was in doubt.
+            for (pid, epoch) in [(17, 4), (18, 0)] {
+                let (mut s, _) = after_one_end_txn(&c, EndTxnAnswer::Code(e));
+                let empty = TxnDescription {
+                    producer_id: pid,
+                    producer_epoch: epoch,
+                    ..desc("Empty", -1)
+                };
+                assert!(matches!(s.described(Some(&empty)), Next::Fatal(_)), "{pid}/{epoch}");
+            }
+            // A refusal after an EndTxn in doubt: described first (it may be what that one did).
             let (mut s, _) = after_one_end_txn(&c, EndTxnAnswer::Code(e));
-            let empty = TxnDescription {
-                producer_epoch: 4,
-                ..desc("Empty", -1)
-            };
-            assert_eq!(s.described(Some(&empty)), Next::Probe);
+            assert_eq!(s.described(Some(&desc("Ongoing", OURS))), Next::EndTxn { again: true });
+            assert_eq!(s.end_txn_answered(EndTxnAnswer::Code(PRODUCER_FENCED)), Next::Describe);
 
             // Aborted meanwhile (transaction timeout): data lost, reported.
             let (mut s, _) = after_one_end_txn(&c, EndTxnAnswer::Code(e));
