@@ -67,10 +67,13 @@ async fn a_job_paused_longer_than_its_transaction_timeout_checkpoints_again_or_f
     create_topic(env, &input, 2).await?;
     create_topic(env, &output, 2).await?;
     let dir = tempfile::tempdir()?;
-    // The shortest transaction timeout the guardrail accepts for 200 ms checkpoints that time
-    // out after 500 ms and 200 ms restart delays (+ 5 s for the restart itself).
+    // A transaction timeout the guardrail accepts for checkpoints that time out after 2 s and
+    // 200 ms restart delays (+ 5 s for the restart itself). (With 500 ms checkpoint timeouts and
+    // 7 s transactions, a busy machine failed checkpoints at start, each carrying a transaction
+    // too old to carry, until the job's start attempts ran out.)
     let args = Job {
-        transaction_timeout: "7s",
+        transaction_timeout: "10s",
+        checkpoint_timeout: "2s",
         ..Job::new(&input, &output)
     }
     .write(env, dir.path(), "k2k");

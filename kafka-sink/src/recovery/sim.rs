@@ -133,8 +133,11 @@ struct World {
     /// The id's producer id and epoch now.
     pid: i64,
     epoch: i16,
-    /// Ours' (and the zombie's) producer epoch.
+    /// Ours' producer epoch.
     ours_epoch: i16,
+    /// The zombie's: ours', or one it bumped itself (an InitProducerId after an abortable error,
+    /// as librdkafka does); the zombie is fenced once the id's epoch is past it.
+    zombie_epoch: i16,
     txns: Vec<Txn>,
     /// EndTxn held by the network: applied after that many steps.
     held: Vec<(u32, i16)>,
@@ -157,6 +160,8 @@ pub(crate) struct Paths {
     pub(crate) committed_probed: bool,
     pub(crate) lost: bool,
     pub(crate) fatal: bool,
+    /// The zombie bumped its own epoch.
+    pub(crate) zombie_bumped: bool,
     /// A restore of the same checkpoint had recovered it before, and the sink's pool had
     /// initialised the id since.
     pub(crate) initialised_again: bool,
@@ -175,6 +180,7 @@ pub(crate) struct Coverage {
     pub(crate) committed_probed: u64,
     pub(crate) lost: u64,
     pub(crate) fatal: u64,
+    pub(crate) zombie_bumped: u64,
     pub(crate) initialised_again: u64,
     pub(crate) new_producer_id: u64,
     /// Requests of all seeds.
@@ -190,6 +196,7 @@ impl Coverage {
         self.committed_probed += p.committed_probed as u64;
         self.lost += p.lost as u64;
         self.fatal += p.fatal as u64;
+        self.zombie_bumped += p.zombie_bumped as u64;
         self.initialised_again += p.initialised_again as u64;
         self.new_producer_id += p.new_producer_id as u64;
     }
@@ -215,6 +222,7 @@ impl World {
             pid: PID,
             epoch,
             ours_epoch: epoch,
+            zombie_epoch: epoch,
             txns: vec![Txn {
                 ours: true,
                 zombie: false,
@@ -362,8 +370,30 @@ impl World {
                     .push("the coordinator aborts the open transaction (timeout)".into());
             }
             // A zombie fenced by the timeout's epoch bump begins nothing more.
+            // The zombie, its transaction ended (by an EndTxn of ours behind its back, say: its
+            // records then time out), bumps its own epoch and goes on.
             State::CompleteCommit | State::CompleteAbort
-                if self.pid == PID && self.epoch == self.ours_epoch && self.chance(0.25) =>
+                if self.pid == PID
+                    && self.epoch == self.zombie_epoch
+                    && self.epoch < EXHAUSTED
+                    && self.chance(0.06) =>
+            {
+                self.epoch += 1;
+                self.zombie_epoch = self.epoch;
+                self.txns.push(Txn {
+                    ours: false,
+                    zombie: true,
+                    start: -1,
+                    state: State::Empty,
+                    committed_by_us: false,
+                    committed_by_held: None,
+                });
+                self.paths.zombie_bumped = true;
+                self.trace
+                    .push(format!("the zombie bumps its own epoch to {}", self.epoch));
+            }
+            State::CompleteCommit | State::CompleteAbort | State::Empty
+                if self.pid == PID && self.epoch == self.zombie_epoch && self.chance(0.25) =>
             {
                 let start = self.clock;
                 self.txns.push(Txn {
@@ -645,7 +675,7 @@ mod tests {
         let n = std::env::var("EXACTLY_SIM_SEEDS")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(5_000);
+            .unwrap_or(50_000);
         let first = std::env::var("EXACTLY_SIM_FIRST")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -667,7 +697,7 @@ mod tests {
             n as f64 / started.elapsed().as_secs_f64(),
             coverage.requests as f64 / n as f64
         );
-        if n >= 5_000 {
+        if n >= 50_000 {
             // Every path the checks guard was taken, by more than a handful of seeds.
             let Coverage {
                 held_landed,
@@ -676,6 +706,7 @@ mod tests {
                 committed_probed,
                 lost,
                 fatal,
+                zombie_bumped,
                 initialised_again,
                 new_producer_id,
                 requests: _,
@@ -687,6 +718,7 @@ mod tests {
                 ("committed, seen by the probe", committed_probed),
                 ("lost (aborted by timeout)", lost),
                 ("stopped: a zombie", fatal),
+                ("the zombie bumped its own epoch", zombie_bumped),
                 ("the id initialised again since an earlier recovery", initialised_again),
                 ("a new producer id (epoch exhausted)", new_producer_id),
             ] {
@@ -710,9 +742,11 @@ mod tests {
     /// Seeds that found real bugs, kept: each passes, and fails again with its bug put back.
     #[test]
     fn the_seeds_that_found_bugs_pass_and_fail_with_the_bug_back() {
+        // 829 583 found the gap in the model before the zombie could bump its own epoch; the
+        // model's draws have changed since, and 56 597 is the first seed it now fails at.
         for (seed, m) in [
-            (829_583, Mutant::InDoubtLaterSameEpochOnly),
-            (829_583, Mutant::InDoubtLaterToProbe),
+            (56_597, Mutant::InDoubtLaterSameEpochOnly),
+            (56_597, Mutant::InDoubtLaterToProbe),
         ] {
             if let Err(v) = run(seed) {
                 panic!("{v}");

@@ -179,13 +179,14 @@ impl<'a> CommitSteps<'a> {
                     "EndTxn for {c} answered success, but the id's transaction is now: {}. Another producer with the same id and epoch (a zombie of the crashed process?) may have had its transaction committed instead. Stop every other process using this transactional id prefix, then check the output of checkpoint {}",
                     self.now, c.checkpoint_id
                 )),
-                // An EndTxn of ours may have been applied, and the id now shows a later
-                // transaction of the same producer id: only the crashed session, still running (a
-                // zombie), begins those under our epoch, and our EndTxn may have committed one
-                // (found by the simulation, seeds 308 and 2682) — also when a timeout has aborted
-                // that transaction since and the description shows the epoch it bumped (seed
-                // 829 583). (Another process initialising the id meanwhile would be another copy
-                // of the job: stopping is right then too.)
+                // An EndTxn of ours may have been applied, and the id has moved on past ours: a
+                // later transaction of the same producer id — only the crashed session, still
+                // running (a zombie), begins those under our epoch, and our EndTxn may have
+                // committed one (found by the simulation, seeds 308 and 2682) — also when a
+                // timeout has aborted it since and the description shows the epoch it bumped
+                // (seed 829 583), or the id initialised again (the zombie bumping its own epoch).
+                // (Another process initialising the id meanwhile would be another copy of the
+                // job: stopping is right then too.)
                 Sent::InDoubt(_) if d.is_some_and(|d| self.moved_on_past_ours(d)) =>
                 {
                     Next::Fatal(format!(

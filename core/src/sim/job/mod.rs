@@ -126,6 +126,9 @@ pub(crate) struct Paths {
     tolerance_exceeded: u64,
     concurrent: u64,
     subsumed: u64,
+    ended_snapshots: u64,
+    landed_after_error: u64,
+    final_failed: u64,
     steps: u64,
 }
 
@@ -142,6 +145,9 @@ impl Paths {
         self.tolerance_exceeded += o.tolerance_exceeded;
         self.concurrent += o.concurrent;
         self.subsumed += o.subsumed;
+        self.ended_snapshots += o.ended_snapshots;
+        self.landed_after_error += o.landed_after_error;
+        self.final_failed += o.final_failed;
         self.steps += o.steps;
     }
     /// Each path counted once per seed that took it.
@@ -159,6 +165,9 @@ impl Paths {
             tolerance_exceeded: b(self.tolerance_exceeded),
             concurrent: b(self.concurrent),
             subsumed: b(self.subsumed),
+            ended_snapshots: b(self.ended_snapshots),
+            landed_after_error: b(self.landed_after_error),
+            final_failed: b(self.final_failed),
             steps: self.steps,
         }
     }
@@ -521,6 +530,9 @@ mod tests {
                 ("a metadata write failed", p.persist_failed),
                 ("the tolerance of failures exceeded", p.tolerance_exceeded),
                 ("checkpoints in flight together", p.concurrent),
+                ("an ended sink snapshotted directly", p.ended_snapshots),
+                ("a metadata write answered an error that landed", p.landed_after_error),
+                ("the final checkpoint failed", p.final_failed),
             ] {
                 assert!(seeds >= 10, "only {seeds} seeds took the path {path:?}: {p:?}");
             }

@@ -60,6 +60,9 @@ impl World {
             Act::Timer => self.timer(),
             Act::Crash => {
                 self.paths.crashes += 1;
+                // A new process: the ids it begins go on from the newest stored checkpoint (what
+                // the crashed one triggered after it is begun again).
+                self.last_id = self.durable.last().map_or(0, |m| m.id);
                 self.restart("crash");
             }
         }
@@ -136,7 +139,25 @@ impl World {
         let (input, sink) = (c / m, c % m);
         let msg = self.run.channels[c].pop_front().expect("chosen non-empty");
         let mut events = Vec::new();
-        self.run.sinks[sink].aligner.push(input, msg, &mut |e| events.push(e));
+        if self.inputs.len() == 1 {
+            // One input: the runtime's task takes each message as it comes, no aligner.
+            events.push(match msg {
+                Message::Record(r) => AlignerEvent::Record(r),
+                Message::Watermark(w) => AlignerEvent::Watermark(w),
+                Message::Barrier(barrier) => AlignerEvent::Barrier {
+                    barrier,
+                    alignment: Duration::ZERO,
+                },
+                Message::CancelCheckpoint(id) => AlignerEvent::Aborted {
+                    id,
+                    reason: AbortReason::CanceledUpstream,
+                },
+                Message::Idle => AlignerEvent::Idle,
+                Message::EndOfStream => AlignerEvent::EndOfStream,
+            });
+        } else {
+            self.run.sinks[sink].aligner.push(input, msg, &mut |e| events.push(e));
+        }
         for e in events {
             self.aligned(sink, e);
         }
@@ -195,7 +216,10 @@ impl World {
         let p = self.inputs.len();
         let c = self.run.controls[p + m].pop_front().expect("chosen non-empty");
         match c {
-            Control::SnapshotIfEnded(b) if self.run.sinks[m].ended => self.pre_commit(m, b.id),
+            Control::SnapshotIfEnded(b) if self.run.sinks[m].ended => {
+                self.paths.ended_snapshots += 1;
+                self.pre_commit(m, b.id);
+            }
             Control::Complete(id) => {
                 let s = &mut self.run.sinks[m];
                 let later = s.pending.split_off(&(id + 1));
@@ -279,6 +303,13 @@ impl World {
         let id = meta.id;
         if self.faults() && self.rng.random_bool(0.05) {
             self.paths.persist_failed += 1;
+            if self.rng.random_bool(0.5) {
+                // Answered an error, but written: the newest checkpoint for the next restore,
+                // though the run announced it aborted (its transactions stay pending).
+                self.paths.landed_after_error += 1;
+                self.note(format!("checkpoint {id}: metadata write answered an error, but landed"));
+                self.durable.push(meta.clone());
+            }
             let b = CheckpointBarrier {
                 id,
                 timestamp_ms: meta.timestamp_ms,
@@ -306,6 +337,7 @@ impl World {
         self.note(format!("checkpoint {} aborted: {why}", b.id));
         self.broadcast(Control::Aborted(b.id));
         if self.run.shutdown_after == Some(b.id) {
+            self.paths.final_failed += 1;
             self.restart("the final checkpoint failed");
             return true;
         }
