@@ -18,7 +18,7 @@ use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::admin;
-use crate::jobfile::{Job, JobSink, SinkKind, Transform};
+use crate::jobfile::{Change, Job, JobSink, SinkKind, Transform};
 use crate::metrics::Registry;
 use crate::records;
 
@@ -69,6 +69,11 @@ impl Deserializer<Option<KafkaRecord>> for Prepare {
         // A tombstone (no value) is a deletion of its key, not a JSON `null`: it passes the
         // transforms untouched, keeps its key, and each sink applies it as a deletion (Kafka: a
         // tombstone; MySQL upsert: DELETE by key; MySQL xa: its bad-record policy).
+        // A Kafka tombstone after a Debezium delete: the delete event already removed the row.
+        if r.value.is_none() && self.transforms.iter().any(|t| matches!(t, Transform::Debezium)) {
+            self.registry.records_filtered.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        }
         let value = if (self.transforms.is_empty() && !self.json) || r.value.is_none() {
             r.value
         } else if self.transforms.is_empty() {
@@ -78,13 +83,25 @@ impl Deserializer<Option<KafkaRecord>> for Prepare {
         } else {
             let bytes = r.value.as_deref().unwrap_or_default();
             let mut v: Value = serde_json::from_slice(bytes).map_err(|e| format!("value is not JSON: {e}"))?;
+            let mut deleted = false;
             for t in self.transforms.iter() {
-                if !t.apply(&mut v, &mut key) {
-                    self.registry.records_filtered.fetch_add(1, Ordering::Relaxed);
-                    return Ok(None);
+                match t.apply(&mut v, &mut key)? {
+                    Change::Keep => {}
+                    Change::Drop => {
+                        self.registry.records_filtered.fetch_add(1, Ordering::Relaxed);
+                        return Ok(None);
+                    }
+                    Change::Delete => {
+                        deleted = true;
+                        break;
+                    }
                 }
             }
-            Some(serde_json::to_vec(&v)?)
+            if deleted {
+                None
+            } else {
+                Some(serde_json::to_vec(&v)?)
+            }
         };
         Ok(Some(KafkaRecord { key, value, ..r }))
     }
@@ -410,14 +427,28 @@ fn attach_sink(stream: Stream<KafkaRecord>, sink: &JobSink, registry: &Arc<Regis
                 let mut v: Value = serde_json::from_slice(bytes).map_err(|e| {
                     CoreError::operator("sink transforms", ErrorClass::Fatal, format!("value is not JSON: {e}"))
                 })?;
+                let mut deleted = false;
                 for t in transforms.iter() {
-                    if !t.apply(&mut v, &mut r.key) {
-                        return Ok(());
+                    match t
+                        .apply(&mut v, &mut r.key)
+                        .map_err(|e| CoreError::operator("sink transforms", ErrorClass::Fatal, e))?
+                    {
+                        Change::Keep => {}
+                        Change::Drop => return Ok(()),
+                        Change::Delete => {
+                            deleted = true;
+                            break;
+                        }
                     }
                 }
-                r.value = Some(
-                    serde_json::to_vec(&v).map_err(|e| CoreError::operator("sink transforms", ErrorClass::Fatal, e))?,
-                );
+                r.value = if deleted {
+                    None
+                } else {
+                    Some(
+                        serde_json::to_vec(&v)
+                            .map_err(|e| CoreError::operator("sink transforms", ErrorClass::Fatal, e))?,
+                    )
+                };
             }
         }
         counter.fetch_add(1, Ordering::Relaxed);

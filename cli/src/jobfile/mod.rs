@@ -21,7 +21,7 @@ mod warnings;
 
 pub use text::masked;
 use text::{line_of, segs};
-pub use transform::Transform;
+pub use transform::{Change, Transform};
 
 /// A whole job file.
 #[derive(Debug, Clone, Deserialize)]

@@ -316,11 +316,11 @@ fn transforms_filter_project_rename_and_key() {
             to: "buyer".into(),
         },
     ];
-    assert!(t.iter().all(|t| t.apply(&mut v, &mut key)));
+    assert!(t.iter().all(|t| t.keeps(&mut v, &mut key)));
     assert_eq!(v, json!({"id": 7, "buyer": {"id": "c1"}}));
     assert_eq!(key.as_deref(), Some(&b"c1"[..]));
     let mut other = json!({"status": "open"});
-    assert!(!t[0].apply(&mut other, &mut key));
+    assert!(!t[0].keeps(&mut other, &mut key));
     let one_of = Transform::Filter {
         field: "n".into(),
         equals: None,
@@ -328,7 +328,50 @@ fn transforms_filter_project_rename_and_key() {
         one_of: Some(vec![json!(1), json!(2)]),
         exists: None,
     };
-    assert!(one_of.apply(&mut json!({"n": 2}), &mut key));
-    assert!(!one_of.apply(&mut json!({"n": 3}), &mut key));
-    assert!(!one_of.apply(&mut json!({}), &mut key));
+    assert!(one_of.keeps(&mut json!({"n": 2}), &mut key));
+    assert!(!one_of.keeps(&mut json!({"n": 3}), &mut key));
+    assert!(!one_of.keeps(&mut json!({}), &mut key));
+}
+
+/// Debezium change events (JSON converter, with and without its schema wrapper) become rows,
+/// deletions of their key, or errors for what cannot be applied row by row.
+#[test]
+fn a_debezium_change_event_becomes_its_row_or_a_deletion_of_its_key() {
+    use crate::jobfile::Change;
+    let t = Transform::Debezium;
+    let row = json!({"id": 1, "name": "a"});
+    for op in ["c", "r", "u"] {
+        let mut v = json!({"before": null, "after": row, "op": op, "source": {"lsn": 5}});
+        let mut key = Some(br#"{"id":1}"#.to_vec());
+        assert_eq!(t.apply(&mut v, &mut key), Ok(Change::Keep), "{op}");
+        assert_eq!(v, row);
+        assert_eq!(key.as_deref(), Some(&br#"{"id":1}"#[..]));
+    }
+    // The converter's wrapper around the value and the key.
+    let mut v = json!({"schema": {"type": "struct"}, "payload": {"after": row, "op": "u"}});
+    let mut key = Some(serde_json::to_vec(&json!({"schema": {}, "payload": {"id": 1}})).unwrap());
+    assert_eq!(t.apply(&mut v, &mut key), Ok(Change::Keep));
+    assert_eq!(v, row);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(key.as_deref().unwrap()).unwrap(),
+        json!({"id": 1})
+    );
+    // A delete: a deletion of the key.
+    let mut v = json!({"before": row, "after": null, "op": "d"});
+    let mut key = Some(br#"{"id":1}"#.to_vec());
+    assert_eq!(t.apply(&mut v, &mut key), Ok(Change::Delete));
+    assert!(
+        t.apply(&mut json!({"before": row, "op": "d"}), &mut None).is_err(),
+        "a delete without a key"
+    );
+    // What cannot be applied row by row, or is no change event at all.
+    for bad in [
+        json!({"op": "t"}),
+        json!({"op": "m"}),
+        json!({"id": 1}),
+        json!({"op": "c"}),
+        json!([1]),
+    ] {
+        assert!(t.apply(&mut bad.clone(), &mut None).is_err(), "{bad}");
+    }
 }

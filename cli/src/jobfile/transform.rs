@@ -43,6 +43,34 @@ pub enum Transform {
         /// A field name; nested fields with dots.
         field: String,
     },
+    /// Unwraps a Debezium change event (JSON, with or without the converter's `schema` /
+    /// `payload` wrapper): a create, a snapshot read or an update becomes its `after` row; a
+    /// delete becomes a deletion of the record's key (a tombstone); the key loses its wrapper
+    /// too. Anything else (a truncate, a message, not a change event) is a record this transform
+    /// cannot apply: the source's `on_deserialization_error` policy decides. (Kafka tombstones
+    /// that follow deletes are dropped before the transforms: the delete already removed the row.)
+    Debezium,
+}
+
+/// What a transform did with a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Go on with the (changed) value.
+    Keep,
+    /// A filter dropped the record.
+    Drop,
+    /// The record is now a deletion of its key (a tombstone): no further transform applies.
+    Delete,
+}
+
+/// The Debezium JSON converter's wrapper (`schemas.enable=true`): `{"schema": …, "payload": …}`.
+fn unwrapped(v: Value) -> Value {
+    match v {
+        Value::Object(mut m) if m.len() == 2 && m.contains_key("schema") && m.contains_key("payload") => {
+            m.remove("payload").unwrap_or(Value::Null)
+        }
+        other => other,
+    }
 }
 
 fn field<'v>(value: &'v Value, path: &str) -> Option<&'v Value> {
@@ -96,12 +124,32 @@ impl Transform {
                 }
                 Ok(())
             }
+            Transform::Debezium => Ok(()),
         }
     }
 
-    /// Applies the transform. Returns false when a filter drops the record; `key` receives a
-    /// new key from a key transform.
-    pub fn apply(&self, value: &mut Value, key: &mut Option<Vec<u8>>) -> bool {
+    /// Applies the transform and says whether the record goes on; filters only (no error, no
+    /// deletion): for callers that know their transforms are not `debezium`.
+    pub fn keeps(&self, value: &mut Value, key: &mut Option<Vec<u8>>) -> bool {
+        self.apply(value, key) == Ok(Change::Keep)
+    }
+
+    /// Applies the transform: [`Change::Drop`] when a filter drops the record, [`Change::Delete`]
+    /// when it became a deletion of its key; `key` receives a new key from a key or debezium
+    /// transform. An error: a record the transform cannot apply (`debezium` on something other
+    /// than a change event).
+    pub fn apply(&self, value: &mut Value, key: &mut Option<Vec<u8>>) -> Result<Change, String> {
+        if let Transform::Debezium = self {
+            return debezium(value, key);
+        }
+        Ok(if self.filter(value, key) {
+            Change::Keep
+        } else {
+            Change::Drop
+        })
+    }
+
+    fn filter(&self, value: &mut Value, key: &mut Option<Vec<u8>>) -> bool {
         match self {
             Transform::Filter {
                 field: f,
@@ -152,6 +200,46 @@ impl Transform {
                 });
                 true
             }
+            Transform::Debezium => true,
         }
+    }
+}
+
+/// The `debezium` transform (see [`Transform::Debezium`]).
+fn debezium(value: &mut Value, key: &mut Option<Vec<u8>>) -> Result<Change, String> {
+    let event = unwrapped(std::mem::take(value));
+    if let Some(k) = key.as_deref() {
+        if let Ok(parsed) = serde_json::from_slice::<Value>(k) {
+            let inner = unwrapped(parsed.clone());
+            if inner != parsed {
+                *key = Some(serde_json::to_vec(&inner).map_err(|e| e.to_string())?);
+            }
+        }
+    }
+    let Value::Object(mut event) = event else {
+        return Err("not a Debezium change event: the value is not a JSON object".into());
+    };
+    let op = event.get("op").and_then(Value::as_str).map(str::to_owned);
+    match op.as_deref() {
+        Some("c" | "r" | "u") => match event.remove("after") {
+            Some(after @ Value::Object(_)) => {
+                *value = after;
+                Ok(Change::Keep)
+            }
+            _ => Err(format!(
+                "a Debezium {:?} event without an `after` row",
+                op.unwrap_or_default()
+            )),
+        },
+        Some("d") => {
+            if key.is_none() {
+                return Err("a Debezium delete without a key cannot say which row to delete".into());
+            }
+            Ok(Change::Delete)
+        }
+        Some(other) => Err(format!(
+            "a Debezium {other:?} event (truncate or message) cannot be applied row by row"
+        )),
+        None => Err("not a Debezium change event: no `op` field".into()),
     }
 }

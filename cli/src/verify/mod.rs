@@ -602,8 +602,11 @@ fn read_id(id: &str, key: Option<&[u8]>, value: Option<&[u8]>, transforms: &[Tra
     };
     let mut key = key.map(<[u8]>::to_vec);
     for t in transforms {
-        if !t.apply(&mut v, &mut key) {
-            return Read::Filtered;
+        match t.apply(&mut v, &mut key) {
+            Ok(crate::jobfile::Change::Keep) => {}
+            // A deletion carries no row to read an id from.
+            Ok(_) => return Read::Filtered,
+            Err(_) => return Read::Unreadable,
         }
     }
     match field(&v, id).map(id_text) {

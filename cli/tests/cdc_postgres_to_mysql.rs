@@ -1,0 +1,230 @@
+//! Change data capture end to end against the real thing: Debezium's PostgreSQL connector (on
+//! Kafka Connect, `scripts/services up kafka postgres cdc`) captures a PostgreSQL table into
+//! Kafka; `exactly run` reads the change events (`[[transform]] type = "debezium"`) into a MariaDB
+//! table in upsert mode. Inserts before the connector (its snapshot), inserts, updates and
+//! deletes while the job runs, the job SIGKILLed and started again in between: at the end the
+//! MariaDB table equals the PostgreSQL table row for row.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use exactly_integration_tests::{connect_mysql, create_topic, unique, ChildJob, TestEnv};
+use exactly_integration_tests::{connect_postgres, pg_execute};
+use sqlx::Row;
+
+const HOW_TO_START_CDC: &str = "this test needs Kafka Connect with Debezium (EXACTLY_CONNECT_URL): start it with\n\n    \
+     scripts/services up kafka mysql postgres cdc && eval \"$(scripts/services env)\"\n\nor run the whole suite with `scripts/test`.";
+
+fn connect_url() -> Result<String> {
+    match std::env::var("EXACTLY_CONNECT_URL") {
+        Ok(url) if !url.is_empty() => Ok(url),
+        _ => bail!("EXACTLY_CONNECT_URL is not set: {HOW_TO_START_CDC}"),
+    }
+}
+
+/// `curl` against Kafka Connect's REST API: the answer's body (an HTTP error fails).
+fn rest(method: &str, url: &str, body: Option<&serde_json::Value>) -> Result<String> {
+    let mut c = Command::new("curl");
+    c.args([
+        "-sS",
+        "--fail-with-body",
+        "-X",
+        method,
+        "-H",
+        "Content-Type: application/json",
+        url,
+    ]);
+    if let Some(b) = body {
+        c.args(["-d", &b.to_string()]);
+    }
+    let out = c.output().context("running curl")?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        bail!(
+            "{method} {url}: {text}{}\n{HOW_TO_START_CDC}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(text)
+}
+
+fn job_file(env: &TestEnv, dir: &std::path::Path, topic: &str, table: &str) -> Vec<String> {
+    let text = format!(
+        r#"
+[job]
+name = "cdc"
+parallelism = 1
+
+[checkpoints]
+dir = "{checkpoints}"
+interval = "300ms"
+
+[source]
+bootstrap_servers = "{bootstrap}"
+topics = ["{topic}"]
+group_id = "{group}"
+
+[[transform]]
+type = "debezium"
+
+[sink.mysql]
+url = "{url}"
+table = "{table}"
+mode = "upsert"
+job_id = "cdc"
+create_table = true
+
+[sink.mysql.mapping]
+format = {{ type = "json" }}
+columns = [
+  {{ name = "id", type = "bigint", key = true }},
+  {{ name = "customer", type = "varchar", length = 64 }},
+  {{ name = "amount", type = "double" }},
+  {{ name = "status", type = "varchar", length = 16 }},
+]
+"#,
+        checkpoints = dir.join("checkpoints").display(),
+        bootstrap = env.kafka_bootstrap,
+        group = unique("cdc-group"),
+        url = env.mysql_url,
+    );
+    let path = dir.join("cdc.toml");
+    std::fs::write(&path, text).expect("write job file");
+    vec!["run".to_owned(), path.display().to_string()]
+}
+
+/// The table's rows as `id|customer|amount|status`, in id order.
+async fn pg_rows(pg: &mut sqlx::PgConnection, table: &str) -> Result<Vec<String>> {
+    let sql = format!("SELECT concat_ws('|', id, customer, amount, status) FROM {table} ORDER BY id");
+    let rows = sqlx::query(&sql).fetch_all(&mut *pg).await.context(sql)?;
+    rows.iter().map(|r| Ok(r.try_get::<String, _>(0)?)).collect()
+}
+
+async fn mysql_rows(my: &mut sqlx::MySqlConnection, table: &str) -> Result<Vec<String>> {
+    let sql = format!("SELECT CAST(CONCAT_WS('|', id, customer, amount, status) AS CHAR) FROM `{table}` ORDER BY id");
+    match sqlx::query(&sql).fetch_all(&mut *my).await {
+        Ok(rows) => rows.iter().map(|r| Ok(r.try_get::<String, _>(0)?)).collect(),
+        // Not created yet: the job has not started its sink.
+        Err(_) => Ok(Vec::new()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debezium_changes_of_a_postgres_table_reach_mariadb_exactly_across_a_sigkill() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let connect = connect_url()?;
+    let mut pg = connect_postgres().await?;
+    let mut my = connect_mysql(env).await?;
+    let tag = unique("cdc").replace('-', "_").to_lowercase();
+    pg_execute(
+        &mut pg,
+        &format!("CREATE TABLE {tag} (id bigint PRIMARY KEY, customer varchar(64), amount double precision, status varchar(16))"),
+    )
+    .await?;
+    // Rows before the connector: its snapshot reads them (op "r").
+    pg_execute(
+        &mut pg,
+        &format!("INSERT INTO {tag} SELECT n, 'c' || (n % 7), n * 0.25, 'new' FROM generate_series(1, 50) n"),
+    )
+    .await?;
+    let config = serde_json::json!({
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "database.hostname": "127.0.0.1",
+        "database.port": std::env::var("EXACTLY_POSTGRES_PORT").unwrap_or_else(|_| "15432".into()),
+        "database.user": "exactly",
+        "database.password": "exactly",
+        "database.dbname": "exactly",
+        "database.sslmode": "require",
+        "topic.prefix": tag,
+        "table.include.list": format!("public.{tag}"),
+        "plugin.name": "pgoutput",
+        "slot.name": tag,
+        "publication.name": tag,
+        "publication.autocreate.mode": "filtered",
+        // The JSON converter with its schema wrapper, as many deployments run it.
+        "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "key.converter.schemas.enable": "true",
+        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "value.converter.schemas.enable": "true",
+    });
+    // The change topic, made before the connector (Connect would make it at the snapshot's first
+    // record; the job's source refuses a topic that does not exist).
+    create_topic(env, &format!("{tag}.public.{tag}"), 1).await?;
+    rest("PUT", &format!("{connect}/connectors/{tag}/config"), Some(&config))?;
+    let result = scenario(env, &mut pg, &mut my, &tag).await;
+    let _ = rest("DELETE", &format!("{connect}/connectors/{tag}"), None);
+    // The slot holds WAL until dropped; it is released once the connector's task stops.
+    for _ in 0..50 {
+        if pg_execute(&mut pg, &format!("SELECT pg_drop_replication_slot('{tag}')"))
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = pg_execute(&mut pg, &format!("DROP PUBLICATION IF EXISTS {tag}")).await;
+    let _ = pg_execute(&mut pg, &format!("DROP TABLE {tag}")).await;
+    result
+}
+
+async fn scenario(env: &TestEnv, pg: &mut sqlx::PgConnection, my: &mut sqlx::MySqlConnection, tag: &str) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let args = job_file(env, dir.path(), &format!("{tag}.public.{tag}"), tag);
+    let exactly = env!("CARGO_BIN_EXE_exactly");
+    let mut job = ChildJob::spawn(exactly, &args, "")?;
+    // Changes while the job runs, in rounds; the job is SIGKILLed after the second and started
+    // again (it restores its checkpoint and goes on from there).
+    for round in 0..4 {
+        let base = 100 + round * 50;
+        pg_execute(
+            pg,
+            &format!(
+                "INSERT INTO {tag} SELECT n, 'c' || (n % 7), n * 0.25, 'new' FROM generate_series({base}, {}) n",
+                base + 49
+            ),
+        )
+        .await?;
+        pg_execute(
+            pg,
+            &format!("UPDATE {tag} SET status = 'paid', amount = amount + 1 WHERE id % 3 = {round} % 3"),
+        )
+        .await?;
+        pg_execute(pg, &format!("DELETE FROM {tag} WHERE id % 11 = {round}")).await?;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        if round == 1 {
+            job.kill();
+            eprintln!("SIGKILLed the job after round {round}");
+            job = ChildJob::spawn(exactly, &args, "")?;
+        }
+        if !job.running() {
+            bail!("the job ended:\n{}", job.log(40));
+        }
+    }
+    let want = pg_rows(pg, tag).await?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let got = mysql_rows(my, tag).await?;
+        if got == want {
+            eprintln!("MariaDB equals PostgreSQL: {} rows", want.len());
+            break;
+        }
+        if !job.running() {
+            bail!("the job ended:\n{}", job.log(40));
+        }
+        if Instant::now() > deadline {
+            let missing: Vec<_> = want.iter().filter(|r| !got.contains(r)).take(5).collect();
+            let extra: Vec<_> = got.iter().filter(|r| !want.contains(r)).take(5).collect();
+            bail!(
+                "after 120 s MariaDB has {} rows, PostgreSQL {}; missing or different {missing:?}, extra {extra:?}\n{}",
+                got.len(),
+                want.len(),
+                job.log(30)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    job.kill();
+    Ok(())
+}
