@@ -69,10 +69,14 @@ impl Deserializer<Option<KafkaRecord>> for Prepare {
         // A tombstone (no value) is a deletion of its key, not a JSON `null`: it passes the
         // transforms untouched, keeps its key, and each sink applies it as a deletion (Kafka: a
         // tombstone; MySQL upsert: DELETE by key; MySQL xa: its bad-record policy).
-        // A Kafka tombstone after a Debezium delete: the delete event already removed the row.
+        // A Kafka tombstone in a Debezium topic (after a delete, or alone where compaction removed
+        // the delete): a deletion of its key, the key unwrapped as the delete's is (deleting a
+        // row twice leaves it deleted).
         if r.value.is_none() && self.transforms.iter().any(|t| matches!(t, Transform::Debezium)) {
-            self.registry.records_filtered.fetch_add(1, Ordering::Relaxed);
-            return Ok(None);
+            return Ok(Some(KafkaRecord {
+                key: crate::jobfile::debezium_key(key),
+                ..r
+            }));
         }
         let value = if (self.transforms.is_empty() && !self.json) || r.value.is_none() {
             r.value
@@ -595,6 +599,36 @@ mod tests {
             value: value.map(|v| v.as_bytes().to_vec()),
             headers: Vec::new(),
         }
+    }
+
+    /// In a Debezium topic a tombstone is a deletion of its key (compaction may have removed the
+    /// delete before it), its key unwrapped as a delete's is; a delete event becomes one too.
+    #[test]
+    fn a_debezium_tombstone_or_delete_is_a_deletion_of_the_unwrapped_key() {
+        let prepare = Prepare {
+            transforms: Arc::new(vec![Transform::Debezium]),
+            json: true,
+            registry: Registry::new("t", 1, "all".into()),
+        };
+        let wrapped = r#"{"schema":{"type":"struct"},"payload":{"id":7}}"#;
+        for value in [None, Some(r#"{"before":{"id":7},"after":null,"op":"d"}"#)] {
+            let t = prepare
+                .deserialize(record(wrapped, value))
+                .unwrap()
+                .expect("kept: a deletion");
+            assert_eq!(
+                (t.key.as_deref(), t.value.as_deref()),
+                (Some(&br#"{"id":7}"#[..]), None),
+                "{value:?}"
+            );
+        }
+        let row = prepare
+            .deserialize(record(wrapped, Some(r#"{"after":{"id":7,"n":1},"op":"u"}"#)))
+            .unwrap()
+            .expect("a row");
+        assert_eq!(row.value.as_deref(), Some(&br#"{"id":7,"n":1}"#[..]));
+        // A truncate cannot be applied row by row: the poison policy decides.
+        assert!(prepare.deserialize(record(wrapped, Some(r#"{"op":"t"}"#))).is_err());
     }
 
     #[test]

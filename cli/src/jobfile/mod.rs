@@ -21,7 +21,7 @@ mod warnings;
 
 pub use text::masked;
 use text::{line_of, segs};
-pub use transform::{Change, Transform};
+pub use transform::{debezium_key, Change, Transform};
 
 /// A whole job file.
 #[derive(Debug, Clone, Deserialize)]
@@ -527,6 +527,13 @@ impl Job {
                 return Err(err(&format!("transform[{i}]"), m));
             }
         }
+        let debezium = file.transforms.iter().any(|t| matches!(t, Transform::Debezium));
+        if let Some(i) = transform::debezium_misplaced(&file.transforms) {
+            return Err(err(
+                &format!("transform[{i}]"),
+                "`debezium` must be the first transform, followed by `project` at most: a delete carries only its key, so a `key`, `rename` or `filter` after it would apply to rows but not to deletes (a key changed on one and not the other, a row filtered out that stays)".into(),
+            ));
+        }
         let mut names = std::collections::BTreeSet::new();
         let mut prefixes = std::collections::BTreeMap::new();
         let mut xa_ids = std::collections::BTreeMap::new();
@@ -558,6 +565,12 @@ impl Job {
             for (i, t) in s.transforms.iter().enumerate() {
                 if let Err(m) = t.check() {
                     return Err(err(&format!("{at}.transform[{i}]"), m));
+                }
+                if matches!(t, Transform::Debezium) {
+                    return Err(err(
+                        &format!("{at}.transform[{i}]"),
+                        "`debezium` unwraps change events as the source reads them: put it in the job's [[transform]] list, first".into(),
+                    ));
                 }
             }
             match &s.kind {
@@ -594,6 +607,12 @@ impl Job {
                     if let Err(e) = m.validate() {
                         return Err(err(&format!("{at}.mysql"), e.to_string()));
                     }
+                    if debezium && m.mode != Mode::Upsert {
+                        return Err(err(
+                            &format!("{at}.mysql.mode"),
+                            "a `debezium` change stream updates and deletes rows: it needs mode \"upsert\" (mode \"xa\" only inserts)".into(),
+                        ));
+                    }
                     if m.mode == Mode::Xa && file.checkpoints.is_none() {
                         return Err(err(
                             &format!("{at}.mysql.mode"),
@@ -611,6 +630,12 @@ impl Job {
                 SinkKind::Postgres(p) => {
                     if let Err(e) = p.validate() {
                         return Err(err(&format!("{at}.postgres"), e.to_string()));
+                    }
+                    if debezium && p.mode != exactly_postgres_sink::Mode::Upsert {
+                        return Err(err(
+                            &format!("{at}.postgres.mode"),
+                            "a `debezium` change stream updates and deletes rows: it needs mode \"upsert\" (mode \"two_phase\" only inserts)".into(),
+                        ));
                     }
                     if p.mode == exactly_postgres_sink::Mode::TwoPhase && file.checkpoints.is_none() {
                         return Err(err(

@@ -375,3 +375,56 @@ fn a_debezium_change_event_becomes_its_row_or_a_deletion_of_its_key() {
         assert!(t.apply(&mut bad.clone(), &mut None).is_err(), "{bad}");
     }
 }
+
+/// `debezium` first, followed by `project` at most, in the job's transforms only, and upsert-mode
+/// database sinks only: anything else would apply to rows but not to deletes.
+#[test]
+fn a_debezium_transform_is_first_in_the_job_and_feeds_upsert_sinks_only() {
+    let cdc = |transforms: &str, sink: &str| {
+        format!(
+            r#"
+[job]
+name = "cdc"
+[checkpoints]
+dir = "/tmp/x"
+[source]
+bootstrap_servers = "127.0.0.1:19092"
+topics = ["shop.public.orders"]
+group_id = "g"
+{transforms}
+{sink}
+"#
+        )
+    };
+    let upsert = r#"[sink.mysql]
+url = "mysql://u:p@127.0.0.1:13306/db"
+table = "orders"
+mode = "upsert"
+job_id = "cdc"
+[sink.mysql.mapping]
+format = { type = "json" }
+columns = [{ name = "id", type = "bigint", key = true }]"#;
+    let first = "[[transform]]\ntype = \"debezium\"\n";
+    let project = "[[transform]]\ntype = \"project\"\nfields = [\"id\"]\n";
+    let key = "[[transform]]\ntype = \"key\"\nfield = \"id\"\n";
+    parse(&cdc(first, upsert)).expect("debezium into an upsert sink");
+    parse(&cdc(&format!("{first}{project}"), upsert)).expect("project after debezium");
+    for (transforms, at) in [
+        (format!("{first}{key}"), "transform[1]"),
+        (format!("{key}{first}"), "transform[1]"),
+    ] {
+        let e = parse(&cdc(&transforms, upsert)).expect_err(&transforms).to_string();
+        assert!(e.contains(at) && e.contains("must be the first transform"), "{e}");
+    }
+    let xa = upsert.replace("mode = \"upsert\"", "mode = \"xa\"");
+    let e = parse(&cdc(first, &xa)).expect_err("xa").to_string();
+    assert!(e.contains("needs mode \"upsert\""), "{e}");
+    let pg = r#"[sink.postgres]
+url = "postgres://u:p@127.0.0.1:15432/db"
+table = "orders"
+mode = "two_phase"
+job_id = "cdc"
+columns = [{ name = "id", type = "bigint", key = true }]"#;
+    let e = parse(&cdc(first, pg)).expect_err("two_phase").to_string();
+    assert!(e.contains("needs mode \"upsert\""), "{e}");
+}

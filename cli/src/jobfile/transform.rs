@@ -47,8 +47,9 @@ pub enum Transform {
     /// `payload` wrapper): a create, a snapshot read or an update becomes its `after` row; a
     /// delete becomes a deletion of the record's key (a tombstone); the key loses its wrapper
     /// too. Anything else (a truncate, a message, not a change event) is a record this transform
-    /// cannot apply: the source's `on_deserialization_error` policy decides. (Kafka tombstones
-    /// that follow deletes are dropped before the transforms: the delete already removed the row.)
+    /// cannot apply: the source's `on_deserialization_error` policy decides. A Kafka tombstone (a
+    /// compacted topic may keep it and not the delete before it) is a deletion of its key too.
+    /// First in the job's transforms, followed by `project` at most; upsert-mode sinks only.
     Debezium,
 }
 
@@ -205,17 +206,42 @@ impl Transform {
     }
 }
 
+/// Where a `debezium` transform sits that it must not: not first, or followed by anything but
+/// `project` (the index of the offending transform).
+pub(super) fn debezium_misplaced(transforms: &[Transform]) -> Option<usize> {
+    let at = transforms.iter().position(|t| matches!(t, Transform::Debezium))?;
+    if at > 0 {
+        return Some(at);
+    }
+    transforms
+        .iter()
+        .enumerate()
+        .skip(1)
+        .find(|(_, t)| !matches!(t, Transform::Project { .. }))
+        .map(|(i, _)| i)
+}
+
+/// A Debezium record's key without the JSON converter's schema wrapper (as it is, when it has
+/// none or is not JSON).
+pub fn debezium_key(key: Option<Vec<u8>>) -> Option<Vec<u8>> {
+    let k = key?;
+    match serde_json::from_slice::<Value>(&k) {
+        Ok(parsed) => {
+            let inner = unwrapped(parsed.clone());
+            if inner == parsed {
+                Some(k)
+            } else {
+                serde_json::to_vec(&inner).ok().or(Some(k))
+            }
+        }
+        Err(_) => Some(k),
+    }
+}
+
 /// The `debezium` transform (see [`Transform::Debezium`]).
 fn debezium(value: &mut Value, key: &mut Option<Vec<u8>>) -> Result<Change, String> {
     let event = unwrapped(std::mem::take(value));
-    if let Some(k) = key.as_deref() {
-        if let Ok(parsed) = serde_json::from_slice::<Value>(k) {
-            let inner = unwrapped(parsed.clone());
-            if inner != parsed {
-                *key = Some(serde_json::to_vec(&inner).map_err(|e| e.to_string())?);
-            }
-        }
-    }
+    *key = debezium_key(key.take());
     let Value::Object(mut event) = event else {
         return Err("not a Debezium change event: the value is not a JSON object".into());
     };
