@@ -1,7 +1,7 @@
 //! Change data capture end to end against the real thing: Debezium's PostgreSQL connector (on
 //! Kafka Connect, `scripts/services up kafka postgres cdc`) captures a PostgreSQL table into
 //! Kafka; `exactly run` reads the change events (`[[transform]] type = "debezium"`) into a MariaDB
-//! table in upsert mode. Inserts before the connector (its snapshot), inserts, updates and
+//! table, or into another PostgreSQL table, in upsert mode. Inserts before the connector (its snapshot), inserts, updates and
 //! deletes while the job runs, a column added midway, the job SIGKILLed while it applies changes
 //! and started again (it must restore its checkpoint): at the end the MariaDB table equals the
 //! PostgreSQL table row for row.
@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use exactly_integration_tests::{connect_mysql, create_topic, unique, ChildJob, TestEnv};
+use exactly_integration_tests::{connect_mysql, create_topic, postgres_url, unique, ChildJob, TestEnv};
 use exactly_integration_tests::{connect_postgres, pg_execute};
 use sqlx::Row;
 
@@ -50,7 +50,54 @@ fn rest(method: &str, url: &str, body: Option<&serde_json::Value>) -> Result<Str
     Ok(text)
 }
 
-fn job_file(env: &TestEnv, dir: &std::path::Path, topic: &str, table: &str) -> Vec<String> {
+/// Where the job applies the change stream.
+#[derive(Clone, Copy, PartialEq)]
+enum Target {
+    Mariadb,
+    Postgres,
+}
+
+fn sink(env: &TestEnv, target: Target, table: &str) -> Result<String> {
+    Ok(match target {
+        Target::Mariadb => format!(
+            r#"[sink.mysql]
+url = "{url}"
+table = "{table}"
+mode = "upsert"
+job_id = "cdc"
+create_table = true
+
+[sink.mysql.mapping]
+format = {{ type = "json" }}
+columns = [
+  {{ name = "id", type = "bigint", key = true }},
+  {{ name = "customer", type = "varchar", length = 64 }},
+  {{ name = "amount", type = "double" }},
+  {{ name = "status", type = "varchar", length = 16 }},
+]
+"#,
+            url = env.mysql_url
+        ),
+        Target::Postgres => format!(
+            r#"[sink.postgres]
+url = "{url}"
+table = "{table}"
+mode = "upsert"
+job_id = "cdc"
+create_table = true
+columns = [
+  {{ name = "id", type = "bigint", key = true }},
+  {{ name = "customer", type = "varchar(64)" }},
+  {{ name = "amount", type = "double precision" }},
+  {{ name = "status", type = "varchar(16)" }},
+]
+"#,
+            url = postgres_url()?
+        ),
+    })
+}
+
+fn job_file(env: &TestEnv, dir: &std::path::Path, topic: &str, sink: &str) -> Vec<String> {
     let text = format!(
         r#"
 [job]
@@ -69,26 +116,11 @@ group_id = "{group}"
 [[transform]]
 type = "debezium"
 
-[sink.mysql]
-url = "{url}"
-table = "{table}"
-mode = "upsert"
-job_id = "cdc"
-create_table = true
-
-[sink.mysql.mapping]
-format = {{ type = "json" }}
-columns = [
-  {{ name = "id", type = "bigint", key = true }},
-  {{ name = "customer", type = "varchar", length = 64 }},
-  {{ name = "amount", type = "double" }},
-  {{ name = "status", type = "varchar", length = 16 }},
-]
+{sink}
 "#,
         checkpoints = dir.join("checkpoints").display(),
         bootstrap = env.kafka_bootstrap,
         group = unique("cdc-group"),
-        url = env.mysql_url,
     );
     let path = dir.join("cdc.toml");
     std::fs::write(&path, text).expect("write job file");
@@ -113,6 +145,15 @@ async fn mysql_rows(my: &mut sqlx::MySqlConnection, table: &str) -> Result<Vec<S
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn debezium_changes_of_a_postgres_table_reach_mariadb_exactly_across_a_sigkill() -> Result<()> {
+    captured_into(Target::Mariadb).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debezium_changes_of_a_postgres_table_reach_another_postgres_table_across_a_sigkill() -> Result<()> {
+    captured_into(Target::Postgres).await
+}
+
+async fn captured_into(target: Target) -> Result<()> {
     let env = TestEnv::get().await?;
     let connect = connect_url()?;
     let mut pg = connect_postgres().await?;
@@ -159,7 +200,7 @@ async fn debezium_changes_of_a_postgres_table_reach_mariadb_exactly_across_a_sig
     // record; the job's source refuses a topic that does not exist).
     create_topic(env, &format!("{tag}.public.{tag}"), 1).await?;
     rest("PUT", &format!("{connect}/connectors/{tag}/config"), Some(&config))?;
-    let result = scenario(env, &mut pg, &mut my, &tag).await;
+    let result = scenario(env, target, &mut pg, &mut my, &tag).await;
     let _ = rest("DELETE", &format!("{connect}/connectors/{tag}"), None);
     // The slot holds WAL until dropped; it is released once the connector's task stops.
     for _ in 0..150 {
@@ -173,20 +214,41 @@ async fn debezium_changes_of_a_postgres_table_reach_mariadb_exactly_across_a_sig
     }
     let _ = pg_execute(&mut pg, &format!("DROP PUBLICATION IF EXISTS {tag}")).await;
     let _ = pg_execute(&mut pg, &format!("DROP TABLE {tag}")).await;
+    let _ = pg_execute(&mut pg, &format!("DROP TABLE IF EXISTS {tag}_copy")).await;
     result
 }
 
-async fn scenario(env: &TestEnv, pg: &mut sqlx::PgConnection, my: &mut sqlx::MySqlConnection, tag: &str) -> Result<()> {
+async fn scenario(
+    env: &TestEnv,
+    target: Target,
+    pg: &mut sqlx::PgConnection,
+    my: &mut sqlx::MySqlConnection,
+    tag: &str,
+) -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let args = job_file(env, dir.path(), &format!("{tag}.public.{tag}"), tag);
+    let copy = format!("{tag}_copy");
+    let args = job_file(
+        env,
+        dir.path(),
+        &format!("{tag}.public.{tag}"),
+        &sink(env, target, &copy)?,
+    );
+    // The other side: a second connection, so the source's stays free for changes.
+    let mut target_pg = exactly_integration_tests::connect_postgres().await?;
+    let mut copied = async |my: &mut sqlx::MySqlConnection| -> Result<Vec<String>> {
+        match target {
+            Target::Mariadb => mysql_rows(my, &copy).await,
+            Target::Postgres => Ok(pg_rows(&mut target_pg, &copy).await.unwrap_or_default()),
+        }
+    };
     let exactly = env!("CARGO_BIN_EXE_exactly");
     let mut job = ChildJob::spawn(exactly, &args, "")?;
     // The snapshot's rows reach MariaDB first: the kill below lands on a job that is applying
     // changes, not on one still starting.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while mysql_rows(my, tag).await?.is_empty() {
+    while copied(my).await?.is_empty() {
         if Instant::now() > deadline || !job.running() {
-            bail!("no row reached MariaDB within 60 s:\n{}", job.log(40));
+            bail!("no row reached the copy within 60 s:\n{}", job.log(40));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -234,9 +296,9 @@ async fn scenario(env: &TestEnv, pg: &mut sqlx::PgConnection, my: &mut sqlx::MyS
     let want = pg_rows(pg, tag).await?;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let got = mysql_rows(my, tag).await?;
+        let got = copied(my).await?;
         if got == want {
-            eprintln!("MariaDB equals PostgreSQL: {} rows", want.len());
+            eprintln!("the copy equals the table: {} rows", want.len());
             break;
         }
         if !job.running() {
@@ -246,7 +308,7 @@ async fn scenario(env: &TestEnv, pg: &mut sqlx::PgConnection, my: &mut sqlx::MyS
             let missing: Vec<_> = want.iter().filter(|r| !got.contains(r)).take(5).collect();
             let extra: Vec<_> = got.iter().filter(|r| !want.contains(r)).take(5).collect();
             bail!(
-                "after 120 s MariaDB has {} rows, PostgreSQL {}; missing or different {missing:?}, extra {extra:?}\n{}",
+                "after 120 s the copy has {} rows, the table {}; missing or different {missing:?}, extra {extra:?}\n{}",
                 got.len(),
                 want.len(),
                 job.log(30)
