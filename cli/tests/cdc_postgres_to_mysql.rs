@@ -153,7 +153,13 @@ async fn debezium_changes_of_a_postgres_table_reach_another_postgres_table_acros
     captured_into(Target::Postgres).await
 }
 
+/// One scenario at a time: a logical slot's creation waits for the transactions open on the
+/// server (the other scenario's sink commits), and the clean-up of stale slots must not take a
+/// slot the other is still snapshotting with.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn captured_into(target: Target) -> Result<()> {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let env = TestEnv::get().await?;
     let connect = connect_url()?;
     let mut pg = connect_postgres().await?;

@@ -572,6 +572,12 @@ impl Job {
                         "`debezium` unwraps change events as the source reads them: put it in the job's [[transform]] list, first".into(),
                     ));
                 }
+                if debezium && !matches!(t, Transform::Project { .. }) {
+                    return Err(err(
+                        &format!("{at}.transform[{i}]"),
+                        "a sink of a `debezium` change stream takes `project` at most: a deletion carries only its key, so a `key`, `rename` or `filter` here would apply to rows and not to deletes".into(),
+                    ));
+                }
             }
             match &s.kind {
                 SinkKind::Kafka(k) => {

@@ -416,6 +416,24 @@ columns = [{ name = "id", type = "bigint", key = true }]"#;
         let e = parse(&cdc(&transforms, upsert)).expect_err(&transforms).to_string();
         assert!(e.contains(at) && e.contains("must be the first transform"), "{e}");
     }
+    // Sink transforms of such a job: `project` at most.
+    let fan_out = |sink_transform: &str| {
+        format!(
+            "{first}[[sink]]\nname = \"copy\"\n{sink_transform}[sink.mysql]\nurl = \"mysql://u:p@127.0.0.1:13306/db\"\ntable = \"orders\"\nmode = \"upsert\"\njob_id = \"cdc\"\n[sink.mysql.mapping]\nformat = {{ type = \"json\" }}\ncolumns = [{{ name = \"id\", type = \"bigint\", key = true }}]\n"
+        )
+    };
+    parse(&cdc(
+        &fan_out("[[sink.transform]]\ntype = \"project\"\nfields = [\"id\"]\n"),
+        "",
+    ))
+    .expect("a sink's project");
+    let e = parse(&cdc(
+        &fan_out("[[sink.transform]]\ntype = \"filter\"\nfield = \"status\"\nequals = \"paid\"\n"),
+        "",
+    ))
+    .expect_err("a sink's filter")
+    .to_string();
+    assert!(e.contains("`project` at most"), "{e}");
     let xa = upsert.replace("mode = \"upsert\"", "mode = \"xa\"");
     let e = parse(&cdc(first, &xa)).expect_err("xa").to_string();
     assert!(e.contains("needs mode \"upsert\""), "{e}");
