@@ -64,11 +64,17 @@ pub enum Change {
     Delete,
 }
 
-/// The Debezium JSON converter's wrapper (`schemas.enable=true`): `{"schema": …, "payload": …}`.
+/// Whether `v` is the Debezium JSON converter's wrapper (`schemas.enable=true`):
+/// `{"schema": …, "payload": …}`.
+fn wrapped(v: &Value) -> bool {
+    matches!(v, Value::Object(m) if m.len() == 2 && m.contains_key("schema") && m.contains_key("payload"))
+}
+
+/// `v` without the converter's wrapper.
 fn unwrapped(v: Value) -> Value {
     match v {
-        Value::Object(mut m) if m.len() == 2 && m.contains_key("schema") && m.contains_key("payload") => {
-            m.remove("payload").unwrap_or(Value::Null)
+        Value::Object(mut m) if m.len() == 2 && m.contains_key("schema") => {
+            m.remove("payload").unwrap_or(Value::Object(m))
         }
         other => other,
     }
@@ -226,15 +232,8 @@ pub(super) fn debezium_misplaced(transforms: &[Transform]) -> Option<usize> {
 pub fn debezium_key(key: Option<Vec<u8>>) -> Option<Vec<u8>> {
     let k = key?;
     match serde_json::from_slice::<Value>(&k) {
-        Ok(parsed) => {
-            let inner = unwrapped(parsed.clone());
-            if inner == parsed {
-                Some(k)
-            } else {
-                serde_json::to_vec(&inner).ok().or(Some(k))
-            }
-        }
-        Err(_) => Some(k),
+        Ok(v) if wrapped(&v) => serde_json::to_vec(&unwrapped(v)).ok().or(Some(k)),
+        _ => Some(k),
     }
 }
 

@@ -169,6 +169,20 @@ impl Coordinator for Between<'_> {
     }
 }
 
+/// The commit sends one EndTxn, never a second, and stops naming the zombie and the checkpoint
+/// (`what` says why it must).
+async fn stops_after_one_end_txn(between: &Between<'_>, c: &KafkaCommittable, what: &str) {
+    let outcome = commit_recovered(between, c, None, &mut Default::default()).await;
+    assert_eq!(between.end_txns.load(Ordering::SeqCst), 1, "one EndTxn, never a second");
+    match outcome {
+        Err(CommitError::Fatal(why)) => {
+            let why = why.to_string();
+            assert!(why.contains("zombie") && why.contains("checkpoint 7"), "{why}");
+        }
+        other => panic!("{what}: {other:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_end_txn_that_committed_the_zombies_next_transaction_is_fatal() {
     let name = unique("zombie");
@@ -185,15 +199,12 @@ async fn an_end_txn_that_committed_the_zombies_next_transaction_is_fatal() {
         lose_first_answer: false,
         after_first_end_txn: Mutex::new(None),
     };
-    let outcome = commit_recovered(&between, &c, None, &mut Default::default()).await;
-    assert_eq!(between.end_txns.load(Ordering::SeqCst), 1, "one EndTxn, never a second");
-    match outcome {
-        Err(CommitError::Fatal(why)) => {
-            let why = why.to_string();
-            assert!(why.contains("zombie") && why.contains("checkpoint 7"), "{why}");
-        }
-        other => panic!("an EndTxn that ended another transaction must stop the job: {other:?}"),
-    }
+    stops_after_one_end_txn(
+        &between,
+        &c,
+        "an EndTxn that ended another transaction must stop the job",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -256,13 +267,10 @@ async fn an_end_txn_in_doubt_then_a_zombie_transaction_timed_out_is_fatal() {
             panic!("the zombie's third transaction did not time out within 30 s");
         }))),
     };
-    let outcome = commit_recovered(&between, &c, None, &mut Default::default()).await;
-    assert_eq!(between.end_txns.load(Ordering::SeqCst), 1, "one EndTxn, never a second");
-    match outcome {
-        Err(CommitError::Fatal(why)) => {
-            let why = why.to_string();
-            assert!(why.contains("zombie") && why.contains("checkpoint 7"), "{why}");
-        }
-        other => panic!("an EndTxn in doubt followed by a zombie's later transaction must stop the job: {other:?}"),
-    }
+    stops_after_one_end_txn(
+        &between,
+        &c,
+        "an EndTxn in doubt followed by a zombie's later transaction must stop the job",
+    )
+    .await;
 }
