@@ -25,6 +25,7 @@ fn config(env: &TestEnv, mode: Mode, on_error: OnError) -> MysqlSinkConfig {
         password_file: None,
         table: unique("records").replace('-', "_"),
         mode,
+        insert_mode: None,
         job_id: unique("job"),
         sink_id: "rows".into(),
         mapping: Mapping {
@@ -427,5 +428,124 @@ async fn a_recovery_that_loses_its_location_midway_stops_before_its_next_step() 
         .initialize_state(&InitContext::new(&restoring, Some(&restored)))
         .await?;
     owner.close().await?;
+    Ok(())
+}
+
+fn changes_config(env: &TestEnv) -> MysqlSinkConfig {
+    MysqlSinkConfig {
+        insert_mode: Some(exactly_mysql_sink::InsertMode::Upsert),
+        ..config(env, Mode::Xa, OnError::Fail)
+    }
+}
+
+async fn names(conn: &mut sqlx::MySqlConnection, table: &str) -> Result<Vec<(i64, String)>> {
+    Ok(
+        sqlx::query_as(&format!("SELECT id, CAST(name AS CHAR) FROM `{table}` ORDER BY id"))
+            .fetch_all(conn)
+            .await?,
+    )
+}
+
+/// Bounds a step that, broken, would wait for a lock no one releases until the server's lock
+/// wait timeout: the test fails saying so. Not a timing claim.
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> Result<T> {
+    match tokio::time::timeout(std::time::Duration::from_secs(120), f).await {
+        Ok(v) => Ok(v),
+        Err(_) => anyhow::bail!("{what} still waiting after 120 s: it waits for a lock only its own commit would release"),
+    }
+}
+
+fn pairs(rows: &[(i64, &str)]) -> Vec<(i64, String)> {
+    rows.iter().map(|(i, s)| (*i, s.to_string())).collect()
+}
+
+/// Mode `xa` with insert_mode `upsert` (a change stream): a checkpoint's upserts and deletes
+/// commit with its XA branch. The records after a barrier arrive while that checkpoint's prepared
+/// branch still holds the rows it changed, before the checkpoint completes; changes to those rows
+/// must not wait for locks that only this subtask's own commit, later, releases. (Written at
+/// once, the write below fails after MariaDB's lock wait timeout.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_in_xa_mode_commit_with_their_checkpoint_and_never_wait_for_their_own_commit() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let c = changes_config(env);
+    let (table, job) = (c.table.clone(), c.job_id.clone());
+    let mut sink = MysqlSink::new(c)?;
+    let info = subtask_info("mysql");
+    sink.initialize_state(&InitContext::new(&info, None)).await?;
+    sink.write(vec![
+        record(1, r#"{"id":1,"name":"a"}"#),
+        record(2, r#"{"id":2,"name":"b"}"#),
+        record(3, r#"{"id":3,"name":"c"}"#),
+        record(4, r#"{"id":3,"name":"c2"}"#),
+    ])
+    .await?;
+    sink.snapshot_state(&mut SnapshotContext::new(1, SnapshotKind::Checkpoint, 0))
+        .await?;
+    // Checkpoint 2's changes, before checkpoint 1 completes, to rows checkpoint 1 holds.
+    within(
+        "a write of checkpoint 2",
+        sink.write(vec![record(5, r#"{"id":1,"name":"a2"}"#), tombstone(6, "2")]),
+    )
+    .await??;
+    let mut conn = connect_mysql(env).await?;
+    assert_eq!(names(&mut conn, &table).await?, [], "nothing visible before completion");
+    sink.notify_checkpoint_complete(1).await?;
+    assert_eq!(
+        names(&mut conn, &table).await?,
+        pairs(&[(1, "a"), (2, "b"), (3, "c2")]),
+        "checkpoint 1's rows (the later of two for one key)"
+    );
+    within(
+        "checkpoint 2's pre-commit",
+        sink.snapshot_state(&mut SnapshotContext::new(2, SnapshotKind::Checkpoint, 0)),
+    )
+    .await??;
+    sink.notify_checkpoint_complete(2).await?;
+    assert_eq!(
+        names(&mut conn, &table).await?,
+        pairs(&[(1, "a2"), (3, "c2")]),
+        "checkpoint 2 updated row 1 and deleted row 2"
+    );
+    sink.close().await?;
+    assert_eq!(prepared_branches(&mut conn, &job).await?, 0);
+    Ok(())
+}
+
+/// When the earlier checkpoint did not complete (aborted: its branch waits for a later checkpoint
+/// to commit it), the next checkpoint's changes to its rows cannot be written before that one
+/// completes: the pre-commit gives up after a bounded wait with an error that names the cause,
+/// and the job restarts and recovers (here: nothing committed, the branch rolled back by the
+/// next start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_held_behind_an_aborted_checkpoint_fail_the_xa_pre_commit_saying_why() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let c = changes_config(env);
+    let (table, job) = (c.table.clone(), c.job_id.clone());
+    let info = subtask_info("mysql");
+    let mut sink = MysqlSink::new(c.clone())?;
+    sink.initialize_state(&InitContext::new(&info, None)).await?;
+    sink.write(vec![record(1, r#"{"id":1,"name":"a"}"#)]).await?;
+    sink.snapshot_state(&mut SnapshotContext::new(1, SnapshotKind::Checkpoint, 0))
+        .await?;
+    sink.notify_checkpoint_aborted(1).await?;
+    within("a write of checkpoint 2", sink.write(vec![record(2, r#"{"id":1,"name":"a2"}"#)])).await??;
+    let e = within(
+        "checkpoint 2's pre-commit",
+        sink.snapshot_state(&mut SnapshotContext::new(2, SnapshotKind::Checkpoint, 0)),
+    )
+    .await?
+    .expect_err("checkpoint 2 cannot prepare while checkpoint 1's branch holds row 1");
+    let text = format!("{e:#}");
+    assert!(
+        text.contains("held back") && text.contains("\"0:1\"") && text.contains("Lock wait timeout"),
+        "{text}"
+    );
+    drop(sink);
+    // The next start (restored from before checkpoint 1) rolls checkpoint 1's branch back.
+    let mut next = MysqlSink::new(c)?;
+    next.initialize_state(&InitContext::new(&info, None)).await?;
+    let mut conn = connect_mysql(env).await?;
+    assert_eq!(prepared_branches(&mut conn, &job).await?, 0);
+    assert_eq!(names(&mut conn, &table).await?, []);
     Ok(())
 }

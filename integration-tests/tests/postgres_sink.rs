@@ -352,3 +352,107 @@ async fn a_cleanup_that_loses_its_location_stops_before_the_next_rollback() -> R
     assert_eq!(prepared_count(&job).await?, 0);
     Ok(())
 }
+
+fn changes_config(table: &str, job: &str) -> Result<PostgresSinkConfig> {
+    let mut c = config("two_phase", table, job)?;
+    c.insert_mode = Some(exactly_postgres_sink::InsertMode::Upsert);
+    c.columns[0].key = true;
+    Ok(c)
+}
+
+fn tombstone(id: i64, offset: i64) -> PgRecord {
+    PgRecord {
+        payload: Vec::new(),
+        tombstone: true,
+        ..record(id, "", offset)
+    }
+}
+
+async fn notes(table: &str) -> Result<Vec<(i64, String)>> {
+    let mut conn = connect_postgres().await?;
+    Ok(sqlx::query_as(&format!("SELECT id, note FROM \"{table}\" ORDER BY id"))
+        .fetch_all(&mut conn)
+        .await?)
+}
+
+/// Bounds a step that, broken, would wait forever (a lock no one will release): the test fails
+/// saying so instead of hanging. Not a timing claim.
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> Result<T> {
+    match tokio::time::timeout(std::time::Duration::from_secs(120), f).await {
+        Ok(v) => Ok(v),
+        Err(_) => bail!("{what} still waiting after 120 s: it waits for a lock only its own commit would release"),
+    }
+}
+
+/// Mode `two_phase` with insert_mode `upsert` (a change stream): a checkpoint's upserts and
+/// deletes commit with it. The records after a barrier arrive while that checkpoint's prepared
+/// transaction still holds the rows it changed, before the checkpoint completes; changes to those
+/// rows must not wait for locks that only this subtask's own commit, later, releases. (Written
+/// at once, the write below waits forever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_in_two_phase_mode_commit_with_their_checkpoint_and_never_wait_for_their_own_commit() -> Result<()> {
+    let (table, job) = (unique("pg_chg").replace('-', "_"), unique("pgchg"));
+    let me = info(0, 1);
+    let mut sink = PostgresSink::new(changes_config(&table, &job)?)?;
+    sink.initialize_state(&InitContext::new(&me, None)).await?;
+    sink.write(vec![record(1, "a", 0), record(2, "b", 1), record(3, "c", 2), record(3, "c2", 3)])
+        .await?;
+    sink.snapshot_state(&mut SnapshotContext::new(1, SnapshotKind::Checkpoint, 0))
+        .await?;
+    // Checkpoint 2's changes, before checkpoint 1 completes, to rows checkpoint 1 holds.
+    within("a write of checkpoint 2", sink.write(vec![record(1, "a2", 4), tombstone(2, 5)])).await??;
+    assert_eq!(notes(&table).await?, [], "nothing visible before completion");
+    sink.notify_checkpoint_complete(1).await?;
+    assert_eq!(
+        notes(&table).await?,
+        [(1, "a".to_owned()), (2, "b".to_owned()), (3, "c2".to_owned())],
+        "checkpoint 1's rows (the later of two for one key)"
+    );
+    within(
+        "checkpoint 2's pre-commit",
+        sink.snapshot_state(&mut SnapshotContext::new(2, SnapshotKind::Checkpoint, 0)),
+    )
+    .await??;
+    sink.notify_checkpoint_complete(2).await?;
+    assert_eq!(
+        notes(&table).await?,
+        [(1, "a2".to_owned()), (3, "c2".to_owned())],
+        "checkpoint 2 updated row 1 and deleted row 2"
+    );
+    sink.close().await?;
+    assert_eq!(prepared_count(&job).await?, 0);
+    Ok(())
+}
+
+/// When the earlier checkpoint did not complete (aborted: its transaction waits for a later
+/// checkpoint to commit it), the next checkpoint's changes to its rows cannot be written before
+/// that one completes: the pre-commit gives up after a bounded wait with an error that names the
+/// cause, and the job restarts and recovers (here: nothing committed, the rows' prepared
+/// transaction rolled back by the next start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_held_behind_an_aborted_checkpoint_fail_the_pre_commit_saying_why() -> Result<()> {
+    let (table, job) = (unique("pg_chg_ab").replace('-', "_"), unique("pgchgab"));
+    let me = info(0, 1);
+    let mut sink = PostgresSink::new(changes_config(&table, &job)?)?;
+    sink.initialize_state(&InitContext::new(&me, None)).await?;
+    sink.write(vec![record(1, "a", 0)]).await?;
+    sink.snapshot_state(&mut SnapshotContext::new(1, SnapshotKind::Checkpoint, 0))
+        .await?;
+    sink.notify_checkpoint_aborted(1).await?;
+    within("a write of checkpoint 2", sink.write(vec![record(1, "a2", 1)])).await??;
+    let e = within(
+        "checkpoint 2's pre-commit",
+        sink.snapshot_state(&mut SnapshotContext::new(2, SnapshotKind::Checkpoint, 0)),
+    )
+    .await?
+    .expect_err("checkpoint 2 cannot prepare while checkpoint 1's transaction holds row 1");
+    let text = format!("{e:#}");
+    assert!(text.contains("held back") && text.contains(":0:1\"") && text.contains("lock timeout"), "{text}");
+    drop(sink);
+    // The next start (restored from before checkpoint 1) rolls checkpoint 1's transaction back.
+    let mut next = TwoPhasePostgresSink::new(changes_config(&table, &job)?)?;
+    start(&mut next, &me, &[]).await?;
+    assert_eq!(prepared_count(&job).await?, 0);
+    assert_eq!(notes(&table).await?, []);
+    Ok(())
+}

@@ -16,6 +16,18 @@ pub enum Mode {
     Upsert,
 }
 
+/// How a record's row is written (Kafka Connect's `insert.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InsertMode {
+    /// Plain INSERT: each record adds a row (one whose key is taken fails). Mode `xa`'s default.
+    Insert,
+    /// INSERT … ON DUPLICATE KEY UPDATE: a record replaces its key's row and a tombstone deletes
+    /// it (a change stream). Mode `upsert` always writes this way; in mode `xa` the changes of a
+    /// checkpoint go into its XA branch.
+    Upsert,
+}
+
 /// What happens to a record that does not fit the mapping.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
@@ -63,6 +75,9 @@ pub struct MysqlSinkConfig {
     pub table: String,
     /// XA or upsert.
     pub mode: Mode,
+    /// `insert` (mode `xa`'s default) or `upsert` (mode `upsert` always); see [`InsertMode`].
+    #[serde(default)]
+    pub insert_mode: Option<InsertMode>,
     /// Identifies the job in xids and the progress table; keep it across restarts.
     pub job_id: String,
     /// Identifies this sink within the job.
@@ -91,6 +106,7 @@ impl std::fmt::Debug for MysqlSinkConfig {
             .field("password_file", &self.password_file)
             .field("table", &self.table)
             .field("mode", &self.mode)
+            .field("insert_mode", &self.insert_mode)
             .field("job_id", &self.job_id)
             .field("sink_id", &self.sink_id)
             .field("mapping", &self.mapping)
@@ -114,6 +130,12 @@ fn identifier_ok(s: &str) -> bool {
 }
 
 impl MysqlSinkConfig {
+    /// Whether rows replace those of their key and tombstones delete (mode `upsert`, or mode
+    /// `xa` with `insert_mode = "upsert"`).
+    pub fn upserts(&self) -> bool {
+        self.mode == Mode::Upsert || self.insert_mode == Some(InsertMode::Upsert)
+    }
+
     /// Checks the configuration; the error says what to change.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(MysqlSinkError::Config(m));
@@ -152,9 +174,19 @@ impl MysqlSinkConfig {
             return bad("batch_size must be at least 1".into());
         }
         self.mapping.validate()?;
+        if self.mode == Mode::Upsert && self.insert_mode == Some(InsertMode::Insert) {
+            return bad(
+                "mode `upsert` always upserts (its replays overwrite rows by key): drop insert_mode, or use mode `xa` to insert".into(),
+            );
+        }
         if self.mode == Mode::Upsert && !self.mapping.columns.iter().any(|c| c.key) {
             return bad(
                 "mode `upsert` needs at least one key column (key = true): replays overwrite rows by key".into(),
+            );
+        }
+        if self.upserts() && !self.mapping.columns.iter().any(|c| c.key) {
+            return bad(
+                "insert_mode `upsert` needs at least one key column (key = true): a record replaces the row of its key".into(),
             );
         }
         Ok(())
@@ -173,5 +205,43 @@ mod redaction_tests {
         );
         assert_eq!(redact_url("mysql://app@db/x"), "mysql://app@db/x");
         assert_eq!(redact_url("mysql://db/x"), "mysql://db/x");
+    }
+}
+
+#[cfg(test)]
+mod insert_mode_tests {
+    use super::*;
+
+    fn config(mode: &str, insert_mode: Option<&str>, key: bool) -> MysqlSinkConfig {
+        let mut v = serde_json::json!({
+            "url": "mysql://u:p@127.0.0.1:3306/d",
+            "table": "orders",
+            "mode": mode,
+            "job_id": "j",
+            "mapping": { "format": { "type": "json" }, "columns": [
+                { "name": "id", "type": "bigint", "key": key },
+                { "name": "note", "type": "varchar", "length": 20 },
+            ] },
+        });
+        if let Some(m) = insert_mode {
+            v["insert_mode"] = m.into();
+        }
+        serde_json::from_value(v).expect("a configuration")
+    }
+
+    /// Mode `xa` inserts unless told to upsert; mode `upsert` always upserts; upserting needs a
+    /// key.
+    #[test]
+    fn insert_mode_follows_the_mode_unless_set_and_upserts_need_a_key() {
+        assert!(!config("xa", None, true).upserts());
+        assert!(!config("xa", Some("insert"), false).upserts());
+        assert!(config("xa", Some("upsert"), true).upserts());
+        assert!(config("upsert", None, true).upserts());
+        assert!(config("upsert", Some("upsert"), true).validate().is_ok());
+        assert!(config("xa", Some("upsert"), true).validate().is_ok());
+        let e = config("upsert", Some("insert"), true).validate().unwrap_err().to_string();
+        assert!(e.contains("always upserts"), "{e}");
+        let e = config("xa", Some("upsert"), false).validate().unwrap_err().to_string();
+        assert!(e.contains("insert_mode `upsert` needs at least one key column"), "{e}");
     }
 }

@@ -9,7 +9,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlRow};
 use sqlx::{ConnectOptions, Connection, MySql, QueryBuilder};
 use tracing::warn;
 
-use crate::config::{Mode, MysqlSinkConfig, OnError};
+use crate::config::{MysqlSinkConfig, OnError};
 use crate::error::{MysqlSinkError, Result};
 use crate::mapping::SqlValue;
 use crate::SinkRecord;
@@ -124,6 +124,12 @@ impl Converted {
     pub(crate) fn len(&self) -> usize {
         self.ops.len() + self.dead.len()
     }
+
+    /// `later`'s statements after these.
+    pub(crate) fn append(&mut self, mut later: Converted) {
+        self.ops.append(&mut later.ops);
+        self.dead.append(&mut later.dead);
+    }
 }
 
 /// Rows of the records, applying the error policy; also advances `offsets` (next offset per
@@ -141,15 +147,15 @@ pub(crate) fn convert(
                 .or_insert(o.offset + 1);
             *e = (*e).max(o.offset + 1);
         }
-        let op = match (&r.tombstone, c.mode) {
+        let op = match (&r.tombstone, c.upserts()) {
             (false, _) => c.mapping.row(&r.payload).map(Op::Row),
             // Kafka Connect's JDBC sink with delete.enabled: a tombstone deletes its key's row.
-            (true, Mode::Upsert) => match &r.key {
+            (true, true) => match &r.key {
                 Some(key) => c.mapping.key_values(key).map(Op::Delete),
                 None => Err("a tombstone without a key cannot say which row to delete".into()),
             },
-            (true, Mode::Xa) => Err(
-                "a tombstone (a record without a value) has no row to insert in mode `xa`; mode `upsert` deletes its key's row".into(),
+            (true, false) => Err(
+                "a tombstone (a record without a value) has no row to insert; insert_mode `upsert` (or mode `upsert`) deletes its key's row".into(),
             ),
         };
         match op {

@@ -20,7 +20,7 @@ use exactly_core::runtime::{InitContext, Sink, SnapshotContext};
 use exactly_core::CheckpointId;
 use exactly_twophase::TwoPhaseSink;
 
-pub use config::{Mode, MysqlSinkConfig, OnError};
+pub use config::{InsertMode, Mode, MysqlSinkConfig, OnError};
 pub use db::connect_url;
 pub use error::{MysqlSinkError, Result};
 pub use mapping::{Column, ColumnType, Format, Mapping, SqlValue};

@@ -6,7 +6,7 @@
 //! when the checkpoint completes. MariaDB answers XAER_NOTA (1397) both for "already committed"
 //! and for "unknown": the progress row, written inside the branch, tells them apart.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use exactly_core::runtime::SubtaskInfo;
 use exactly_core::CheckpointId;
@@ -49,6 +49,12 @@ pub struct XaTransaction {
     bqual: String,
     rows: u64,
     offsets: BTreeMap<String, i64>,
+    /// Changes (`insert_mode = "upsert"`) held back while an earlier branch of this sink is
+    /// prepared and not committed: that branch keeps its rows locked until its commit, which
+    /// this same subtask runs when it hears the checkpoint completed — a statement waiting for
+    /// those locks would wait for itself. Written once the earlier branch is committed, at the
+    /// latest before this one is prepared.
+    held: db::Converted,
 }
 
 /// The XA sink, driven by `exactly_twophase::TwoPhaseSink`.
@@ -56,7 +62,13 @@ pub struct XaMysqlSink {
     config: MysqlSinkConfig,
     gtrid: String,
     info: Option<SubtaskInfo>,
+    /// Branches this sink prepared that are not committed yet (their rows stay locked).
+    uncommitted: BTreeSet<String>,
 }
+
+/// How long a branch's changes wait for rows an earlier branch still holds, when they must be
+/// written before its checkpoint can complete (see [`XaTransaction::held`]).
+const HELD_LOCK_WAIT_S: u32 = 10;
 
 fn code(e: &sqlx::Error) -> Option<u16> {
     e.as_database_error()
@@ -73,6 +85,7 @@ impl XaMysqlSink {
             config,
             gtrid,
             info: None,
+            uncommitted: BTreeSet::new(),
         })
     }
 
@@ -245,15 +258,21 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
             bqual,
             rows: 0,
             offsets: BTreeMap::new(),
+            held: db::Converted::default(),
         })
     }
 
     async fn write(&mut self, txn: &mut XaTransaction, records: Vec<SinkRecord>) -> exactly_core::Result<()> {
         let data = db::convert(&self.config, records, &mut txn.offsets)?;
         txn.rows += data.len() as u64;
+        txn.held.append(data);
+        if self.config.upserts() && !self.uncommitted.is_empty() {
+            return Ok(());
+        }
         // An error here loses the unprepared branch (the server rolls it back): fail the
         // attempt, the restart replays from the checkpoint.
-        db::insert(&mut txn.conn, &self.config, data, false).await?;
+        let data = std::mem::take(&mut txn.held);
+        db::insert(&mut txn.conn, &self.config, data, self.config.upserts()).await?;
         Ok(())
     }
 
@@ -272,6 +291,29 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
             db::close(txn.conn).await;
             return Ok(PreCommitted::Empty);
         }
+        if txn.held.len() > 0 {
+            let waiting_for: Vec<&String> = self.uncommitted.iter().collect();
+            warn!(
+                checkpoint_id,
+                earlier = ?waiting_for,
+                "An earlier checkpoint's XA branch is not committed (its checkpoint has not completed): this checkpoint's changes are written now and wait up to {HELD_LOCK_WAIT_S} s for rows it holds."
+            );
+            db::exec(
+                &mut txn.conn,
+                format!("SET SESSION innodb_lock_wait_timeout = {HELD_LOCK_WAIT_S}"),
+            )
+            .await
+            .map_err(|e| MysqlSinkError::db("setting innodb_lock_wait_timeout", e))?;
+            let data = std::mem::take(&mut txn.held);
+            db::insert(&mut txn.conn, &self.config, data, true).await.map_err(|e| match e {
+                // Restarts the job, which recovers from its last checkpoint.
+                MysqlSinkError::Database { context, source } => MysqlSinkError::db(
+                    format!("{context}: checkpoint {checkpoint_id}'s changes, held back while the prepared XA branches {waiting_for:?} of earlier checkpoints (not completed) hold their rows"),
+                    source,
+                ),
+                other => other,
+            })?;
+        }
         db::progress(
             &mut txn.conn,
             &self.config,
@@ -289,6 +331,7 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
             .map_err(|e| MysqlSinkError::db("XA PREPARE", e))?;
         // Released, so that any connection (ours after a restart included) can finish it.
         db::close(txn.conn).await;
+        self.uncommitted.insert(txn.bqual.clone());
         Ok(PreCommitted::Committable(XaCommittable {
             version: 1,
             subtask: self.subtask(),
@@ -304,6 +347,7 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
             .map_err(|e| CommitError::Retriable(exactly_core::CoreError::from(e).into()))?;
         let outcome = self.commit_on(&mut conn, c).await;
         if outcome.is_ok() {
+            self.uncommitted.remove(&c.bqual);
             // Bounded progress table; a failure here loses nothing (the rows stay a while longer).
             if let Err(e) = db::summarise_progress(&mut conn, &self.config, c.subtask, c.checkpoint_id).await {
                 warn!(error = %e, "Could not summarise the progress table; retried at the next commit.");

@@ -18,6 +18,19 @@ pub enum Mode {
     Upsert,
 }
 
+/// How a record's row is written (Kafka Connect's `insert.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InsertMode {
+    /// Plain INSERT: each record adds a row (one whose key is taken fails). Mode `two_phase`'s
+    /// default.
+    Insert,
+    /// `INSERT … ON CONFLICT (keys) DO UPDATE`: a record replaces its key's row and a tombstone
+    /// deletes it (a change stream). Mode `upsert` always writes this way; in mode `two_phase`
+    /// the changes of a checkpoint go into its prepared transaction.
+    Upsert,
+}
+
 /// What happens to a record that does not fit the columns (not a JSON object, a key column
 /// missing, a tombstone in mode `two_phase`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -89,6 +102,10 @@ pub struct PostgresSinkConfig {
     pub table: String,
     /// `two_phase` or `upsert`.
     pub mode: Mode,
+    /// `insert` (mode `two_phase`'s default) or `upsert` (mode `upsert` always); see
+    /// [`InsertMode`].
+    #[serde(default)]
+    pub insert_mode: Option<InsertMode>,
     /// Identifies the job in transaction ids and the progress table; keep it across restarts.
     pub job_id: String,
     /// Identifies this sink within the job.
@@ -117,6 +134,7 @@ impl std::fmt::Debug for PostgresSinkConfig {
             .field("url", &exactly_core::secret::redact_url(&self.url))
             .field("table", &self.table)
             .field("mode", &self.mode)
+            .field("insert_mode", &self.insert_mode)
             .field("job_id", &self.job_id)
             .field("sink_id", &self.sink_id)
             .field("columns", &self.columns)
@@ -144,6 +162,12 @@ fn identifier(what: &str, name: &str) -> Result<()> {
 }
 
 impl PostgresSinkConfig {
+    /// Whether rows replace those of their key and tombstones delete (mode `upsert`, or mode
+    /// `two_phase` with `insert_mode = "upsert"`).
+    pub fn upserts(&self) -> bool {
+        self.mode == Mode::Upsert || self.insert_mode == Some(InsertMode::Upsert)
+    }
+
     /// Checks the values; the error says what to change.
     pub fn validate(&self) -> Result<()> {
         if !self.url.starts_with("postgres://") && !self.url.starts_with("postgresql://") {
@@ -191,9 +215,19 @@ impl PostgresSinkConfig {
                 )));
             }
         }
+        if self.mode == Mode::Upsert && self.insert_mode == Some(InsertMode::Insert) {
+            return Err(PostgresSinkError::Config(
+                "mode `upsert` always upserts (its replays overwrite rows by key): drop insert_mode, or use mode `two_phase` to insert".into(),
+            ));
+        }
         if self.mode == Mode::Upsert && !self.columns.iter().any(|c| c.key) {
             return Err(PostgresSinkError::Config(
                 "mode `upsert` needs key columns (`key = true`): a replay must overwrite, not add, rows".into(),
+            ));
+        }
+        if self.upserts() && !self.columns.iter().any(|c| c.key) {
+            return Err(PostgresSinkError::Config(
+                "insert_mode `upsert` needs key columns (`key = true`): a record replaces the row of its key".into(),
             ));
         }
         if self.batch_size == 0 {
@@ -234,6 +268,18 @@ mod tests {
             (Box::new(|c| c.url = "mysql://x".into()), "postgres://"),
             (Box::new(|c| c.table = "or\"ders".into()), "table"),
             (Box::new(|c| c.columns[0].key = false), "needs key columns"),
+            (
+                Box::new(|c| c.insert_mode = Some(InsertMode::Insert)),
+                "always upserts",
+            ),
+            (
+                Box::new(|c| {
+                    c.mode = Mode::TwoPhase;
+                    c.insert_mode = Some(InsertMode::Upsert);
+                    c.columns[0].key = false;
+                }),
+                "insert_mode `upsert` needs key columns",
+            ),
             (Box::new(|c| c.columns[1].name = "id".into()), "named twice"),
             (
                 Box::new(|c| c.columns[1].sql_type = "text; DROP TABLE x".into()),

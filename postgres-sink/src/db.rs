@@ -126,6 +126,19 @@ pub(crate) struct Rows {
     pub(crate) count: u64,
 }
 
+impl Rows {
+    /// `later`'s runs after these.
+    pub(crate) fn append(&mut self, later: Rows) {
+        self.count += later.count;
+        for (delete, run) in later.runs {
+            match self.runs.last_mut() {
+                Some((d, last)) if *d == delete => last.extend(run),
+                _ => self.runs.push((delete, run)),
+            }
+        }
+    }
+}
+
 /// Maps records to rows (a JSON object per record, its configured fields), applying `on_error`
 /// to those that do not fit; notes the next offset per topic partition for the progress row.
 pub(crate) fn convert(
@@ -141,7 +154,7 @@ pub(crate) fn convert(
         }
         let delete = r.tombstone;
         let row = if delete && !deletes_allowed {
-            Err("a tombstone (no value): mode `two_phase` only inserts rows".to_string())
+            Err("a tombstone (no value): insert_mode `insert` only inserts rows; insert_mode `upsert` (or mode `upsert`) deletes its key's row".to_string())
         } else if delete {
             key_row(c, r.key.as_deref())
         } else {

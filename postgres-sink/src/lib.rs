@@ -23,7 +23,7 @@ use exactly_core::runtime::{InitContext, Sink, SnapshotContext};
 use exactly_core::CheckpointId;
 use exactly_twophase::TwoPhaseSink;
 
-pub use config::{Column, Mode, OnError, PostgresSinkConfig};
+pub use config::{Column, InsertMode, Mode, OnError, PostgresSinkConfig};
 pub use db::connect_url;
 pub use error::{PostgresSinkError, Result};
 pub use tls::tls_warning;

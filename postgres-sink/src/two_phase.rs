@@ -8,7 +8,7 @@
 //! (SQLSTATE 42704) is settled by the progress row written inside the transaction: present, it
 //! committed earlier; absent and not in `pg_prepared_xacts`, it was rolled back — lost.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use exactly_core::runtime::SubtaskInfo;
 use exactly_core::CheckpointId;
@@ -44,6 +44,12 @@ pub struct PgTransaction {
     conn: PgConnection,
     rows: u64,
     offsets: BTreeMap<String, i64>,
+    /// Changes (`insert_mode = "upsert"`) held back while an earlier transaction of this sink is
+    /// prepared and not committed: it keeps its rows locked until its commit, which this same
+    /// subtask runs when it hears the checkpoint completed — a statement waiting for those locks
+    /// would wait for itself. Written once the earlier one is committed, at the latest before
+    /// this one is prepared.
+    held: db::Rows,
 }
 
 impl std::fmt::Debug for PgTransaction {
@@ -61,7 +67,13 @@ pub struct TwoPhasePostgresSink {
     info: Option<SubtaskInfo>,
     /// The write connection between transactions (a prepared transaction leaves it free).
     idle: Option<PgConnection>,
+    /// Transactions this sink prepared that are not committed yet (their rows stay locked).
+    uncommitted: BTreeSet<String>,
 }
+
+/// How long a transaction's changes wait for rows an earlier prepared transaction still holds,
+/// when they must be written before its checkpoint can complete (see [`PgTransaction::held`]).
+const HELD_LOCK_WAIT_S: u32 = 10;
 
 /// Quotes a string literal (gids are checked to need no escaping, but never trust that here).
 fn literal(s: &str) -> String {
@@ -76,6 +88,7 @@ impl TwoPhasePostgresSink {
             config,
             info: None,
             idle: None,
+            uncommitted: BTreeSet::new(),
         })
     }
 
@@ -194,15 +207,22 @@ impl TwoPhaseCommitSink<PgRecord> for TwoPhasePostgresSink {
             conn,
             rows: 0,
             offsets: BTreeMap::new(),
+            held: db::Rows::default(),
         })
     }
 
     async fn write(&mut self, txn: &mut PgTransaction, records: Vec<PgRecord>) -> exactly_core::Result<()> {
-        let rows = db::convert(&self.config, records, false, &mut txn.offsets)?;
+        let upserts = self.config.upserts();
+        let rows = db::convert(&self.config, records, upserts, &mut txn.offsets)?;
         txn.rows += rows.count;
+        txn.held.append(rows);
+        if upserts && !self.uncommitted.is_empty() {
+            return Ok(());
+        }
         // An error here loses the unprepared transaction (the server rolls it back): fail the
         // attempt, the restart replays from the checkpoint.
-        db::write(&mut txn.conn, &self.config, rows, false).await?;
+        let rows = std::mem::take(&mut txn.held);
+        db::write(&mut txn.conn, &self.config, rows, upserts).await?;
         Ok(())
     }
 
@@ -217,6 +237,26 @@ impl TwoPhaseCommitSink<PgRecord> for TwoPhasePostgresSink {
                 .map_err(|e| PostgresSinkError::db("ROLLBACK", e))?;
             self.idle = Some(txn.conn);
             return Ok(PreCommitted::Empty);
+        }
+        if txn.held.count > 0 {
+            let waiting_for: Vec<&String> = self.uncommitted.iter().collect();
+            warn!(
+                checkpoint_id,
+                earlier = ?waiting_for,
+                "An earlier checkpoint's prepared transaction is not committed (its checkpoint has not completed): this checkpoint's changes are written now and wait up to {HELD_LOCK_WAIT_S} s for rows it holds."
+            );
+            db::exec(&mut txn.conn, format!("SET LOCAL lock_timeout = '{HELD_LOCK_WAIT_S}s'"))
+                .await
+                .map_err(|e| PostgresSinkError::db("setting lock_timeout", e))?;
+            let rows = std::mem::take(&mut txn.held);
+            db::write(&mut txn.conn, &self.config, rows, true).await.map_err(|e| match e {
+                // Restarts the job, which recovers from its last checkpoint.
+                PostgresSinkError::Database { context, source } => PostgresSinkError::db(
+                    format!("{context}: checkpoint {checkpoint_id}'s changes, held back while the prepared transactions {waiting_for:?} of earlier checkpoints (not completed) hold their rows"),
+                    source,
+                ),
+                other => other,
+            })?;
         }
         let subtask = self.subtask();
         db::progress(
@@ -234,6 +274,7 @@ impl TwoPhaseCommitSink<PgRecord> for TwoPhasePostgresSink {
             .map_err(|e| PostgresSinkError::db("PREPARE TRANSACTION", e))?;
         // Detached from the session: durable, and any session can finish it.
         self.idle = Some(txn.conn);
+        self.uncommitted.insert(gid.clone());
         Ok(PreCommitted::Committable(PgCommittable {
             version: 1,
             subtask,
@@ -249,6 +290,7 @@ impl TwoPhaseCommitSink<PgRecord> for TwoPhasePostgresSink {
             .map_err(|e| CommitError::Retriable(exactly_core::CoreError::from(e).into()))?;
         let outcome = self.commit_on(&mut conn, c).await;
         if outcome.is_ok() {
+            self.uncommitted.remove(&c.gid);
             // Bounded progress table; a failure here loses nothing (the rows stay a while longer).
             if let Err(e) = db::summarise_progress(&mut conn, &self.config, c.subtask, c.checkpoint_id).await {
                 warn!(error = %e, "Could not summarise the progress table; retried at the next commit.");

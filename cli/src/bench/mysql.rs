@@ -73,6 +73,7 @@ pub(crate) async fn bench_mysql(cluster: &Cluster, mysql: &str, n: u64, report: 
             password_file: None,
             table: table.clone(),
             mode,
+            insert_mode: None,
             job_id: job_id.clone(),
             sink_id: "rows".into(),
             mapping: mapping.clone(),

@@ -90,6 +90,7 @@ pub(crate) async fn bench_postgres(cluster: &Cluster, url: &str, n: u64, report:
             password_file: None,
             table: table.clone(),
             mode,
+            insert_mode: None,
             job_id: job_id.clone(),
             sink_id: "rows".into(),
             columns: vec![

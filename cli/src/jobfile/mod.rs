@@ -613,10 +613,10 @@ impl Job {
                     if let Err(e) = m.validate() {
                         return Err(err(&format!("{at}.mysql"), e.to_string()));
                     }
-                    if debezium && m.mode != Mode::Upsert {
+                    if debezium && !m.upserts() {
                         return Err(err(
-                            &format!("{at}.mysql.mode"),
-                            "a `debezium` change stream updates and deletes rows: it needs mode \"upsert\" (mode \"xa\" only inserts)".into(),
+                            &format!("{at}.mysql.insert_mode"),
+                            "a `debezium` change stream updates and deletes rows: with mode \"xa\" set insert_mode = \"upsert\" (or use mode \"upsert\")".into(),
                         ));
                     }
                     if m.mode == Mode::Xa && file.checkpoints.is_none() {
@@ -637,10 +637,10 @@ impl Job {
                     if let Err(e) = p.validate() {
                         return Err(err(&format!("{at}.postgres"), e.to_string()));
                     }
-                    if debezium && p.mode != exactly_postgres_sink::Mode::Upsert {
+                    if debezium && !p.upserts() {
                         return Err(err(
-                            &format!("{at}.postgres.mode"),
-                            "a `debezium` change stream updates and deletes rows: it needs mode \"upsert\" (mode \"two_phase\" only inserts)".into(),
+                            &format!("{at}.postgres.insert_mode"),
+                            "a `debezium` change stream updates and deletes rows: with mode \"two_phase\" set insert_mode = \"upsert\" (or use mode \"upsert\")".into(),
                         ));
                     }
                     if p.mode == exactly_postgres_sink::Mode::TwoPhase && file.checkpoints.is_none() {

@@ -376,8 +376,9 @@ fn a_debezium_change_event_becomes_its_row_or_a_deletion_of_its_key() {
     }
 }
 
-/// `debezium` first, followed by `project` at most, in the job's transforms only, and upsert-mode
-/// database sinks only: anything else would apply to rows but not to deletes.
+/// `debezium` first, followed by `project` at most, in the job's transforms only, and database
+/// sinks that upsert only (mode upsert, or a two-phase mode with insert_mode upsert): anything
+/// else would apply to rows but not to deletes.
 #[test]
 fn a_debezium_transform_is_first_in_the_job_and_feeds_upsert_sinks_only() {
     let cdc = |transforms: &str, sink: &str| {
@@ -436,7 +437,9 @@ columns = [{ name = "id", type = "bigint", key = true }]"#;
     assert!(e.contains("`project` at most"), "{e}");
     let xa = upsert.replace("mode = \"upsert\"", "mode = \"xa\"");
     let e = parse(&cdc(first, &xa)).expect_err("xa").to_string();
-    assert!(e.contains("needs mode \"upsert\""), "{e}");
+    assert!(e.contains("insert_mode = \"upsert\""), "{e}");
+    let xa_upserts = xa.replace("mode = \"xa\"", "mode = \"xa\"\ninsert_mode = \"upsert\"");
+    parse(&cdc(first, &xa_upserts)).expect("xa with insert_mode upsert");
     let pg = r#"[sink.postgres]
 url = "postgres://u:p@127.0.0.1:15432/db"
 table = "orders"
@@ -444,5 +447,7 @@ mode = "two_phase"
 job_id = "cdc"
 columns = [{ name = "id", type = "bigint", key = true }]"#;
     let e = parse(&cdc(first, pg)).expect_err("two_phase").to_string();
-    assert!(e.contains("needs mode \"upsert\""), "{e}");
+    assert!(e.contains("insert_mode = \"upsert\""), "{e}");
+    let pg_upserts = pg.replace("mode = \"two_phase\"", "mode = \"two_phase\"\ninsert_mode = \"upsert\"");
+    parse(&cdc(first, &pg_upserts)).expect("two_phase with insert_mode upsert");
 }
