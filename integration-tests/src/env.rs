@@ -222,26 +222,98 @@ fn docker_answers() -> bool {
     std::os::unix::net::UnixStream::connect("/var/run/docker.sock").is_ok()
 }
 
-/// The Docker path: containers of the same Kafka version the scripts run, and MySQL 8.4.
+/// The Docker path (EXACTLY_KAFKA_BOOTSTRAP and EXACTLY_MYSQL_URL unset, an engine answering):
+/// a Kafka and a MariaDB container for this test process, started by testcontainers from the
+/// images `scripts/images build` makes on the machine (named by EXACTLY_IMAGE_KAFKA and
+/// EXACTLY_IMAGE_MARIADB: `eval "$(scripts/images env)"`); without those, from the upstream
+/// images (apache/kafka of the scripts' Kafka version, mysql 8.4), which need a registry.
 mod containers {
-    use anyhow::{Context, Result};
+    use anyhow::{anyhow, Context, Result};
+    use testcontainers::core::{IntoContainerPort, WaitFor};
+    use testcontainers::runners::AsyncRunner;
+    use testcontainers::{ContainerAsync, GenericImage, ImageExt};
     use testcontainers_modules::kafka::apache::{Kafka, KAFKA_PORT};
     use testcontainers_modules::mysql::Mysql;
-    use testcontainers_modules::testcontainers::runners::AsyncRunner;
-    use testcontainers_modules::testcontainers::{ContainerAsync, ImageExt};
     use tokio::sync::OnceCell;
 
     use super::TestEnv;
 
-    struct Running {
-        _kafka: ContainerAsync<Kafka>,
-        _mysql: ContainerAsync<Mysql>,
+    enum Running {
+        Local {
+            _kafka: ContainerAsync<GenericImage>,
+            _mariadb: ContainerAsync<GenericImage>,
+        },
+        Upstream {
+            _kafka: ContainerAsync<Kafka>,
+            _mysql: ContainerAsync<Mysql>,
+        },
     }
 
-    // Held for the life of the test process; testcontainers removes them when it exits.
+    // Held for the life of the test process. A static is never dropped, so the containers
+    // outlive it: they carry testcontainers' label `org.testcontainers.managed-by=testcontainers`,
+    // by which scripts/test removes them after the lane.
     static RUNNING: OnceCell<Running> = OnceCell::const_new();
 
     pub(super) async fn start() -> Result<TestEnv> {
+        let image = |var: &str| std::env::var(var).ok().filter(|v| !v.is_empty());
+        match (image("EXACTLY_IMAGE_KAFKA"), image("EXACTLY_IMAGE_MARIADB")) {
+            (Some(kafka), Some(mariadb)) => local(&kafka, &mariadb).await,
+            (None, None) => upstream().await,
+            _ => Err(anyhow!(
+                "set both EXACTLY_IMAGE_KAFKA and EXACTLY_IMAGE_MARIADB (eval \"$(scripts/images env)\"), or neither"
+            )),
+        }
+    }
+
+    fn name_and_tag(image: &str) -> Result<(&str, &str)> {
+        image
+            .rsplit_once(':')
+            .ok_or_else(|| anyhow!("image {image:?} has no tag (name:tag, as scripts/images env prints)"))
+    }
+
+    /// A port no one listens on now, from the system's ephemeral range (the services of the
+    /// other lanes use fixed ports below it). Kafka's container listens on it too, so the
+    /// address the broker advertises is the one clients reach it by.
+    fn free_port() -> Result<u16> {
+        let socket = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+        Ok(socket.local_addr()?.port())
+    }
+
+    async fn local(kafka_image: &str, mariadb_image: &str) -> Result<TestEnv> {
+        let port = free_port()?;
+        let (name, tag) = name_and_tag(kafka_image)?;
+        let kafka = GenericImage::new(name, tag)
+            .with_exposed_port(port.tcp())
+            .with_wait_for(WaitFor::message_on_stdout("Kafka Server started"))
+            .with_env_var("KAFKA_PORT", port.to_string())
+            .with_mapped_port(port, port.tcp())
+            .start()
+            .await
+            .with_context(|| format!("starting a container of {kafka_image} (built by `scripts/images build`?)"))?;
+        let (name, tag) = name_and_tag(mariadb_image)?;
+        let mariadb = GenericImage::new(name, tag)
+            .with_exposed_port(3306.tcp())
+            .with_wait_for(WaitFor::message_on_stderr("ready for connections"))
+            .start()
+            .await
+            .with_context(|| format!("starting a container of {mariadb_image} (built by `scripts/images build`?)"))?;
+        let mariadb_port = mariadb.get_host_port_ipv4(3306).await?;
+        let env = TestEnv {
+            kafka_bootstrap: format!("127.0.0.1:{port}"),
+            mysql_url: format!("mysql://exactly:exactly@127.0.0.1:{mariadb_port}/exactly"),
+            kafka_log: None,
+            services_script: None,
+            kafka_proxied: None,
+            s3: None,
+        };
+        let _ = RUNNING.set(Running::Local {
+            _kafka: kafka,
+            _mariadb: mariadb,
+        });
+        Ok(env)
+    }
+
+    async fn upstream() -> Result<TestEnv> {
         let kafka = Kafka::default()
             .with_jvm_image()
             .with_tag("4.1.1")
@@ -251,12 +323,12 @@ mod containers {
             .with_env_var("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
             .start()
             .await
-            .context("starting the Kafka container")?;
+            .context("starting the Kafka container (apache/kafka:4.1.1 from a registry; without one, build local images with `scripts/images build` and `eval \"$(scripts/images env)\"`)")?;
         let mysql = Mysql::default()
             .with_tag("8.4")
             .start()
             .await
-            .context("starting the MySQL container")?;
+            .context("starting the MySQL container (mysql:8.4 from a registry)")?;
         let kafka_port = kafka.get_host_port_ipv4(KAFKA_PORT).await?;
         let mysql_port = mysql.get_host_port_ipv4(3306).await?;
         let env = TestEnv {
@@ -267,7 +339,7 @@ mod containers {
             kafka_proxied: None,
             s3: None,
         };
-        let _ = RUNNING.set(Running {
+        let _ = RUNNING.set(Running::Upstream {
             _kafka: kafka,
             _mysql: mysql,
         });

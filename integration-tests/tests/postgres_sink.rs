@@ -408,6 +408,8 @@ async fn changes_in_two_phase_mode_commit_with_their_checkpoint_and_never_wait_f
         [(1, "a".to_owned()), (2, "b".to_owned()), (3, "c2".to_owned())],
         "checkpoint 1's rows (the later of two for one key)"
     );
+    // After the commit: written at once, behind the held changes (row 2 deleted, then back).
+    sink.write(vec![record(2, "b3", 6)]).await?;
     within(
         "checkpoint 2's pre-commit",
         sink.snapshot_state(&mut SnapshotContext::new(2, SnapshotKind::Checkpoint, 0)),
@@ -416,9 +418,16 @@ async fn changes_in_two_phase_mode_commit_with_their_checkpoint_and_never_wait_f
     sink.notify_checkpoint_complete(2).await?;
     assert_eq!(
         notes(&table).await?,
-        [(1, "a2".to_owned()), (3, "c2".to_owned())],
-        "checkpoint 2 updated row 1 and deleted row 2"
+        [(1, "a2".to_owned()), (2, "b3".to_owned()), (3, "c2".to_owned())],
+        "checkpoint 2 updated row 1, deleted row 2 and wrote it again, in that order"
     );
+    let mut conn = connect_postgres().await?;
+    let through = pg_i64(
+        &mut conn,
+        &format!("SELECT committed_through FROM \"{table}_progress_through\" WHERE job = '{job}'"),
+    )
+    .await?;
+    assert_eq!(through, 2, "the progress summary");
     sink.close().await?;
     assert_eq!(prepared_count(&job).await?, 0);
     Ok(())

@@ -25,6 +25,7 @@ use crate::SinkRecord;
 #[cfg(test)]
 const XAER_NOTA: u16 = 1397;
 const ACCESS_DENIED: u16 = 1227;
+const LOCK_WAIT_TIMEOUT: u16 = 1205;
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02X}")).collect()
@@ -291,7 +292,10 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
             db::close(txn.conn).await;
             return Ok(PreCommitted::Empty);
         }
-        if txn.held.len() > 0 {
+        if txn.held.len() > 0 && self.uncommitted.is_empty() {
+            let data = std::mem::take(&mut txn.held);
+            db::insert(&mut txn.conn, &self.config, data, true).await?;
+        } else if txn.held.len() > 0 {
             let waiting_for: Vec<&String> = self.uncommitted.iter().collect();
             warn!(
                 checkpoint_id,
@@ -307,10 +311,12 @@ impl TwoPhaseCommitSink<SinkRecord> for XaMysqlSink {
             let data = std::mem::take(&mut txn.held);
             db::insert(&mut txn.conn, &self.config, data, true).await.map_err(|e| match e {
                 // Restarts the job, which recovers from its last checkpoint.
-                MysqlSinkError::Database { context, source } => MysqlSinkError::db(
-                    format!("{context}: checkpoint {checkpoint_id}'s changes, held back while the prepared XA branches {waiting_for:?} of earlier checkpoints (not completed) hold their rows"),
-                    source,
-                ),
+                MysqlSinkError::Database { context, source } if code(&source) == Some(LOCK_WAIT_TIMEOUT) => {
+                    MysqlSinkError::db(
+                        format!("{context}: checkpoint {checkpoint_id}'s changes, held back while the prepared XA branches {waiting_for:?} of earlier checkpoints (not completed) hold their rows"),
+                        source,
+                    )
+                }
                 other => other,
             })?;
         }

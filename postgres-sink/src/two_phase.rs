@@ -25,6 +25,8 @@ use crate::PgRecord;
 
 /// SQLSTATE of `COMMIT PREPARED` / `ROLLBACK PREPARED` for a gid the server does not have.
 const UNDEFINED_OBJECT: &str = "42704";
+/// SQLSTATE of a statement that gave up waiting for a lock (`lock_timeout`).
+const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// A prepared transaction.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -238,7 +240,10 @@ impl TwoPhaseCommitSink<PgRecord> for TwoPhasePostgresSink {
             self.idle = Some(txn.conn);
             return Ok(PreCommitted::Empty);
         }
-        if txn.held.count > 0 {
+        if txn.held.count > 0 && self.uncommitted.is_empty() {
+            let rows = std::mem::take(&mut txn.held);
+            db::write(&mut txn.conn, &self.config, rows, true).await?;
+        } else if txn.held.count > 0 {
             let waiting_for: Vec<&String> = self.uncommitted.iter().collect();
             warn!(
                 checkpoint_id,
@@ -251,10 +256,12 @@ impl TwoPhaseCommitSink<PgRecord> for TwoPhasePostgresSink {
             let rows = std::mem::take(&mut txn.held);
             db::write(&mut txn.conn, &self.config, rows, true).await.map_err(|e| match e {
                 // Restarts the job, which recovers from its last checkpoint.
-                PostgresSinkError::Database { context, source } => PostgresSinkError::db(
-                    format!("{context}: checkpoint {checkpoint_id}'s changes, held back while the prepared transactions {waiting_for:?} of earlier checkpoints (not completed) hold their rows"),
-                    source,
-                ),
+                PostgresSinkError::Database { context, source } if sqlstate(&source).as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+                    PostgresSinkError::db(
+                        format!("{context}: checkpoint {checkpoint_id}'s changes, held back while the prepared transactions {waiting_for:?} of earlier checkpoints (not completed) hold their rows"),
+                        source,
+                    )
+                }
                 other => other,
             })?;
         }
