@@ -1,7 +1,7 @@
 //! The deployment files are checked, without a cluster or a Docker engine: every Kubernetes
 //! manifest in `deploy/kubernetes/` validates strictly (unknown fields are errors) against the
 //! Kubernetes schemas with `kubernetes-validate`, the job file in the ConfigMap passes
-//! `exactly check`, and `docker/Dockerfile` passes hadolint. The checkers are pinned and
+//! `exactly check`, and every Dockerfile (`docker/Dockerfile`, `docker/images/*`) passes hadolint. The checkers are pinned and
 //! installed by `EXACTLY_SETUP_TESTS=1 scripts/setup` (as `scripts/test` runs it) into
 //! `~/.cache/exactly/tools`; the test fails, saying so, when they are missing. Each check is shown to reject a broken file, so it cannot pass by checking nothing.
 
@@ -124,16 +124,23 @@ fn the_configmaps_job_file_passes_exactly_check() -> Result<()> {
 }
 
 #[test]
-fn the_dockerfile_passes_hadolint() -> Result<()> {
+fn the_dockerfiles_pass_hadolint() -> Result<()> {
     let hadolint = tool("hadolint")?;
-    let dockerfile = repo().join("docker/Dockerfile");
-    let out = Command::new(&hadolint).arg(&dockerfile).output()?;
-    assert!(
-        out.status.success(),
-        "hadolint docker/Dockerfile:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut dockerfiles = vec![repo().join("docker/Dockerfile")];
+    for image in std::fs::read_dir(repo().join("docker/images"))? {
+        dockerfiles.push(image?.path().join("Dockerfile"));
+    }
+    assert!(dockerfiles.len() >= 4, "{dockerfiles:?}");
+    for dockerfile in &dockerfiles {
+        let out = Command::new(&hadolint).arg(dockerfile).output()?;
+        assert!(
+            out.status.success() && out.stdout.is_empty(),
+            "hadolint {}:\n{}{}",
+            dockerfile.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     // The lint sees a mistake: an unpinned base image and `cd` in a RUN.
     let dir = tempfile::tempdir()?;
     let broken = dir.path().join("Dockerfile");

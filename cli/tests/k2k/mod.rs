@@ -202,9 +202,17 @@ pub(crate) async fn drain_and_verify(
         seen
     };
 
+    check_exactly_once(&seen, &next.lock().unwrap())?;
+    assert_eq!(seen.len(), expected);
+    exactly_verify(&args[1], &["--id", "@value"])?;
+    Ok(seen.len())
+}
+
+/// Every record fed (`next`: per key, how many) is in `seen` once, in order per key and partition.
+pub(crate) fn check_exactly_once(seen: &[exactly_integration_tests::CommittedRecord], next: &[usize]) -> Result<()> {
     let mut count: BTreeMap<String, usize> = BTreeMap::new();
     let mut last_seq: BTreeMap<(String, i32), usize> = BTreeMap::new();
-    for r in &seen {
+    for r in seen {
         let v = r.value_str();
         *count.entry(v.clone()).or_default() += 1;
         let (key, seq) = v.split_once(':').expect("key:seq");
@@ -221,7 +229,6 @@ pub(crate) async fn drain_and_verify(
         "duplicates: {:?}",
         &duplicates[..duplicates.len().min(10)]
     );
-    let next = next.lock().unwrap();
     let mut missing = Vec::new();
     for (k, n) in next.iter().enumerate() {
         for seq in 1..=*n {
@@ -236,9 +243,7 @@ pub(crate) async fn drain_and_verify(
         missing.len(),
         &missing[..missing.len().min(10)]
     );
-    assert_eq!(seen.len(), expected);
-    exactly_verify(&args[1], &["--id", "@value"])?;
-    Ok(seen.len())
+    Ok(())
 }
 
 /// A `[kafka]` body for SASL_SSL with SCRAM-SHA-512 as `user`, the password referenced from the
