@@ -265,6 +265,18 @@ mod containers {
         }
     }
 
+    /// The environment of containers: Kafka on `kafka_port` of this host, MySQL at `mysql_url`.
+    fn at(kafka_port: u16, mysql_url: &str) -> TestEnv {
+        TestEnv {
+            kafka_bootstrap: format!("127.0.0.1:{kafka_port}"),
+            mysql_url: mysql_url.to_owned(),
+            kafka_log: None,
+            services_script: None,
+            kafka_proxied: None,
+            s3: None,
+        }
+    }
+
     fn name_and_tag(image: &str) -> Result<(&str, &str)> {
         image
             .rsplit_once(':')
@@ -298,14 +310,7 @@ mod containers {
             .await
             .with_context(|| format!("starting a container of {mariadb_image} (built by `scripts/images build`?)"))?;
         let mariadb_port = mariadb.get_host_port_ipv4(3306).await?;
-        let env = TestEnv {
-            kafka_bootstrap: format!("127.0.0.1:{port}"),
-            mysql_url: format!("mysql://exactly:exactly@127.0.0.1:{mariadb_port}/exactly"),
-            kafka_log: None,
-            services_script: None,
-            kafka_proxied: None,
-            s3: None,
-        };
+        let env = at(port, &format!("mysql://exactly:exactly@127.0.0.1:{mariadb_port}/exactly"));
         let _ = RUNNING.set(Running::Local {
             _kafka: kafka,
             _mariadb: mariadb,
@@ -331,14 +336,7 @@ mod containers {
             .context("starting the MySQL container (mysql:8.4 from a registry)")?;
         let kafka_port = kafka.get_host_port_ipv4(KAFKA_PORT).await?;
         let mysql_port = mysql.get_host_port_ipv4(3306).await?;
-        let env = TestEnv {
-            kafka_bootstrap: format!("127.0.0.1:{kafka_port}"),
-            mysql_url: format!("mysql://root@127.0.0.1:{mysql_port}/test"),
-            kafka_log: None,
-            services_script: None,
-            kafka_proxied: None,
-            s3: None,
-        };
+        let env = at(kafka_port, &format!("mysql://root@127.0.0.1:{mysql_port}/test"));
         let _ = RUNNING.set(Running::Upstream {
             _kafka: kafka,
             _mysql: mysql,

@@ -64,6 +64,16 @@ impl<T: Send + 'static> Sink<T> for CommittingCollector<T> {
     }
 }
 
+/// Bounds a step that, broken, would wait for a lock no one releases (PostgreSQL waits forever,
+/// MariaDB until its lock wait timeout): the test fails saying so instead of hanging. Not a
+/// timing claim.
+pub async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> Result<T> {
+    match tokio::time::timeout(Duration::from_secs(120), f).await {
+        Ok(v) => Ok(v),
+        Err(_) => anyhow::bail!("{what} still waiting after 120 s: it waits for a lock only its own commit would release"),
+    }
+}
+
 /// Polls `f` until it returns true or `timeout` passes.
 pub async fn eventually(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
     let deadline = Instant::now() + timeout;

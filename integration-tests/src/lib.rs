@@ -23,7 +23,7 @@ mod proxy;
 pub use child::{fails_at_start, fails_at_start_env, refused_fresh_start, signal, verify_job, ChildJob};
 pub use env::{TestEnv, HOW_TO_START, S3};
 pub use ids::unique;
-pub use jobs::{damage_newest_checkpoint, eventually, subtask_info, Committed, CommittingCollector};
+pub use jobs::{damage_newest_checkpoint, eventually, subtask_info, within, Committed, CommittingCollector};
 pub use kafka::{
     create_topic, create_topic_with, delete_records_before, high_watermark, produce, read_committed, read_uncommitted,
     recreate_topic, transactional_producer, wait_for_committed, wait_for_uncommitted, CommittedRecord, Feed,

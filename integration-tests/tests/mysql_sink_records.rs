@@ -6,7 +6,7 @@
 use anyhow::Result;
 use exactly_core::runtime::{InitContext, Sink, SnapshotContext};
 use exactly_core::SnapshotKind;
-use exactly_integration_tests::{connect_mysql, query_i64, subtask_info, unique, TestEnv};
+use exactly_integration_tests::{connect_mysql, query_i64, subtask_info, unique, within, TestEnv};
 use exactly_mysql_sink::{
     Column, ColumnType, Format, Mapping, Mode, MysqlSink, MysqlSinkConfig, OnError, Origin, SinkRecord,
 };
@@ -444,15 +444,6 @@ async fn names(conn: &mut sqlx::MySqlConnection, table: &str) -> Result<Vec<(i64
             .fetch_all(conn)
             .await?,
     )
-}
-
-/// Bounds a step that, broken, would wait for a lock no one releases until the server's lock
-/// wait timeout: the test fails saying so. Not a timing claim.
-async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> Result<T> {
-    match tokio::time::timeout(std::time::Duration::from_secs(120), f).await {
-        Ok(v) => Ok(v),
-        Err(_) => anyhow::bail!("{what} still waiting after 120 s: it waits for a lock only its own commit would release"),
-    }
 }
 
 fn pairs(rows: &[(i64, &str)]) -> Vec<(i64, String)> {

@@ -8,7 +8,7 @@
 use anyhow::{bail, Result};
 use exactly_core::runtime::{InitContext, Sink, SnapshotContext, SubtaskInfo};
 use exactly_core::SnapshotKind;
-use exactly_integration_tests::{connect_postgres, pg_execute, pg_i64, postgres_url, unique};
+use exactly_integration_tests::{connect_postgres, pg_execute, pg_i64, postgres_url, unique, within};
 use exactly_postgres_sink::{
     PgCommittable, PgOrigin, PgRecord, PostgresSink, PostgresSinkConfig, TwoPhasePostgresSink, UpsertPostgresSink,
 };
@@ -373,15 +373,6 @@ async fn notes(table: &str) -> Result<Vec<(i64, String)>> {
     Ok(sqlx::query_as(&format!("SELECT id, note FROM \"{table}\" ORDER BY id"))
         .fetch_all(&mut conn)
         .await?)
-}
-
-/// Bounds a step that, broken, would wait forever (a lock no one will release): the test fails
-/// saying so instead of hanging. Not a timing claim.
-async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> Result<T> {
-    match tokio::time::timeout(std::time::Duration::from_secs(120), f).await {
-        Ok(v) => Ok(v),
-        Err(_) => bail!("{what} still waiting after 120 s: it waits for a lock only its own commit would release"),
-    }
 }
 
 /// Mode `two_phase` with insert_mode `upsert` (a change stream): a checkpoint's upserts and
