@@ -271,12 +271,11 @@ async fn scenario(
         if Instant::now() > deadline || !job.running() {
             // A logical slot is created only once every transaction older than it has ended,
             // prepared ones included: one a failed test left behind stops the snapshot for good.
-            let prepared: Vec<(String, String)> = sqlx::query_as(
-                "SELECT gid, prepared::text FROM pg_prepared_xacts ORDER BY prepared LIMIT 10",
-            )
-            .fetch_all(&mut *pg)
-            .await
-            .unwrap_or_default();
+            let prepared: Vec<(String, String)> =
+                sqlx::query_as("SELECT gid, prepared::text FROM pg_prepared_xacts ORDER BY prepared LIMIT 10")
+                    .fetch_all(&mut *pg)
+                    .await
+                    .unwrap_or_default();
             bail!(
                 "no row reached the copy within 60 s (prepared transactions on the source server, which hold back a replication slot's creation: {prepared:?}):\n{}",
                 job.log(40)

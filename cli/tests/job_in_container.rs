@@ -48,7 +48,17 @@ impl Container {
         let name = unique("exactly-job");
         let volume = format!("{}:/state", dir.display());
         docker(&[
-            "run", "-d", "--name", &name, "--network", "host", "-v", &volume, image, "run", "/state/k2k.toml",
+            "run",
+            "-d",
+            "--name",
+            &name,
+            "--network",
+            "host",
+            "-v",
+            &volume,
+            image,
+            "run",
+            "/state/k2k.toml",
         ])?;
         Ok(Container(name))
     }
@@ -59,8 +69,14 @@ impl Container {
 
     fn logs(&self) -> String {
         let out = Command::new("docker").args(["logs", "--tail", "40", &self.0]).output();
-        out.map(|o| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
-            .unwrap_or_default()
+        out.map(|o| {
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        })
+        .unwrap_or_default()
     }
 }
 
@@ -79,7 +95,10 @@ async fn output_reaches(env: &TestEnv, output: &str, n: usize, c: &Container) ->
             return Ok(seen);
         }
         if !c.running() || Instant::now() > deadline {
-            bail!("the output has {seen} of {n} records; the container's log:\n{}", c.logs());
+            bail!(
+                "the output has {seen} of {n} records; the container's log:\n{}",
+                c.logs()
+            );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

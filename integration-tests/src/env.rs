@@ -291,12 +291,18 @@ mod containers {
         Ok(socket.local_addr()?.port())
     }
 
+    /// `scripts/test` labels its run's containers (TEST_RUN_LABEL) to remove them at the end.
+    fn run_label() -> String {
+        std::env::var("TEST_RUN_LABEL").unwrap_or_else(|_| "none".into())
+    }
+
     async fn local(kafka_image: &str, mariadb_image: &str) -> Result<TestEnv> {
         let port = free_port()?;
         let (name, tag) = name_and_tag(kafka_image)?;
         let kafka = GenericImage::new(name, tag)
             .with_exposed_port(port.tcp())
             .with_wait_for(WaitFor::message_on_stdout("Kafka Server started"))
+            .with_label("dev.exactly.test-run", run_label())
             .with_env_var("KAFKA_PORT", port.to_string())
             .with_mapped_port(port, port.tcp())
             .start()
@@ -306,11 +312,15 @@ mod containers {
         let mariadb = GenericImage::new(name, tag)
             .with_exposed_port(3306.tcp())
             .with_wait_for(WaitFor::message_on_stderr("ready for connections"))
+            .with_label("dev.exactly.test-run", run_label())
             .start()
             .await
             .with_context(|| format!("starting a container of {mariadb_image} (built by `scripts/images build`?)"))?;
         let mariadb_port = mariadb.get_host_port_ipv4(3306).await?;
-        let env = at(port, &format!("mysql://exactly:exactly@127.0.0.1:{mariadb_port}/exactly"));
+        let env = at(
+            port,
+            &format!("mysql://exactly:exactly@127.0.0.1:{mariadb_port}/exactly"),
+        );
         let _ = RUNNING.set(Running::Local {
             _kafka: kafka,
             _mariadb: mariadb,

@@ -70,7 +70,9 @@ impl<T: Send + 'static> Sink<T> for CommittingCollector<T> {
 pub async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> Result<T> {
     match tokio::time::timeout(Duration::from_secs(120), f).await {
         Ok(v) => Ok(v),
-        Err(_) => anyhow::bail!("{what} still waiting after 120 s: it waits for a lock only its own commit would release"),
+        Err(_) => {
+            anyhow::bail!("{what} still waiting after 120 s: it waits for a lock only its own commit would release")
+        }
     }
 }
 

@@ -521,7 +521,11 @@ async fn changes_held_behind_an_aborted_checkpoint_fail_the_xa_pre_commit_saying
     sink.snapshot_state(&mut SnapshotContext::new(1, SnapshotKind::Checkpoint, 0))
         .await?;
     sink.notify_checkpoint_aborted(1).await?;
-    within("a write of checkpoint 2", sink.write(vec![record(2, r#"{"id":1,"name":"a2"}"#)])).await??;
+    within(
+        "a write of checkpoint 2",
+        sink.write(vec![record(2, r#"{"id":1,"name":"a2"}"#)]),
+    )
+    .await??;
     let e = within(
         "checkpoint 2's pre-commit",
         sink.snapshot_state(&mut SnapshotContext::new(2, SnapshotKind::Checkpoint, 0)),

@@ -386,12 +386,21 @@ async fn changes_in_two_phase_mode_commit_with_their_checkpoint_and_never_wait_f
     let me = info(0, 1);
     let mut sink = PostgresSink::new(changes_config(&table, &job)?)?;
     sink.initialize_state(&InitContext::new(&me, None)).await?;
-    sink.write(vec![record(1, "a", 0), record(2, "b", 1), record(3, "c", 2), record(3, "c2", 3)])
-        .await?;
+    sink.write(vec![
+        record(1, "a", 0),
+        record(2, "b", 1),
+        record(3, "c", 2),
+        record(3, "c2", 3),
+    ])
+    .await?;
     sink.snapshot_state(&mut SnapshotContext::new(1, SnapshotKind::Checkpoint, 0))
         .await?;
     // Checkpoint 2's changes, before checkpoint 1 completes, to rows checkpoint 1 holds.
-    within("a write of checkpoint 2", sink.write(vec![record(1, "a2", 4), tombstone(2, 5)])).await??;
+    within(
+        "a write of checkpoint 2",
+        sink.write(vec![record(1, "a2", 4), tombstone(2, 5)]),
+    )
+    .await??;
     assert_eq!(notes(&table).await?, [], "nothing visible before completion");
     sink.notify_checkpoint_complete(1).await?;
     assert_eq!(
@@ -447,7 +456,10 @@ async fn changes_held_behind_an_aborted_checkpoint_fail_the_pre_commit_saying_wh
     .await?
     .expect_err("checkpoint 2 cannot prepare while checkpoint 1's transaction holds row 1");
     let text = format!("{e:#}");
-    assert!(text.contains("held back") && text.contains(":0:1\"") && text.contains("lock timeout"), "{text}");
+    assert!(
+        text.contains("held back") && text.contains(":0:1\"") && text.contains("lock timeout"),
+        "{text}"
+    );
     drop(sink);
     // The next start (restored from before checkpoint 1) rolls checkpoint 1's transaction back.
     let mut next = TwoPhasePostgresSink::new(changes_config(&table, &job)?)?;

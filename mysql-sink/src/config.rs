@@ -186,7 +186,8 @@ impl MysqlSinkConfig {
         }
         if self.upserts() && !self.mapping.columns.iter().any(|c| c.key) {
             return bad(
-                "insert_mode `upsert` needs at least one key column (key = true): a record replaces the row of its key".into(),
+                "insert_mode `upsert` needs at least one key column (key = true): a record replaces the row of its key"
+                    .into(),
             );
         }
         Ok(())
@@ -239,7 +240,10 @@ mod insert_mode_tests {
         assert!(config("upsert", None, true).upserts());
         assert!(config("upsert", Some("upsert"), true).validate().is_ok());
         assert!(config("xa", Some("upsert"), true).validate().is_ok());
-        let e = config("upsert", Some("insert"), true).validate().unwrap_err().to_string();
+        let e = config("upsert", Some("insert"), true)
+            .validate()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("always upserts"), "{e}");
         let e = config("xa", Some("upsert"), false).validate().unwrap_err().to_string();
         assert!(e.contains("insert_mode `upsert` needs at least one key column"), "{e}");

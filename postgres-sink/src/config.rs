@@ -268,10 +268,7 @@ mod tests {
             (Box::new(|c| c.url = "mysql://x".into()), "postgres://"),
             (Box::new(|c| c.table = "or\"ders".into()), "table"),
             (Box::new(|c| c.columns[0].key = false), "needs key columns"),
-            (
-                Box::new(|c| c.insert_mode = Some(InsertMode::Insert)),
-                "always upserts",
-            ),
+            (Box::new(|c| c.insert_mode = Some(InsertMode::Insert)), "always upserts"),
             (
                 Box::new(|c| {
                     c.mode = Mode::TwoPhase;
