@@ -546,3 +546,40 @@ async fn changes_held_behind_an_aborted_checkpoint_fail_the_xa_pre_commit_saying
     assert_eq!(names(&mut conn, &table).await?, []);
     Ok(())
 }
+
+/// After a failed checkpoint, the next one's held records that touch other rows are written at
+/// its barrier (with the bounded lock wait) and prepared; its completion commits both branches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_held_behind_an_aborted_checkpoint_on_other_rows_commit_with_the_next_branch() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let c = changes_config(env);
+    let (table, job) = (c.table.clone(), c.job_id.clone());
+    let info = subtask_info("mysql");
+    let mut sink = MysqlSink::new(c)?;
+    sink.initialize_state(&InitContext::new(&info, None)).await?;
+    sink.write(vec![record(1, r#"{"id":1,"name":"a"}"#)]).await?;
+    sink.snapshot_state(&mut SnapshotContext::new(1, SnapshotKind::Checkpoint, 0))
+        .await?;
+    sink.notify_checkpoint_aborted(1).await?;
+    within(
+        "a write of checkpoint 2",
+        sink.write(vec![record(2, r#"{"id":5,"name":"e"}"#), tombstone(3, "6")]),
+    )
+    .await??;
+    within(
+        "checkpoint 2's pre-commit",
+        sink.snapshot_state(&mut SnapshotContext::new(2, SnapshotKind::Checkpoint, 0)),
+    )
+    .await??;
+    let mut conn = connect_mysql(env).await?;
+    assert_eq!(
+        names(&mut conn, &table).await?,
+        [],
+        "nothing visible before a completion"
+    );
+    sink.notify_checkpoint_complete(2).await?;
+    assert_eq!(names(&mut conn, &table).await?, pairs(&[(1, "a"), (5, "e")]));
+    sink.close().await?;
+    assert_eq!(prepared_branches(&mut conn, &job).await?, 0);
+    Ok(())
+}

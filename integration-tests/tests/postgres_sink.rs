@@ -468,3 +468,33 @@ async fn changes_held_behind_an_aborted_checkpoint_fail_the_pre_commit_saying_wh
     assert_eq!(notes(&table).await?, []);
     Ok(())
 }
+
+/// After a failed checkpoint, the next one's held records that touch other rows are written at
+/// its barrier (with the bounded lock wait) and prepared; its completion commits both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_held_behind_an_aborted_checkpoint_on_other_rows_commit_with_the_next() -> Result<()> {
+    let (table, job) = (unique("pg_chg_ok").replace('-', "_"), unique("pgchgok"));
+    let me = info(0, 1);
+    let mut sink = PostgresSink::new(changes_config(&table, &job)?)?;
+    sink.initialize_state(&InitContext::new(&me, None)).await?;
+    sink.write(vec![record(1, "a", 0)]).await?;
+    sink.snapshot_state(&mut SnapshotContext::new(1, SnapshotKind::Checkpoint, 0))
+        .await?;
+    sink.notify_checkpoint_aborted(1).await?;
+    within(
+        "a write of checkpoint 2",
+        sink.write(vec![record(5, "e", 1), tombstone(6, 2)]),
+    )
+    .await??;
+    within(
+        "checkpoint 2's pre-commit",
+        sink.snapshot_state(&mut SnapshotContext::new(2, SnapshotKind::Checkpoint, 0)),
+    )
+    .await??;
+    assert_eq!(notes(&table).await?, [], "nothing visible before a completion");
+    sink.notify_checkpoint_complete(2).await?;
+    assert_eq!(notes(&table).await?, [(1, "a".to_owned()), (5, "e".to_owned())]);
+    sink.close().await?;
+    assert_eq!(prepared_count(&job).await?, 0);
+    Ok(())
+}
