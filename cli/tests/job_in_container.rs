@@ -47,11 +47,18 @@ impl Container {
     fn run(image: &str, dir: &std::path::Path) -> Result<Container> {
         let name = unique("exactly-job");
         let volume = format!("{}:/state", dir.display());
+        // scripts/test removes its run's containers by this label, should this process die first.
+        let label = format!(
+            "dev.exactly.test-run={}",
+            std::env::var("TEST_RUN_LABEL").unwrap_or_else(|_| "none".into())
+        );
         docker(&[
             "run",
             "-d",
             "--name",
             &name,
+            "--label",
+            &label,
             "--network",
             "host",
             "-v",

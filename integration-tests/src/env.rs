@@ -250,8 +250,8 @@ mod containers {
     }
 
     // Held for the life of the test process. A static is never dropped, so the containers
-    // outlive it: they carry testcontainers' label `org.testcontainers.managed-by=testcontainers`,
-    // by which scripts/test removes them after the lane.
+    // outlive it: they carry the label `dev.exactly.test-run` with scripts/test's TEST_RUN_LABEL,
+    // by which it removes its run's containers after the lane and at its exit.
     static RUNNING: OnceCell<Running> = OnceCell::const_new();
 
     pub(super) async fn start() -> Result<TestEnv> {
@@ -336,11 +336,13 @@ mod containers {
             .with_env_var("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
             .with_env_var("KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS", "0")
             .with_env_var("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
+            .with_label("dev.exactly.test-run", run_label())
             .start()
             .await
             .context("starting the Kafka container (apache/kafka:4.1.1 from a registry; without one, build local images with `scripts/images build` and `eval \"$(scripts/images env)\"`)")?;
         let mysql = Mysql::default()
             .with_tag("8.4")
+            .with_label("dev.exactly.test-run", run_label())
             .start()
             .await
             .context("starting the MySQL container (mysql:8.4 from a registry)")?;
