@@ -504,6 +504,21 @@ async fn changes_in_xa_mode_commit_with_their_checkpoint_and_never_wait_for_thei
     Ok(())
 }
 
+/// A sink whose checkpoint 1 (row 1) is prepared and then aborted: its branch waits for a later
+/// checkpoint to commit it, holding row 1.
+async fn row_1_prepared_then_aborted(
+    c: &MysqlSinkConfig,
+    info: &exactly_core::runtime::SubtaskInfo,
+) -> Result<MysqlSink> {
+    let mut sink = MysqlSink::new(c.clone())?;
+    sink.initialize_state(&InitContext::new(info, None)).await?;
+    sink.write(vec![record(1, r#"{"id":1,"name":"a"}"#)]).await?;
+    sink.snapshot_state(&mut SnapshotContext::new(1, SnapshotKind::Checkpoint, 0))
+        .await?;
+    sink.notify_checkpoint_aborted(1).await?;
+    Ok(sink)
+}
+
 /// When the earlier checkpoint did not complete (aborted: its branch waits for a later checkpoint
 /// to commit it), the next checkpoint's changes to its rows cannot be written before that one
 /// completes: the pre-commit gives up after a bounded wait with an error that names the cause,
@@ -515,12 +530,7 @@ async fn changes_held_behind_an_aborted_checkpoint_fail_the_xa_pre_commit_saying
     let c = changes_config(env);
     let (table, job) = (c.table.clone(), c.job_id.clone());
     let info = subtask_info("mysql");
-    let mut sink = MysqlSink::new(c.clone())?;
-    sink.initialize_state(&InitContext::new(&info, None)).await?;
-    sink.write(vec![record(1, r#"{"id":1,"name":"a"}"#)]).await?;
-    sink.snapshot_state(&mut SnapshotContext::new(1, SnapshotKind::Checkpoint, 0))
-        .await?;
-    sink.notify_checkpoint_aborted(1).await?;
+    let mut sink = row_1_prepared_then_aborted(&c, &info).await?;
     within(
         "a write of checkpoint 2",
         sink.write(vec![record(2, r#"{"id":1,"name":"a2"}"#)]),
@@ -555,12 +565,7 @@ async fn changes_held_behind_an_aborted_checkpoint_on_other_rows_commit_with_the
     let c = changes_config(env);
     let (table, job) = (c.table.clone(), c.job_id.clone());
     let info = subtask_info("mysql");
-    let mut sink = MysqlSink::new(c)?;
-    sink.initialize_state(&InitContext::new(&info, None)).await?;
-    sink.write(vec![record(1, r#"{"id":1,"name":"a"}"#)]).await?;
-    sink.snapshot_state(&mut SnapshotContext::new(1, SnapshotKind::Checkpoint, 0))
-        .await?;
-    sink.notify_checkpoint_aborted(1).await?;
+    let mut sink = row_1_prepared_then_aborted(&c, &info).await?;
     within(
         "a write of checkpoint 2",
         sink.write(vec![record(2, r#"{"id":5,"name":"e"}"#), tombstone(3, "6")]),

@@ -433,6 +433,18 @@ async fn changes_in_two_phase_mode_commit_with_their_checkpoint_and_never_wait_f
     Ok(())
 }
 
+/// A sink whose checkpoint 1 (row 1) is prepared and then aborted: its transaction waits for a
+/// later checkpoint to commit it, holding row 1.
+async fn row_1_prepared_then_aborted(table: &str, job: &str, me: &SubtaskInfo) -> Result<PostgresSink> {
+    let mut sink = PostgresSink::new(changes_config(table, job)?)?;
+    sink.initialize_state(&InitContext::new(me, None)).await?;
+    sink.write(vec![record(1, "a", 0)]).await?;
+    sink.snapshot_state(&mut SnapshotContext::new(1, SnapshotKind::Checkpoint, 0))
+        .await?;
+    sink.notify_checkpoint_aborted(1).await?;
+    Ok(sink)
+}
+
 /// When the earlier checkpoint did not complete (aborted: its transaction waits for a later
 /// checkpoint to commit it), the next checkpoint's changes to its rows cannot be written before
 /// that one completes: the pre-commit gives up after a bounded wait with an error that names the
@@ -442,12 +454,7 @@ async fn changes_in_two_phase_mode_commit_with_their_checkpoint_and_never_wait_f
 async fn changes_held_behind_an_aborted_checkpoint_fail_the_pre_commit_saying_why() -> Result<()> {
     let (table, job) = (unique("pg_chg_ab").replace('-', "_"), unique("pgchgab"));
     let me = info(0, 1);
-    let mut sink = PostgresSink::new(changes_config(&table, &job)?)?;
-    sink.initialize_state(&InitContext::new(&me, None)).await?;
-    sink.write(vec![record(1, "a", 0)]).await?;
-    sink.snapshot_state(&mut SnapshotContext::new(1, SnapshotKind::Checkpoint, 0))
-        .await?;
-    sink.notify_checkpoint_aborted(1).await?;
+    let mut sink = row_1_prepared_then_aborted(&table, &job, &me).await?;
     within("a write of checkpoint 2", sink.write(vec![record(1, "a2", 1)])).await??;
     let e = within(
         "checkpoint 2's pre-commit",
@@ -475,12 +482,7 @@ async fn changes_held_behind_an_aborted_checkpoint_fail_the_pre_commit_saying_wh
 async fn changes_held_behind_an_aborted_checkpoint_on_other_rows_commit_with_the_next() -> Result<()> {
     let (table, job) = (unique("pg_chg_ok").replace('-', "_"), unique("pgchgok"));
     let me = info(0, 1);
-    let mut sink = PostgresSink::new(changes_config(&table, &job)?)?;
-    sink.initialize_state(&InitContext::new(&me, None)).await?;
-    sink.write(vec![record(1, "a", 0)]).await?;
-    sink.snapshot_state(&mut SnapshotContext::new(1, SnapshotKind::Checkpoint, 0))
-        .await?;
-    sink.notify_checkpoint_aborted(1).await?;
+    let mut sink = row_1_prepared_then_aborted(&table, &job, &me).await?;
     within(
         "a write of checkpoint 2",
         sink.write(vec![record(5, "e", 1), tombstone(6, 2)]),
