@@ -4,41 +4,16 @@
 //! while input arrives, and started again as a new container on the same directory. The output
 //! then holds every input record once, in order per key, and `exactly verify` agrees.
 
+mod docker;
 mod k2k;
 
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
+use docker::docker;
 use exactly_integration_tests::{create_topic, read_committed, unique, TestEnv};
-
-const HOW_TO_BUILD: &str = "build the image and name it with\n\n    \
-     scripts/images build exactly && eval \"$(scripts/images env)\"\n\nor run the whole suite with `scripts/test`.";
-
-fn image() -> Result<String> {
-    match std::env::var("EXACTLY_IMAGE_EXACTLY") {
-        Ok(image) if !image.is_empty() => Ok(image),
-        _ => bail!("EXACTLY_IMAGE_EXACTLY is not set: {HOW_TO_BUILD}"),
-    }
-}
-
-/// The docker CLI; its output, or the error with what it said.
-fn docker(args: &[&str]) -> Result<String> {
-    let out = Command::new("docker")
-        .args(args)
-        .output()
-        .context("running docker (a Docker engine is needed: scripts/images engine)")?;
-    if !out.status.success() {
-        bail!(
-            "docker {}: {}{}\n{HOW_TO_BUILD}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
 
 /// A container removed when the test ends, whatever happened.
 struct Container(String);
@@ -47,11 +22,7 @@ impl Container {
     fn run(image: &str, dir: &std::path::Path) -> Result<Container> {
         let name = unique("exactly-job");
         let volume = format!("{}:/state", dir.display());
-        // scripts/test removes its run's containers by this label, should this process die first.
-        let label = format!(
-            "dev.exactly.test-run={}",
-            std::env::var("TEST_RUN_LABEL").unwrap_or_else(|_| "none".into())
-        );
+        let label = docker::run_label();
         docker(&[
             "run",
             "-d",
@@ -75,15 +46,7 @@ impl Container {
     }
 
     fn logs(&self) -> String {
-        let out = Command::new("docker").args(["logs", "--tail", "40", &self.0]).output();
-        out.map(|o| {
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            )
-        })
-        .unwrap_or_default()
+        docker::logs(&self.0, 40)
     }
 }
 
@@ -114,7 +77,7 @@ async fn output_reaches(env: &TestEnv, output: &str, n: usize, c: &Container) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_image_runs_a_job_that_is_exactly_once_across_a_docker_kill() -> Result<()> {
     let env = TestEnv::get().await?;
-    let image = image()?;
+    let image = docker::image("EXACTLY_IMAGE_EXACTLY")?;
     let version = docker(&["run", "--rm", &image, "--version"])?;
     assert!(version.contains(env!("CARGO_PKG_VERSION")), "{version}");
 

@@ -31,9 +31,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use exactly_integration_tests::{create_topic, read_committed, unique, ChildJob, TestEnv};
-use k2k::{committed_count, drain_and_verify, exactly, killed_before_its_commits, wait_for_more_output, Job, Running};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::ClientConfig;
+use k2k::{
+    committed_count, drain_and_verify, exactly, killed_before_its_commits, leader_of, wait_for_more_output, Job,
+    Running, TRANSACTION_LOG,
+};
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -66,38 +67,6 @@ impl Drop for Stopped<'_> {
     fn drop(&mut self) {
         if let Err(e) = self.env.services(&format!("{}-cluster-{}", self.undo, self.node)) {
             eprintln!("{} cluster node {} failed: {e:#}", self.undo, self.node);
-        }
-    }
-}
-
-/// The transaction log: with one partition, its leader coordinates every transactional id.
-const TRANSACTION_LOG: &str = "__transaction_state";
-
-/// The node leading partition 0 of `topic`.
-fn leader_of(env: &TestEnv, topic: &str) -> Result<i32> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &env.kafka_bootstrap)
-        .create()
-        .context("creating a metadata client")?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        // A stopped node's answer never comes: asked again (the next request may go elsewhere).
-        let leader = match consumer.fetch_metadata(Some(topic), Duration::from_secs(10)) {
-            Ok(metadata) => metadata
-                .topics()
-                .first()
-                .and_then(|t| t.partitions().first())
-                .map(|p| p.leader()),
-            Err(e) if std::time::Instant::now() < deadline => {
-                eprintln!("metadata of {topic}: {e}; asking again");
-                None
-            }
-            Err(e) => return Err(e).with_context(|| format!("metadata of {topic}")),
-        };
-        match leader {
-            Some(l) if l >= 0 => return Ok(l),
-            _ if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(500)),
-            _ => anyhow::bail!("{topic}/0 has no leader after 60 s: {leader:?}"),
         }
     }
 }

@@ -323,22 +323,63 @@ impl Wire {
         )))
     }
 
-    /// `host:port` of the coordinator of `key` (a transactional id or a group).
+    /// `host:port` of the coordinator of `key` (a transactional id or a group), as most bootstrap
+    /// servers see it. Each answers FindCoordinator from its own view of the cluster, and a node
+    /// cut off from its peers but not from its clients (an asymmetric partition: its replication
+    /// link down) answers from the view it had when the partition began — itself, typically,
+    /// while the others fenced it and moved its roles. Its answers to the requests that follow
+    /// are stale too (a transaction in the state it last knew; CONCURRENT_TRANSACTIONS while its
+    /// log append waits for peers it cannot reach), for as long as the partition lasts. So every
+    /// bootstrap server is asked at once, and the answer is the one that more than half of them
+    /// give, as soon as they have (a silent node costs no timeout then); when no answer has a
+    /// majority by the time every server answered or failed, the one most of those that answered
+    /// give (the first of them on a tie). A lone bootstrap server's answer is taken as it is.
     async fn coordinator_of(&self, key: &str, kind: Coordinates) -> Result<String> {
         let transactional_id = key;
         let req = FindCoordinatorRequest::default()
             .with_key(StrBytes::from_string(key.to_owned()))
             .with_key_type(kind as i8);
-        let mut last = String::from("no bootstrap server");
+        let servers = self.bootstrap.len();
+        let mut asked = tokio::task::JoinSet::new();
         for (i, addr) in self.bootstrap_servers() {
-            match self.send(addr, &req, FIND_COORDINATOR_VERSION).await {
+            let (wire, req, addr) = (self.clone(), req.clone(), addr.to_owned());
+            asked.spawn(async move {
+                let answer = wire.send(&addr, &req, FIND_COORDINATOR_VERSION).await;
+                (i, addr, answer)
+            });
+        }
+        // (address, votes, the server whose answer came first), in the order answers came.
+        let mut votes: Vec<(String, usize, usize)> = Vec::new();
+        let mut last = String::from("no bootstrap server");
+        while let Some(done) = asked.join_next().await {
+            let Ok((i, addr, answer)) = done else { continue };
+            match answer {
                 Ok(r) if r.error_code == code::NONE => {
-                    self.answered(i);
-                    return Ok(format!("{}:{}", r.host.as_str(), r.port));
+                    let coordinator = format!("{}:{}", r.host.as_str(), r.port);
+                    let n = match votes.iter_mut().find(|(c, _, _)| *c == coordinator) {
+                        Some(vote) => {
+                            vote.1 += 1;
+                            vote.1
+                        }
+                        None => {
+                            votes.push((coordinator.clone(), 1, i));
+                            1
+                        }
+                    };
+                    if n * 2 > servers {
+                        self.answered(i);
+                        return Ok(coordinator);
+                    }
                 }
-                Ok(r) => last = format!("FindCoordinator error code {}", r.error_code),
+                Ok(r) => last = format!("{addr}: FindCoordinator error code {}", r.error_code),
                 Err(e) => last = e.to_string(),
             }
+        }
+        // No majority: the answer most gave, the earliest of those on a tie.
+        let best = votes.iter().map(|(_, n, _)| *n).max();
+        if let Some((coordinator, _, i)) = votes.into_iter().find(|(_, n, _)| Some(*n) == best) {
+            self.answered(i);
+            return Ok(coordinator);
         }
         Err(SinkError::Protocol(format!(
             "finding the coordinator of {transactional_id}: {last}"

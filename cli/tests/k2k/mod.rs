@@ -11,8 +11,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use exactly_integration_tests::{create_topic, read_committed, signal, unique, ChildJob, Feed, TestEnv};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::ClientConfig;
 
 pub(crate) const KEYS: usize = 20;
 
@@ -568,4 +570,37 @@ pub(crate) fn sigkill_at_every_step(
     }
 
     Ok(kills)
+}
+
+/// The transaction log: with one partition, its leader coordinates every transactional id.
+pub(crate) const TRANSACTION_LOG: &str = "__transaction_state";
+
+/// The node leading partition 0 of `topic` (asked again, 60 s at most, while no node leads it or
+/// the node asked does not answer).
+pub(crate) fn leader_of(env: &TestEnv, topic: &str) -> Result<i32> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &env.kafka_bootstrap)
+        .create()
+        .context("creating a metadata client")?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        // A stopped node's answer never comes: asked again (the next request may go elsewhere).
+        let leader = match consumer.fetch_metadata(Some(topic), Duration::from_secs(10)) {
+            Ok(metadata) => metadata
+                .topics()
+                .first()
+                .and_then(|t| t.partitions().first())
+                .map(|p| p.leader()),
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("metadata of {topic}: {e}; asking again");
+                None
+            }
+            Err(e) => return Err(e).with_context(|| format!("metadata of {topic}")),
+        };
+        match leader {
+            Some(l) if l >= 0 => return Ok(l),
+            _ if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(500)),
+            _ => anyhow::bail!("{topic}/0 has no leader after 60 s: {leader:?}"),
+        }
+    }
 }
