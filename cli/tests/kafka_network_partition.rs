@@ -3,7 +3,9 @@
 //! networks — one their clients reach them on (the job, the feeder and the checks run on this
 //! host and reach each node at its own address there), one they reach each other on (replication,
 //! the controllers' quorum). `docker network disconnect` takes the node that coordinates the
-//! job's transactions off the second: it can no longer reach its peers nor they it, while it
+//! job's transactions off the second (and the host stops forwarding between the two networks,
+//! which its connections opened before would otherwise still cross): it can no longer reach its
+//! peers nor they it, while it
 //! still runs and still answers the job's clients — with its stale view of what it leads, as a
 //! node on the wrong side of a real partition does (unlike a SIGSTOPped node, which answers
 //! nothing, or a killed one, whose connections are refused). The others fence it and take over
@@ -19,7 +21,7 @@ mod k2k;
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use docker::docker;
 use exactly_integration_tests::{transactional_producer, unique, TestEnv};
 use k2k::{committed_count, leader_of, wait_for_more_output, Job, Running, TRANSACTION_LOG};
@@ -38,44 +40,38 @@ struct Cluster {
     clients: String,
     /// Each node's address on the clients' network (port 9092).
     addresses: Vec<String>,
+    /// The host's bridge interfaces of the two networks (clients', peers').
+    bridges: (String, String),
+    /// Each node's address on the peers' network (its listeners for them are bound to it).
+    peer_addresses: Vec<String>,
 }
 
 impl Cluster {
     fn start(image: &str) -> Result<Cluster> {
         let id = unique("part");
         let label = docker::run_label();
+        // Bridge names of at most 15 characters, unique to this cluster.
+        let short = &id[id.len().saturating_sub(8)..];
         let mut cluster = Cluster {
             nodes: Vec::new(),
             peers: format!("{id}-peers"),
             clients: String::new(),
             addresses: Vec::new(),
+            bridges: (format!("exc-{short}"), format!("exp-{short}")),
+            peer_addresses: Vec::new(),
         };
-        // Fixed addresses need a subnet of the test's choosing: one no other network of the
+        // Fixed addresses need subnets of the test's choosing: ones no other network of the
         // engine's (or this host's) takes, tried until one is free.
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
             .subsec_nanos();
         let seed = std::process::id() as usize ^ nanos as usize;
-        let name = format!("{id}-clients");
-        let mut prefix = None;
-        for attempt in 0..20 {
-            let candidate = format!(
-                "10.{}.{}",
-                200 + (seed + attempt * 7) % 50,
-                (seed / 50 + attempt * 13) % 256
-            );
-            let subnet = format!("{candidate}.0/24");
-            match docker(&["network", "create", "--label", &label, "--subnet", &subnet, &name]) {
-                Ok(_) => {
-                    prefix = Some(candidate);
-                    break;
-                }
-                Err(e) => eprintln!("subnet {subnet}: {e:#}; trying another"),
-            }
-        }
-        let prefix = prefix.context("no free subnet for the clients' network in 20 tries")?;
-        cluster.clients = name;
-        docker(&["network", "create", "--label", &label, "--internal", &cluster.peers])?;
+        let clients = format!("{id}-clients");
+        let bridge = cluster.bridges.0.clone();
+        let prefix = network(&clients, &bridge, false, seed)?;
+        cluster.clients = clients;
+        let bridge = cluster.bridges.1.clone();
+        let peers_prefix = network(&cluster.peers, &bridge, true, seed + 1)?;
         let cluster_id = docker(&[
             "run",
             "--rm",
@@ -140,7 +136,18 @@ impl Cluster {
             ])?;
             cluster.nodes.push(container.clone());
             cluster.addresses.push(format!("{address}:9092"));
-            docker(&["network", "connect", "--alias", &peer(n), &cluster.peers, &container])?;
+            let peer_address = format!("{peers_prefix}.{}", 10 + n);
+            docker(&[
+                "network",
+                "connect",
+                "--alias",
+                &peer(n),
+                "--ip",
+                &peer_address,
+                &cluster.peers,
+                &container,
+            ])?;
+            cluster.peer_addresses.push(peer_address);
         }
         for container in &cluster.nodes {
             docker(&["start", container])?;
@@ -199,12 +206,47 @@ impl Cluster {
         }
     }
 
-    /// Takes node `node` off the peers' network until the returned guard is dropped.
+    /// Takes node `node` off the peers' network until the returned guard is dropped. Its
+    /// connections to its peers made before stay open, though: their packets, sent from its old
+    /// address on the peers' network, go out through the clients' network and the host forwards
+    /// them to the peers' (seen: the cut-off node went on replicating the controllers' log and
+    /// learnt it was fenced). So the host also drops what it would forward between the two
+    /// networks (iptables, in Docker's DOCKER-USER chain, for as long as the cut lasts).
     fn cut_off(&self, node: i32) -> Result<CutOff<'_>> {
         let container = &self.nodes[node as usize - 1];
+        let cut = CutOff { cluster: self, node };
+        cut.forwarding("-I")?;
         docker(&["network", "disconnect", &self.peers, container])?;
-        Ok(CutOff { cluster: self, node })
+        Ok(cut)
     }
+}
+
+/// Creates network `name` (`internal`: no traffic beyond it) with bridge interface `bridge` on a
+/// /24 subnet of 10.200.0.0–10.249.255.0 that no other network takes (tried from `seed`, 20 at
+/// most); returns the subnet's first three octets.
+fn network(name: &str, bridge: &str, internal: bool, seed: usize) -> Result<String> {
+    let label = docker::run_label();
+    let bridge = format!("com.docker.network.bridge.name={bridge}");
+    for attempt in 0..20 {
+        let prefix = format!(
+            "10.{}.{}",
+            200 + (seed + attempt * 7) % 50,
+            (seed / 50 + attempt * 13) % 256
+        );
+        let subnet = format!("{prefix}.0/24");
+        let mut args = vec![
+            "network", "create", "--label", &label, "--subnet", &subnet, "-o", &bridge,
+        ];
+        if internal {
+            args.push("--internal");
+        }
+        args.push(name);
+        match docker(&args) {
+            Ok(_) => return Ok(prefix),
+            Err(e) => eprintln!("subnet {subnet}: {e:#}; trying another"),
+        }
+    }
+    bail!("no free subnet for network {name} in 20 tries")
 }
 
 impl Drop for Cluster {
@@ -220,41 +262,124 @@ impl Drop for Cluster {
     }
 }
 
-/// A node cut off from its peers; reconnected (under its peer name) when dropped, also when the
-/// test fails.
+/// A node cut off from its peers; reconnected (under its peer name, at its address there: its
+/// listeners for them are bound to it) when dropped, also when the test fails.
 struct CutOff<'a> {
     cluster: &'a Cluster,
     node: i32,
 }
 
+impl CutOff<'_> {
+    /// Inserts (`-I`) or deletes (`-D`) the host's rules that drop traffic forwarded between the
+    /// two networks, both ways.
+    fn forwarding(&self, how: &str) -> Result<()> {
+        let (clients, peers) = &self.cluster.bridges;
+        for (from, to) in [(clients, peers), (peers, clients)] {
+            let out = std::process::Command::new("iptables")
+                .args([how, "DOCKER-USER", "-i", from, "-o", to, "-j", "DROP"])
+                .output()
+                .context("running iptables (this test needs root on the Docker host, as dockerd has)")?;
+            ensure!(
+                out.status.success(),
+                "iptables {how} DOCKER-USER -i {from} -o {to} -j DROP: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+}
+
 impl Drop for CutOff<'_> {
     fn drop(&mut self) {
+        if let Err(e) = self.forwarding("-D") {
+            eprintln!("removing the cut's iptables rules: {e:#}");
+        }
         let container = &self.cluster.nodes[self.node as usize - 1];
         let alias = container.replace("-kafka-", "-peer-");
-        if let Err(e) = docker(&["network", "connect", "--alias", &alias, &self.cluster.peers, container]) {
+        let address = &self.cluster.peer_addresses[self.node as usize - 1];
+        if let Err(e) = docker(&[
+            "network",
+            "connect",
+            "--alias",
+            &alias,
+            "--ip",
+            address,
+            &self.cluster.peers,
+            container,
+        ]) {
             eprintln!("reconnecting node {}: {e:#}", self.node);
         }
     }
 }
 
-/// Whether the node at `address` itself answers a request from this host (an ApiVersions request,
-/// v0, correlation id 1, within 10 s; a metadata client would ask whichever node it learns of).
-fn answers(address: &str) -> Result<()> {
+/// One request to the node at `address` itself (not to whichever node a client learns of), over a
+/// connection of its own: `body` after a request header (API `key`, `version`, correlation id 1,
+/// no client id); the answer's body (after the correlation id), read within 10 s.
+fn request(address: &str, key: i16, version: i16, body: &[u8]) -> Result<Vec<u8>> {
     use std::io::{Read, Write};
     let addr: std::net::SocketAddr = address.parse()?;
     let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(10))
         .with_context(|| format!("connecting to {address}"))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    // Size 10; API key 18 (ApiVersions), version 0, correlation id 1, no client id.
-    stream.write_all(&[0, 0, 0, 10, 0, 18, 0, 0, 0, 0, 0, 1, 0xff, 0xff])?;
-    let mut answer = [0u8; 8];
+    let mut message = Vec::new();
+    message.extend_from_slice(&key.to_be_bytes());
+    message.extend_from_slice(&version.to_be_bytes());
+    message.extend_from_slice(&1i32.to_be_bytes());
+    message.extend_from_slice(&(-1i16).to_be_bytes());
+    message.extend_from_slice(body);
+    stream.write_all(&(message.len() as i32).to_be_bytes())?;
+    stream.write_all(&message)?;
+    let mut size = [0u8; 4];
+    stream
+        .read_exact(&mut size)
+        .with_context(|| format!("no answer from {address}"))?;
+    let mut answer = vec![0u8; i32::from_be_bytes(size).max(0) as usize];
     stream
         .read_exact(&mut answer)
-        .with_context(|| format!("no answer from {address}"))?;
-    if answer[4..8] != [0, 0, 0, 1] {
-        bail!("{address} answered {answer:?}, not to correlation id 1");
+        .with_context(|| format!("a short answer from {address}"))?;
+    ensure!(
+        answer.len() >= 4 && answer[..4] == [0, 0, 0, 1],
+        "{address} answered another correlation id"
+    );
+    Ok(answer.split_off(4))
+}
+
+/// The node that the node at `address` itself names as the transaction coordinator (every
+/// transactional id has the one: the transaction log has one partition): FindCoordinator v1.
+fn coordinator_named_by(address: &str) -> Result<i32> {
+    let key = b"exactly-probe";
+    let mut body = (key.len() as i16).to_be_bytes().to_vec();
+    body.extend_from_slice(key);
+    body.push(1); // key type: a transactional id
+    let answer = request(address, 10, 1, &body)?;
+    // throttle_time_ms (4), error_code (2), error_message (nullable string), node_id (4), ...
+    let at = |i: usize, n: usize| answer.get(i..i + n).context("FindCoordinator: a short answer");
+    let error = i16::from_be_bytes(at(4, 2)?.try_into()?);
+    ensure!(error == 0, "{address}: FindCoordinator error code {error}");
+    let message = i16::from_be_bytes(at(6, 2)?.try_into()?);
+    let node = 8 + message.max(0) as usize;
+    Ok(i32::from_be_bytes(at(node, 4)?.try_into()?))
+}
+
+/// Waits (60 s at most) until every node but `cut` names another node than `cut` as the
+/// transaction coordinator; returns it.
+async fn coordinator_moved_off(cluster: &Cluster, cut: i32) -> Result<i32> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let named: Vec<Result<i32>> = (1..=NODES as i32)
+            .filter(|n| *n != cut)
+            .map(|n| coordinator_named_by(&cluster.addresses[n as usize - 1]))
+            .collect();
+        if let [Ok(a), Ok(b)] = named.as_slice() {
+            if a == b && *a != cut {
+                return Ok(*a);
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("60 s after node {cut} was cut off, the others name as the transaction coordinator: {named:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -304,39 +429,52 @@ async fn cut_off_coordinator(local: &TestEnv, cluster: &Cluster) -> Result<()> {
         .write(env, d, "k2k")
     })
     .await?;
-    assert_eq!(
-        leader_of(env, TRANSACTION_LOG)?,
-        coordinator,
+    ensure!(
+        leader_of(env, TRANSACTION_LOG)? == coordinator,
         "the transaction log's leader moved before the partition"
     );
     let zombie = cluster.addresses[coordinator as usize - 1].clone();
     let (fenced, n, took, now) = {
         let _cut = cluster.cut_off(coordinator)?;
-        // Past the session (6 s): the others have fenced it and moved its leaderships.
-        tokio::time::sleep(Duration::from_secs(10)).await;
+        // The others fence it (6 s after its last heartbeat; longer when it was the active
+        // controller: they elect another first) and move its leaderships.
+        let now = coordinator_moved_off(cluster, coordinator).await?;
+        // The cut-off node still runs and answers this host, from its old view: it names itself.
+        let stale = coordinator_named_by(&zombie)
+            .context("the cut-off node does not answer clients: the partition was not the one meant")?;
+        ensure!(
+            stale == coordinator,
+            "the cut-off node names node {stale} as the coordinator, not itself: the stale view this test is about is not there"
+        );
+        // Read through the others only (the cut-off node's metadata is stale).
         let others = TestEnv {
             kafka_bootstrap: cluster.bootstrap_without(coordinator),
             ..env.clone()
         };
-        let now = leader_of(&others, TRANSACTION_LOG)?;
-        assert_ne!(
-            now, coordinator,
-            "the transaction log's leader did not move off the cut-off node"
-        );
-        // The cut-off node still runs and answers this host, as a node beyond a real partition.
-        answers(&zombie).context("the cut-off node does not answer clients: the partition was not the one meant")?;
-        let fenced = committed_count(env, &run.output, Instant::now() + Duration::from_secs(60)).await?;
-        // Committed from here on without the cut-off node, through the node that took over.
-        eprintln!("node {coordinator} cut off; node {now} leads the transaction log; {fenced} records out");
-        let (n, took) = wait_for_more_output(env, &run.output, fenced, &mut run.job, Duration::from_secs(180)).await?;
-        answers(&zombie).context("the cut-off node stopped answering clients: the partition was not the one meant")?;
+        let fenced = committed_count(&others, &run.output, Instant::now() + Duration::from_secs(60)).await?;
+        eprintln!("node {coordinator} cut off, naming itself; the others name node {now}; {fenced} records out");
+        // Committed from here on through the node that took over, twice: at least one
+        // checkpoint's transactions opened, pre-committed and committed during the partition.
+        let (first, took) =
+            wait_for_more_output(&others, &run.output, fenced, &mut run.job, Duration::from_secs(180)).await?;
+        let (n, _) = wait_for_more_output(&others, &run.output, first, &mut run.job, Duration::from_secs(180)).await?;
+        // Still answering clients (what it names by now is logged: seen itself, and others).
+        let named = coordinator_named_by(&zombie)
+            .context("the cut-off node stopped answering clients: the partition was not the one meant")?;
+        eprintln!("the cut-off node, after the job committed through the others, names node {named}");
         (fenced, n, took, now)
     };
     eprintln!(
-        "node {coordinator} cut off (node {now} took the transaction log): output {fenced} → {n} within {took:?}"
+        "node {coordinator} cut off from its peers, answering clients (node {now} took the transaction log): output {fenced} → {n}, first growth within {took:?}"
     );
     let (grown, _) = wait_for_more_output(env, &run.output, n, &mut run.job, Duration::from_secs(90)).await?;
     eprintln!("node {coordinator} back among its peers: output grew to {grown}");
+    let log = run.job.tail(10_000_000);
+    eprintln!(
+        "commits the producer failed, then made through the coordinator most brokers name: {}; restored transactions committed: {}",
+        log.matches("committing its transaction through the coordinator most brokers name").count(),
+        log.matches("Committed a restored transaction").count()
+    );
     let (fed, out, restarts) = run.finish(env).await?;
     eprintln!("{fed} records fed, {out} out, 0 duplicates, 0 missing; {restarts} attempt restarts");
     Ok(())

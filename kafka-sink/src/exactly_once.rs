@@ -86,8 +86,11 @@ struct Slot {
     producer: Arc<Producer_>,
     deliveries: Arc<Deliveries>,
     state: SlotState,
-    /// While `Committing`: the state the slot takes when the background commit ends.
-    committed: Option<tokio::sync::oneshot::Receiver<SlotState>>,
+    /// While `Committing`: the state the slot takes when the background commit ends, and whether
+    /// it failed retriably.
+    committed: Option<tokio::sync::oneshot::Receiver<(SlotState, bool)>>,
+    /// The checkpoint whose transaction librdkafka failed to commit (retriably) on this slot.
+    commit_failed: Option<CheckpointId>,
 }
 
 impl Slot {
@@ -98,6 +101,7 @@ impl Slot {
             deliveries,
             state: SlotState::Free,
             committed: None,
+            commit_failed: None,
         }
     }
 
@@ -117,7 +121,11 @@ impl Slot {
             },
         };
         // Ended without a word (its task was dropped): still prepared, the driver commits again.
-        self.state = next.unwrap_or(SlotState::Prepared(checkpoint_id));
+        let (state, failed) = next.unwrap_or((SlotState::Prepared(checkpoint_id), false));
+        self.state = state;
+        if failed {
+            self.commit_failed = Some(checkpoint_id);
+        }
         self.committed = None;
         true
     }
@@ -580,8 +588,25 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             return commit_recovered_in_process(&self.wire, c, self.accept_unknown_outcome_up_to).await;
         };
         let s = &mut self.slots[i];
+        if s.commit_failed == Some(c.checkpoint_id) {
+            // librdkafka already failed to commit it: the coordinator it found may be a node cut
+            // off from the others, answering from its old view (its EndTxn never completes there)
+            // while the real coordinator aborts the transaction when it times out. Committed
+            // through the protocol instead, at the coordinator most bootstrap servers name (the
+            // restart's way); the producer is not used again in this run.
+            warn!(
+                transactional_id = %c.transactional_id,
+                checkpoint_id = c.checkpoint_id,
+                "The producer failed to commit; committing its transaction through the coordinator most brokers name."
+            );
+            s.state = SlotState::Broken;
+            return commit_recovered_in_process(&self.wire, c, self.accept_unknown_outcome_up_to).await;
+        }
         let (next, result) =
             tokio::task::block_in_place(|| commit_blocking(&s.producer, c.checkpoint_id, c.to_string()));
+        if matches!(result, Err(CommitError::Retriable(_))) {
+            s.commit_failed = Some(c.checkpoint_id);
+        }
         s.state = next;
         if result.is_ok() {
             self.shrink();
@@ -611,7 +636,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
                         Err(CommitError::Retriable(format!("committing: {e}").into())),
                     )
                 });
-            let _ = tx.send(next);
+            let _ = tx.send((next, matches!(result, Err(CommitError::Retriable(_)))));
             result
         })))
     }

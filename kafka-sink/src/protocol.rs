@@ -18,7 +18,9 @@
 //! first, so a silent one costs one timeout, not one per request. Back from such a stall, a node
 //! answers for a moment from its old view of the cluster: a transaction that a live producer has
 //! open is then asked about again when the answer says the id is unknown
-//! ([`Wire::describe_open`]).
+//! ([`Wire::describe_open`]). A node cut off from its peers but not from its clients answers from
+//! its old view for as long as the partition lasts: coordinators are looked up at every bootstrap
+//! server at once and the answer most of them give is taken ([`Wire::coordinator_of`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -41,6 +43,9 @@ pub(crate) const FAILOVER: Duration = Duration::from_secs(60);
 /// The first pause between tries, doubled up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// How long a coordinator lookup waits, after its first answer, for the other bootstrap servers'
+/// when no answer has a majority yet ([`Wire::coordinator_of`]).
+const VOTE_GRACE: Duration = Duration::from_millis(500);
 
 pub(crate) mod code;
 mod offsets;
@@ -330,18 +335,24 @@ impl Wire {
     /// while the others fenced it and moved its roles. Its answers to the requests that follow
     /// are stale too (a transaction in the state it last knew; CONCURRENT_TRANSACTIONS while its
     /// log append waits for peers it cannot reach), for as long as the partition lasts. So every
-    /// bootstrap server is asked at once, and the answer is the one that more than half of them
-    /// give, as soon as they have (a silent node costs no timeout then); when no answer has a
-    /// majority by the time every server answered or failed, the one most of those that answered
-    /// give (the first of them on a tie). A lone bootstrap server's answer is taken as it is.
+    /// (distinct) bootstrap server is asked at once, and the answer is the one more than half of
+    /// them give, as soon as they have. Otherwise, [`VOTE_GRACE`] after the first answer (or once
+    /// every server answered or failed), the one most of the answers so far give; on a tie, the
+    /// earliest — a list of two cannot outvote a stale node, three or more can. A silent server
+    /// costs at most that grace, not a request timeout. No answer at all is a protocol error
+    /// (retried by the caller), whatever the failures were, as before.
     async fn coordinator_of(&self, key: &str, kind: Coordinates) -> Result<String> {
         let transactional_id = key;
         let req = FindCoordinatorRequest::default()
             .with_key(StrBytes::from_string(key.to_owned()))
             .with_key_type(kind as i8);
-        let servers = self.bootstrap.len();
         let mut asked = tokio::task::JoinSet::new();
+        let mut servers = 0;
         for (i, addr) in self.bootstrap_servers() {
+            if self.bootstrap[..i].iter().any(|a| a == addr) {
+                continue; // named twice: one vote
+            }
+            servers += 1;
             let (wire, req, addr) = (self.clone(), req.clone(), addr.to_owned());
             asked.spawn(async move {
                 let answer = wire.send(&addr, &req, FIND_COORDINATOR_VERSION).await;
@@ -351,8 +362,20 @@ impl Wire {
         // (address, votes, the server whose answer came first), in the order answers came.
         let mut votes: Vec<(String, usize, usize)> = Vec::new();
         let mut last = String::from("no bootstrap server");
-        while let Some(done) = asked.join_next().await {
-            let Ok((i, addr, answer)) = done else { continue };
+        let mut grace_until: Option<tokio::time::Instant> = None;
+        loop {
+            let done = match grace_until {
+                None => asked.join_next().await,
+                Some(until) => tokio::time::timeout_at(until, asked.join_next()).await.unwrap_or(None),
+            };
+            let Some(done) = done else { break };
+            let (i, addr, answer) = match done {
+                Ok(done) => done,
+                Err(e) => {
+                    warn!(error = %e, "A FindCoordinator request's task failed");
+                    continue;
+                }
+            };
             match answer {
                 Ok(r) if r.error_code == code::NONE => {
                     let coordinator = format!("{}:{}", r.host.as_str(), r.port);
@@ -370,6 +393,7 @@ impl Wire {
                         self.answered(i);
                         return Ok(coordinator);
                     }
+                    grace_until.get_or_insert_with(|| tokio::time::Instant::now() + VOTE_GRACE);
                 }
                 Ok(r) => last = format!("{addr}: FindCoordinator error code {}", r.error_code),
                 Err(e) => last = e.to_string(),

@@ -8,7 +8,8 @@
 #   KAFKA_NODE_ID      its id (1..N)
 #   KAFKA_VOTERS       every controller, e.g. 1@kafka-1:9093,2@kafka-2:9093,3@kafka-3:9093
 #   KAFKA_INTERNAL_HOST  the name the others reach it by on the network (brokers replicate
-#                      through port 9094 there, controllers talk on 9093)
+#                      through port 9094 there, controllers talk on 9093; both listen on that
+#                      name's address only, so nodes reach each other on that network alone)
 #   KAFKA_CLUSTER_ID   one id for them all (`kafka-storage random-uuid` makes one)
 #   KAFKA_REPLICATION  replicas of every topic, the offsets and the transaction log (default 1;
 #                      more than 2 requires two in sync for a write)
@@ -26,8 +27,8 @@ if [ -n "${KAFKA_INTERNAL_HOST:-}" ]; then
   internal=$KAFKA_INTERNAL_HOST
   cat > "$props" <<PROPS
 controller.quorum.voters=${KAFKA_VOTERS:?KAFKA_INTERNAL_HOST needs KAFKA_VOTERS}
-listeners=PLAINTEXT://0.0.0.0:$port,INTERNAL://0.0.0.0:9094,CONTROLLER://0.0.0.0:9093
-advertised.listeners=PLAINTEXT://$host:$port,INTERNAL://$internal:9094
+listeners=PLAINTEXT://0.0.0.0:$port,INTERNAL://$internal:9094,CONTROLLER://$internal:9093
+advertised.listeners=PLAINTEXT://$host:$port,INTERNAL://$internal:9094,CONTROLLER://$internal:9093
 inter.broker.listener.name=INTERNAL
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT
 PROPS

@@ -21,10 +21,15 @@ if [ ! -f "$top/.exactly-initialised" ]; then
   "$bin/initdb" -D "$data" -U postgres --auth-local=trust --auth-host=scram-sha-256 -E UTF8 \
     --locale=C.UTF-8 > /tmp/initdb.log 2>&1 || { cat /tmp/initdb.log >&2; exit 1; }
   printf '%s\n' 'local all all trust' 'host all all all scram-sha-256' > "$data/pg_hba.conf"
-  "$bin/postgres" --single -D "$data" postgres > /dev/null <<SQL
+  # The user and the database over the Unix socket of a server that listens on nothing else;
+  # an error stops the start here, before the marker (the next start begins again).
+  "$bin/pg_ctl" -D "$data" -o "-c listen_addresses='' -k /run/postgresql" -w -s start > /tmp/init-start.log 2>&1 ||
+    { cat /tmp/init-start.log >&2; exit 1; }
+  psql -X -q -v ON_ERROR_STOP=1 -h /run/postgresql -U postgres -d postgres <<SQL
 CREATE USER exactly WITH PASSWORD 'exactly' SUPERUSER REPLICATION;
 CREATE DATABASE exactly OWNER exactly;
 SQL
+  "$bin/pg_ctl" -D "$data" -m fast -w -s stop
   touch "$top/.exactly-initialised"
   rm -f "$top/.exactly-initialising"
 fi
