@@ -80,6 +80,11 @@ fn record_bytes(r: &ProducerRecord) -> usize {
             .sum::<usize>()
 }
 
+/// Tries of a producer's transactions initialisation, each with a new producer
+/// ([`TransactionalKafkaSink::init_producer_blocking`]), and how long each may take.
+const INIT_TRIES: u32 = 4;
+const INIT_TRY_TIMEOUT: Duration = Duration::from_secs(10);
+
 struct Slot {
     id: String,
     /// Shared with a commit completing in the background.
@@ -203,16 +208,28 @@ impl TransactionalKafkaSink {
     }
 
     /// Creates the producer of `id` and initialises its transactions (blocks for the round trips).
+    /// A try that times out or fails retriably is given up for a new producer, [`INIT_TRIES`] at
+    /// most: librdkafka asks a broker picked at random for the id's coordinator and keeps the
+    /// answer, and a node cut off from its peers but not from its clients names itself and
+    /// answers CONCURRENT_TRANSACTIONS for as long as the partition lasts (seen: a task restarted
+    /// over and over, each try ending at the timeout); a new producer asks again.
     fn init_producer_blocking(&self, id: &str) -> Result<(Producer_, Arc<Deliveries>)> {
-        let (producer, deliveries) = create_producer(
-            &self.config.cluster(),
-            &self.config.client,
-            Some((id, self.transaction_timeout)),
-        )?;
-        producer
-            .init_transactions(TIMEOUT)
-            .map_err(|e| SinkError::kafka(format!("init_transactions for {id}"), e))?;
-        Ok((producer, deliveries))
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let (producer, deliveries) = create_producer(
+                &self.config.cluster(),
+                &self.config.client,
+                Some((id, self.transaction_timeout)),
+            )?;
+            match producer.init_transactions(INIT_TRY_TIMEOUT) {
+                Ok(()) => return Ok((producer, deliveries)),
+                Err(KafkaError::Transaction(e)) if tries < INIT_TRIES && !e.is_fatal() => {
+                    warn!(transactional_id = id, tries, error = %e, "Initialising transactions failed; trying again with a new producer (it looks the coordinator up again).");
+                }
+                Err(e) => return Err(SinkError::kafka(format!("init_transactions for {id}"), e)),
+            }
+        }
     }
 
     /// Where this subtask's record of commits is (see `progress`).
