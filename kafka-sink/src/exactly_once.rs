@@ -80,10 +80,15 @@ fn record_bytes(r: &ProducerRecord) -> usize {
             .sum::<usize>()
 }
 
-/// Tries of a producer's transactions initialisation, each with a new producer
-/// ([`TransactionalKafkaSink::init_producer_blocking`]), and how long each may take.
-const INIT_TRIES: u32 = 4;
-const INIT_TRY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long each try of a producer's transactions initialisation may take, each with a new
+/// producer ([`TransactionalKafkaSink::init_producer_blocking`]): a first try as short as a
+/// stale coordinator's answer needs, later ones as long as a slow start (a transaction log being
+/// made, a coordinator loading, a slow login) may need.
+const INIT_TRY_TIMEOUTS: [Duration; 3] = [
+    Duration::from_secs(10),
+    Duration::from_secs(20),
+    Duration::from_secs(30),
+];
 
 struct Slot {
     id: String,
@@ -208,8 +213,8 @@ impl TransactionalKafkaSink {
     }
 
     /// Creates the producer of `id` and initialises its transactions (blocks for the round trips).
-    /// A try that times out or fails retriably is given up for a new producer, [`INIT_TRIES`] at
-    /// most: librdkafka asks a broker picked at random for the id's coordinator and keeps the
+    /// A try that times out or fails retriably is given up for a new producer
+    /// ([`INIT_TRY_TIMEOUTS`]): librdkafka asks a broker picked at random for the id's coordinator and keeps the
     /// answer, and a node cut off from its peers but not from its clients names itself and
     /// answers CONCURRENT_TRANSACTIONS for as long as the partition lasts (seen: a task restarted
     /// over and over, each try ending at the timeout); a new producer asks again.
@@ -222,9 +227,9 @@ impl TransactionalKafkaSink {
                 &self.config.client,
                 Some((id, self.transaction_timeout)),
             )?;
-            match producer.init_transactions(INIT_TRY_TIMEOUT) {
+            match producer.init_transactions(INIT_TRY_TIMEOUTS[tries - 1]) {
                 Ok(()) => return Ok((producer, deliveries)),
-                Err(KafkaError::Transaction(e)) if tries < INIT_TRIES && !e.is_fatal() => {
+                Err(KafkaError::Transaction(e)) if tries < INIT_TRY_TIMEOUTS.len() && !e.is_fatal() => {
                     warn!(transactional_id = id, tries, error = %e, "Initialising transactions failed; trying again with a new producer (it looks the coordinator up again).");
                 }
                 Err(e) => return Err(SinkError::kafka(format!("init_transactions for {id}"), e)),
@@ -272,6 +277,23 @@ impl TransactionalKafkaSink {
         let (producer, deliveries) = self.init_producer(&id)?;
         self.slots.push(Slot::new(id, producer, deliveries));
         Ok(())
+    }
+
+    /// Gives slot `i` (broken: its producer's commit failed and was made through the protocol) a
+    /// new producer of its id, free: initialising it bumps the id's epoch, which fences whatever
+    /// the old one still sends. A slot whose new producer fails to initialise stays broken.
+    fn renew(&mut self, i: usize) {
+        let id = self.slots[i].id.clone();
+        match self.init_producer(&id) {
+            Ok((producer, deliveries)) => {
+                let old = std::mem::replace(&mut self.slots[i], Slot::new(id, producer, deliveries));
+                // Closing a client waits for its threads: off the async workers.
+                tokio::task::block_in_place(|| drop(old));
+            }
+            Err(e) => {
+                warn!(transactional_id = %id, error = %e, "A new producer for a broken slot failed to initialise; the slot stays unused until the job restarts.")
+            }
+        }
     }
 
     /// Closes producers the pool grew beyond its size once they are free again (from the end:
@@ -617,7 +639,11 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
                 "The producer failed to commit; committing its transaction through the coordinator most brokers name."
             );
             s.state = SlotState::Broken;
-            return commit_recovered_in_process(&self.wire, c, self.accept_unknown_outcome_up_to).await;
+            let result = commit_recovered_in_process(&self.wire, c, self.accept_unknown_outcome_up_to).await;
+            if result.is_ok() {
+                self.renew(i);
+            }
+            return result;
         }
         let (next, result) =
             tokio::task::block_in_place(|| commit_blocking(&s.producer, c.checkpoint_id, c.to_string()));
@@ -637,6 +663,10 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
                 .await
                 .map(|()| Committed::Done);
         };
+        if self.slots[i].commit_failed == Some(c.checkpoint_id) {
+            // Not given to librdkafka again (see `commit`).
+            return self.commit(c).await.map(|()| Committed::Done);
+        }
         // The commit's round trips (EndTxn, the markers written) go on beside the records that
         // follow; the slot is nobody else's until it ends.
         let s = &mut self.slots[i];
