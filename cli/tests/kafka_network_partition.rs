@@ -312,6 +312,39 @@ impl Drop for CutOff<'_> {
     }
 }
 
+/// Waits (120 s at most) until every partition of `topics` has all three replicas in sync.
+async fn in_sync(env: &TestEnv, topics: &[&str]) -> Result<()> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &env.kafka_bootstrap)
+        .create()
+        .context("creating a metadata client")?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let mut short = Vec::new();
+        for topic in topics {
+            match consumer.fetch_metadata(Some(topic), Duration::from_secs(10)) {
+                Ok(md) => {
+                    for t in md.topics() {
+                        for p in t.partitions() {
+                            if p.isr().len() < NODES as usize {
+                                short.push(format!("{}-{} {:?}", t.name(), p.id(), p.isr()));
+                            }
+                        }
+                    }
+                }
+                Err(e) => short.push(format!("{topic}: {e}")),
+            }
+        }
+        if short.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("120 s after the node rejoined, partitions not in sync: {short:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// One request to the node at `address` itself (not to whichever node a client learns of), over a
 /// connection of its own: `body` after a request header (API `key`, `version`, correlation id 1,
 /// no client id); the answer's body (after the correlation id), read within 10 s.
@@ -469,6 +502,12 @@ async fn cut_off_coordinator(local: &TestEnv, cluster: &Cluster) -> Result<()> {
     );
     let (grown, _) = wait_for_more_output(env, &run.output, n, &mut run.job, Duration::from_secs(90)).await?;
     eprintln!("node {coordinator} back among its peers: output grew to {grown}");
+    // Every replica of the job's topics in sync again before the drain and `exactly verify`:
+    // right after the node rejoins, verify has been seen to misread (records reported lost and
+    // others "not in input" that the test's own read_committed reader had found once each, in
+    // order) — a fault of the audit's reader while the cluster settles, not yet understood; the
+    // records themselves were there. Waited out here so that this test checks the partition.
+    in_sync(env, &[run.input(), &run.output]).await?;
     let log = run.job.tail(10_000_000);
     eprintln!(
         "commits the producer failed, then made through the coordinator most brokers name: {}; restored transactions committed: {}",

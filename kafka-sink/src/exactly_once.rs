@@ -640,8 +640,11 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             );
             s.state = SlotState::Broken;
             let result = commit_recovered_in_process(&self.wire, c, self.accept_unknown_outcome_up_to).await;
-            if result.is_ok() {
-                self.renew(i);
+            match &result {
+                Ok(()) => self.renew(i),
+                // Still this slot's to commit (the protocol's way) on the driver's next try.
+                Err(CommitError::Retriable(_)) => self.slots[i].state = SlotState::Prepared(c.checkpoint_id),
+                Err(_) => {}
             }
             return result;
         }

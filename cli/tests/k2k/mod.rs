@@ -369,6 +369,11 @@ impl Running {
         })
     }
 
+    /// The job's input topic.
+    pub(crate) fn input(&self) -> &str {
+        &self.input
+    }
+
     /// Stops feeding (a feeder cannot produce while the broker hangs).
     pub(crate) fn stop_feeding(&mut self) -> Result<()> {
         if let Some(feeder) = self.feeder.take() {
