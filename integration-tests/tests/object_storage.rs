@@ -18,7 +18,7 @@ use exactly_core::storage::{CheckpointStorage, Storage};
 use exactly_core::{CoreError, ErrorClass, SnapshotKind};
 use exactly_integration_tests::{unique, TestEnv};
 use object_store::path::Path as Key;
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt};
 
 const MAX: u32 = 128;
 
@@ -34,6 +34,7 @@ fn meta(id: u64, files: Vec<FileHandle>) -> CheckpointMetadata {
                     backend: BackendKind::RocksDb,
                     key_groups: KeyGroupRange::new(0, MAX - 1),
                     files,
+                    encoding: exactly_core::checkpoint::StateEncoding::Postcard,
                 }),
                 ..Default::default()
             }],

@@ -4,4 +4,6 @@ pub mod alignment;
 mod metadata;
 
 pub use alignment::{AbortReason, AlignerEvent, AlignmentMode, BarrierAligner};
+#[cfg(test)]
+pub(crate) use metadata::tests;
 pub use metadata::*;

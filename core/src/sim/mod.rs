@@ -655,6 +655,7 @@ fn metadata(id: CheckpointId, me: u32, files: Vec<FileHandle>) -> CheckpointMeta
                     backend: BackendKind::RocksDb,
                     key_groups: KeyGroupRange::new(0, 127),
                     files,
+                    encoding: crate::checkpoint::StateEncoding::Postcard,
                 }),
                 ..Default::default()
             }],

@@ -3,13 +3,15 @@
 //! Backends store sorted byte keys. A state entry's key is
 //! `[key group: u16 BE][state name length: u8][state name][user key length: u32 BE][user key][map key]`,
 //! so one key group's entries form a contiguous range (snapshots and rescaling filter by range).
+//! Values and map keys are encoded as the backend's [`StateEncoding`] says: postcard for state
+//! started today, bincode for state first written by a build of checkpoint format 1.
 
 use std::marker::PhantomData;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::checkpoint::KeyedStateHandle;
+use crate::checkpoint::{KeyedStateHandle, StateEncoding};
 use crate::error::{CoreError, Result};
 use crate::message::{CheckpointId, SnapshotKind};
 use crate::state::KeyGroupRange;
@@ -38,6 +40,12 @@ pub trait KeyedStateBackend: Send {
     ) -> Result<KeyedStateHandle>;
     /// Told that checkpoint `id` completed (a backend may release what only older ones needed).
     fn checkpoint_complete(&mut self, _id: CheckpointId) {}
+    /// How values and map keys are encoded in this backend: the encoding of the state it restored
+    /// (its handles' [`KeyedStateHandle::encoding`]), postcard for new state. Its snapshots must
+    /// record it.
+    fn encoding(&self) -> StateEncoding {
+        StateEncoding::Postcard
+    }
 }
 
 /// Builds the composite key of a state entry.
@@ -65,14 +73,45 @@ pub(crate) fn entry_key_group(entry: &[u8]) -> u32 {
     u32::from(u16::from_be_bytes([entry[0], entry[1]]))
 }
 
-pub(crate) fn encode<V: Serialize>(what: &str, v: &V) -> Result<Vec<u8>> {
-    bincode::serde::encode_to_vec(v, bincode::config::standard()).map_err(|e| CoreError::ser(what, e))
+pub(crate) fn encode<V: Serialize>(encoding: StateEncoding, what: &str, v: &V) -> Result<Vec<u8>> {
+    match encoding {
+        StateEncoding::Postcard => postcard::to_allocvec(v).map_err(|e| CoreError::ser(what, e)),
+        StateEncoding::Bincode => {
+            bincode::serde::encode_to_vec(v, bincode::config::standard()).map_err(|e| CoreError::ser(what, e))
+        }
+    }
 }
 
-pub(crate) fn decode<V: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<V> {
-    bincode::serde::decode_from_slice(bytes, bincode::config::standard())
-        .map(|(v, _)| v)
-        .map_err(|e| CoreError::ser(what, e))
+pub(crate) fn decode<V: DeserializeOwned>(encoding: StateEncoding, what: &str, bytes: &[u8]) -> Result<V> {
+    match encoding {
+        StateEncoding::Postcard => match postcard::take_from_bytes(bytes) {
+            Ok((v, [])) => Ok(v),
+            Ok((_, rest)) => Err(CoreError::ser(what, format!("{} bytes left over", rest.len()))),
+            Err(e) => Err(CoreError::ser(what, e)),
+        },
+        StateEncoding::Bincode => bincode::serde::decode_from_slice(bytes, bincode::config::standard())
+            .map(|(v, _)| v)
+            .map_err(|e| CoreError::ser(what, e)),
+    }
+}
+
+/// The one encoding of `handles` (postcard when there are none): state restored from several
+/// snapshots is one store, and its values must all read the same way.
+pub(crate) fn restored_encoding<'a>(handles: impl IntoIterator<Item = &'a KeyedStateHandle>) -> Result<StateEncoding> {
+    let mut found: Option<StateEncoding> = None;
+    for h in handles {
+        match found {
+            Some(e) if e != h.encoding => {
+                return Err(CoreError::Config(format!(
+                    "the keyed state to restore was written in two encodings ({e:?} and {:?}): the \
+                     snapshots come from different lineages of the job's state",
+                    h.encoding
+                )))
+            }
+            _ => found = Some(h.encoding),
+        }
+    }
+    Ok(found.unwrap_or_default())
 }
 
 /// Access to the keyed state of the record being processed: the runtime sets the current key.
@@ -107,13 +146,17 @@ impl<V: Serialize + DeserializeOwned> ValueState<V> {
     /// The current key's value.
     pub fn get(&self, ctx: &KeyedContext<'_>) -> Result<Option<V>> {
         let k = entry_key(ctx.key_group, &self.name, ctx.key, None);
-        ctx.backend.get(&k)?.map(|b| decode(&self.name, &b)).transpose()
+        ctx.backend
+            .get(&k)?
+            .map(|b| decode(ctx.backend.encoding(), &self.name, &b))
+            .transpose()
     }
 
     /// Sets the current key's value.
     pub fn set(&self, ctx: &mut KeyedContext<'_>, v: &V) -> Result<()> {
         let k = entry_key(ctx.key_group, &self.name, ctx.key, None);
-        ctx.backend.put(&k, &encode(&self.name, v)?)
+        let value = encode(ctx.backend.encoding(), &self.name, v)?;
+        ctx.backend.put(&k, &value)
     }
 
     /// Removes the current key's value.
@@ -140,21 +183,25 @@ impl<K: Serialize + DeserializeOwned, V: Serialize + DeserializeOwned> MapState<
 
     /// The value under `k` for the current key.
     pub fn get(&self, ctx: &KeyedContext<'_>, k: &K) -> Result<Option<V>> {
-        let mk = encode(&self.name, k)?;
+        let mk = encode(ctx.backend.encoding(), &self.name, k)?;
         let key = entry_key(ctx.key_group, &self.name, ctx.key, Some(&mk));
-        ctx.backend.get(&key)?.map(|b| decode(&self.name, &b)).transpose()
+        ctx.backend
+            .get(&key)?
+            .map(|b| decode(ctx.backend.encoding(), &self.name, &b))
+            .transpose()
     }
 
     /// Sets `k` to `v` for the current key.
     pub fn put(&self, ctx: &mut KeyedContext<'_>, k: &K, v: &V) -> Result<()> {
-        let mk = encode(&self.name, k)?;
+        let mk = encode(ctx.backend.encoding(), &self.name, k)?;
         let key = entry_key(ctx.key_group, &self.name, ctx.key, Some(&mk));
-        ctx.backend.put(&key, &encode(&self.name, v)?)
+        let value = encode(ctx.backend.encoding(), &self.name, v)?;
+        ctx.backend.put(&key, &value)
     }
 
     /// Removes `k` for the current key.
     pub fn remove(&self, ctx: &mut KeyedContext<'_>, k: &K) -> Result<()> {
-        let mk = encode(&self.name, k)?;
+        let mk = encode(ctx.backend.encoding(), &self.name, k)?;
         let key = entry_key(ctx.key_group, &self.name, ctx.key, Some(&mk));
         ctx.backend.delete(&key)
     }
@@ -162,10 +209,16 @@ impl<K: Serialize + DeserializeOwned, V: Serialize + DeserializeOwned> MapState<
     /// Every entry of the current key's map.
     pub fn entries(&self, ctx: &KeyedContext<'_>) -> Result<Vec<(K, V)>> {
         let prefix = entry_prefix(ctx.key_group, &self.name, ctx.key);
+        let encoding = ctx.backend.encoding();
         ctx.backend
             .scan_prefix(&prefix)?
             .into_iter()
-            .map(|(k, v)| Ok((decode(&self.name, &k[prefix.len()..])?, decode(&self.name, &v)?)))
+            .map(|(k, v)| {
+                Ok((
+                    decode(encoding, &self.name, &k[prefix.len()..])?,
+                    decode(encoding, &self.name, &v)?,
+                ))
+            })
             .collect()
     }
 }

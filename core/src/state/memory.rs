@@ -2,9 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use super::backend::{decode, encode, entry_key_group, KeyedStateBackend};
+use super::backend::{decode, encode, entry_key_group, restored_encoding, KeyedStateBackend};
 use super::KeyGroupRange;
-use crate::checkpoint::{BackendKind, KeyedStateHandle};
+use crate::checkpoint::{BackendKind, KeyedStateHandle, StateEncoding};
 use crate::error::{CoreError, Result};
 use crate::message::{CheckpointId, SnapshotKind};
 use crate::storage::{SnapshotReader, SnapshotWriter};
@@ -14,6 +14,7 @@ use crate::storage::{SnapshotReader, SnapshotWriter};
 pub struct MemoryBackend {
     range: KeyGroupRange,
     entries: BTreeMap<Vec<u8>, Vec<u8>>,
+    encoding: StateEncoding,
 }
 
 impl MemoryBackend {
@@ -22,6 +23,7 @@ impl MemoryBackend {
         MemoryBackend {
             range,
             entries: BTreeMap::new(),
+            encoding: StateEncoding::default(),
         }
     }
 
@@ -29,6 +31,7 @@ impl MemoryBackend {
     /// ranges are filtered: this is how keyed state is redistributed when rescaling).
     pub fn restore(range: KeyGroupRange, handles: &[(&KeyedStateHandle, &dyn SnapshotReader)]) -> Result<Self> {
         let mut backend = MemoryBackend::new(range);
+        backend.encoding = restored_encoding(handles.iter().map(|(h, _)| *h))?;
         for (handle, reader) in handles {
             if handle.backend != BackendKind::Memory {
                 return Err(CoreError::Config(format!(
@@ -40,7 +43,7 @@ impl MemoryBackend {
                 continue;
             }
             for file in &handle.files {
-                let entries: Vec<(Vec<u8>, Vec<u8>)> = decode("keyed state", &reader.read(file)?)?;
+                let entries: Vec<(Vec<u8>, Vec<u8>)> = decode(handle.encoding, "keyed state", &reader.read(file)?)?;
                 backend
                     .entries
                     .extend(entries.into_iter().filter(|(k, _)| range.contains(entry_key_group(k))));
@@ -96,11 +99,19 @@ impl KeyedStateBackend for MemoryBackend {
         writer: &dyn SnapshotWriter,
     ) -> Result<KeyedStateHandle> {
         let entries: Vec<(&Vec<u8>, &Vec<u8>)> = self.entries.iter().collect();
-        let file = writer.write_private(&format!("{name}.keyed"), &encode("keyed state", &entries)?)?;
+        let file = writer.write_private(
+            &format!("{name}.keyed"),
+            &encode(self.encoding, "keyed state", &entries)?,
+        )?;
         Ok(KeyedStateHandle {
             backend: BackendKind::Memory,
             key_groups: self.range,
             files: vec![file],
+            encoding: self.encoding,
         })
+    }
+
+    fn encoding(&self) -> StateEncoding {
+        self.encoding
     }
 }

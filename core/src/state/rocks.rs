@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use rocksdb::checkpoint::Checkpoint;
 use rocksdb::{IteratorMode, Options, WriteOptions, DB};
 
-use super::backend::{entry_key_group, KeyedStateBackend};
+use super::backend::{entry_key_group, restored_encoding, KeyedStateBackend};
 use super::KeyGroupRange;
-use crate::checkpoint::{BackendKind, FileHandle, FileScope, KeyedStateHandle};
+use crate::checkpoint::{BackendKind, FileHandle, FileScope, KeyedStateHandle, StateEncoding};
 use crate::error::{CoreError, Result};
 use crate::message::{CheckpointId, SnapshotKind};
 use crate::storage::{SnapshotReader, SnapshotWriter};
@@ -34,6 +34,8 @@ pub struct RocksDbBackend {
     /// checkpoint location's `--from`, a range directory of a split job, a local directory
     /// moved to an object store): each is checked, and uploaded if missing, on first use.
     confirmed: HashSet<String>,
+    /// How values and map keys are encoded (the restored state's; postcard for new state).
+    encoding: StateEncoding,
 }
 
 impl std::fmt::Debug for RocksDbBackend {
@@ -87,6 +89,7 @@ impl RocksDbBackend {
             write,
             uploaded,
             confirmed: HashSet::new(),
+            encoding: StateEncoding::default(),
         }
     }
 
@@ -110,6 +113,7 @@ impl RocksDbBackend {
                 )));
             }
         }
+        let encoding = restored_encoding(handles.iter().map(|(h, _)| *h))?;
         let relevant: Vec<_> = handles
             .iter()
             .filter(|(h, _)| h.key_groups.intersects(&range))
@@ -128,10 +132,13 @@ impl RocksDbBackend {
                     }
                 }
                 let db = DB::open(&db_options(), &db_dir)?;
-                return Ok(Self::wrap(range, db, dir, instance, uploaded));
+                let mut backend = Self::wrap(range, db, dir, instance, uploaded);
+                backend.encoding = encoding;
+                return Ok(backend);
             }
         }
         let mut backend = RocksDbBackend::new(range, local_root)?;
+        backend.encoding = encoding;
         for (handle, reader) in relevant {
             let tmp = backend.dir.join(format!("import-{}", new_instance()));
             crate::private_fs::create_dir_all(&tmp).map_err(io("creating", &tmp))?;
@@ -248,6 +255,11 @@ impl KeyedStateBackend for RocksDbBackend {
             backend: BackendKind::RocksDb,
             key_groups: self.range,
             files,
+            encoding: self.encoding,
         })
+    }
+
+    fn encoding(&self) -> StateEncoding {
+        self.encoding
     }
 }

@@ -1,5 +1,8 @@
-//! The checkpoint metadata file's encoding (magic, version, checksum, length, bincode payload) and
-//! the check of a state file against its recorded size and checksum. The same for every storage.
+//! The checkpoint metadata file's encoding (magic, version, checksum, length, payload) and the
+//! check of a state file against its recorded size and checksum. The same for every storage.
+//!
+//! The payload is postcard (format 2); metadata of format 1 (bincode) is still read, through
+//! [`super::format_v1`], so checkpoints and savepoints written before stay restorable.
 
 use std::path::Path;
 
@@ -11,8 +14,13 @@ const HEADER_LEN: usize = 4 + 4 + 4 + 8;
 
 /// The bytes of a `_metadata` file.
 pub(crate) fn encode_metadata(meta: &CheckpointMetadata) -> Result<Vec<u8>> {
-    let payload = bincode::serde::encode_to_vec(meta, bincode::config::standard())
-        .map_err(|e| CoreError::ser("checkpoint metadata", e))?;
+    if meta.version != METADATA_VERSION {
+        return Err(CoreError::ser(
+            "checkpoint metadata",
+            format!("it says format {}; this build writes {METADATA_VERSION}", meta.version),
+        ));
+    }
+    let payload = postcard::to_allocvec(meta).map_err(|e| CoreError::ser("checkpoint metadata", e))?;
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&METADATA_VERSION.to_le_bytes());
@@ -39,6 +47,9 @@ pub(crate) fn decode_metadata(path: &Path, bytes: &[u8]) -> Result<CheckpointMet
             "metadata version {version} is newer than this build understands ({METADATA_VERSION})"
         )));
     }
+    if version == 0 {
+        return Err(corrupt("metadata version 0 does not exist".into()));
+    }
     let crc = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
     let len = u64::from_le_bytes(bytes[12..20].try_into().expect("8 bytes")) as usize;
     let payload = &bytes[HEADER_LEN..];
@@ -51,8 +62,19 @@ pub(crate) fn decode_metadata(path: &Path, bytes: &[u8]) -> Result<CheckpointMet
     if crc32fast::hash(payload) != crc {
         return Err(corrupt("metadata checksum mismatch".into()));
     }
-    let (meta, _): (CheckpointMetadata, _) = bincode::serde::decode_from_slice(payload, bincode::config::standard())
-        .map_err(|e| corrupt(format!("undecodable metadata: {e}")))?;
+    let meta = if version == 1 {
+        super::format_v1::decode(payload).map_err(|e| corrupt(format!("undecodable metadata of format 1: {e}")))?
+    } else {
+        let meta: CheckpointMetadata =
+            decode_exact(payload).map_err(|e| corrupt(format!("undecodable metadata: {e}")))?;
+        if meta.version != version {
+            return Err(corrupt(format!(
+                "the header says format {version}, the metadata inside says {}",
+                meta.version
+            )));
+        }
+        meta
+    };
     for f in meta.files() {
         for name in [&f.name, &f.local_name] {
             if !crate::checkpoint::is_single_component(name) {
@@ -64,6 +86,15 @@ pub(crate) fn decode_metadata(path: &Path, bytes: &[u8]) -> Result<CheckpointMet
         }
     }
     Ok(meta)
+}
+
+/// `bytes` as one postcard value, nothing left over.
+fn decode_exact<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> std::result::Result<T, String> {
+    match postcard::take_from_bytes(bytes) {
+        Ok((value, [])) => Ok(value),
+        Ok((_, rest)) => Err(format!("{} bytes left over", rest.len())),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// Checks `bytes`, read from `path`, against the size and checksum `file` records.

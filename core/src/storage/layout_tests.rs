@@ -18,6 +18,7 @@ fn meta(id: CheckpointId, files: Vec<FileHandle>) -> CheckpointMetadata {
                     backend: BackendKind::RocksDb,
                     key_groups: KeyGroupRange::new(0, 127),
                     files,
+                    encoding: crate::checkpoint::StateEncoding::Postcard,
                 }),
                 ..Default::default()
             }],

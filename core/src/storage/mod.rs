@@ -6,6 +6,7 @@
 
 pub(crate) mod blobs;
 mod format;
+mod format_v1;
 mod layout;
 mod object;
 pub(crate) mod owner;

@@ -224,6 +224,7 @@ mod tests {
                     backend: BackendKind::Memory,
                     key_groups: KeyGroupRange::new(0, 127),
                     files: vec![file],
+                    encoding: crate::checkpoint::StateEncoding::Postcard,
                 }),
                 ..Default::default()
             };
