@@ -177,6 +177,53 @@ fn offsets_at(
     Ok(out)
 }
 
+/// A view of `topic` ahead of the first one: the ends of its partitions as each broker of `md`
+/// answers them through a client that knows only it, when one of them is ahead of `highs` — the
+/// broker with the largest ends, and those ends. A broker cut off from the others (a network
+/// partition, or just back from one) still answers for the partitions it led, with the ends they
+/// had when it was cut off, and a client whose metadata came from it reads from it: only ever too
+/// little, so the largest view is the right one.
+fn fresher_view(
+    cluster: &Cluster,
+    group: &str,
+    topic: &str,
+    parts: &[i32],
+    highs: &BTreeMap<i32, i64>,
+    md: &rdkafka::metadata::Metadata,
+) -> Option<(String, BTreeMap<i32, i64>)> {
+    let first: i64 = highs.values().sum();
+    let mut best: Option<(i64, String, BTreeMap<i32, i64>)> = None;
+    for broker in md.brokers() {
+        let server = format!("{}:{}", broker.host(), broker.port());
+        let Ok(one) = consumer(
+            &Cluster {
+                bootstrap: server.clone(),
+                ..cluster.clone()
+            },
+            group,
+        ) else {
+            continue;
+        };
+        let ends: Option<BTreeMap<i32, i64>> = parts
+            .iter()
+            .map(|p| {
+                one.fetch_watermarks(topic, *p, Duration::from_secs(10))
+                    .ok()
+                    .map(|(_, hi)| (*p, hi))
+            })
+            .collect();
+        let Some(ends) = ends else {
+            continue;
+        };
+        let sum = ends.values().sum();
+        let ahead = ends.iter().all(|(p, e)| *e >= highs[p]);
+        if ahead && sum > first && best.as_ref().is_none_or(|(s, _, _)| sum > *s) {
+            best = Some((sum, server, ends));
+        }
+    }
+    best.map(|(_, server, ends)| (server, ends))
+}
+
 fn progress_bar(what: &str, topic: &str, total: u64) -> ProgressBar {
     let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
     bar.set_style(
@@ -200,7 +247,7 @@ pub(super) fn read_topic(
     stall: Duration,
     mut f: impl FnMut(u64, Option<&[u8]>, Option<&[u8]>) -> Result<()>,
 ) -> Result<()> {
-    let c = consumer(cluster, group)?;
+    let mut c = consumer(cluster, group)?;
     let md = c
         .fetch_metadata(Some(topic), Duration::from_secs(30))
         .with_context(|| format!("reading the metadata of {topic} from {}", cluster.bootstrap))?;
@@ -224,6 +271,21 @@ pub(super) fn read_topic(
         .with_context(|| format!("reading the offsets of {topic}-{p}"))?;
         lows.insert(*p, lo);
         highs.insert(*p, hi);
+    }
+    if let Some((server, ends)) = fresher_view(cluster, group, topic, &parts, &highs, &md) {
+        tracing::warn!(
+            topic,
+            server = %server,
+            "The first view of {topic}'s partitions had ends {highs:?}; {server}'s has {ends:?}: a broker answered for partitions it no longer leads (cut off from the others, or just back). Reading through {server}'s view."
+        );
+        highs = ends;
+        c = consumer(
+            &Cluster {
+                bootstrap: server,
+                ..cluster.clone()
+            },
+            group,
+        )?;
     }
     let starts = match range.from {
         Bound::Start | Bound::End => lows.clone(),

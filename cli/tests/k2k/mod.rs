@@ -85,6 +85,12 @@ pub(crate) struct Job<'a> {
     pub(crate) checkpoints: Option<String>,
     /// The source's `start` (default: its own, `earliest`), e.g. `{ type = "latest" }`.
     pub(crate) start: Option<&'a str>,
+    /// The source's `client` properties (an inline table), if any.
+    pub(crate) source_client: Option<&'a str>,
+    /// Restarts allowed (fixed delay of 200 ms) when `restart`.
+    pub(crate) restart_attempts: u32,
+    /// `[job] startup_attempts` (default: the job's own, 5).
+    pub(crate) startup_attempts: Option<u32>,
 }
 
 impl<'a> Job<'a> {
@@ -105,6 +111,9 @@ impl<'a> Job<'a> {
             kafka: None,
             checkpoints: None,
             start: None,
+            source_client: None,
+            restart_attempts: 20,
+            startup_attempts: None,
         }
     }
 
@@ -112,15 +121,19 @@ impl<'a> Job<'a> {
     /// directory) and returns the arguments of `exactly run` for it.
     pub(crate) fn write(&self, env: &TestEnv, dir: &Path, file: &str) -> Vec<String> {
         let restart = if self.restart {
-            "type = \"fixed_delay\"\nattempts = 20\ndelay = \"200ms\""
+            format!(
+                "type = \"fixed_delay\"\nattempts = {}\ndelay = \"200ms\"",
+                self.restart_attempts
+            )
         } else {
-            "type = \"none\""
+            "type = \"none\"".to_owned()
         };
         let text = format!(
             r#"
 [job]
 name = "k2k"
 parallelism = {parallelism}
+{startup_attempts}
 
 [checkpoints]
 dir = "{checkpoints}"
@@ -139,6 +152,7 @@ bootstrap_servers = "{bootstrap}"
 topics = ["{input}"]
 group_id = "{group}"
 {start}
+{source_client}
 
 [sink.kafka]
 bootstrap_servers = "{bootstrap}"
@@ -158,6 +172,10 @@ delivery = {{ type = "exactly_once", transactional_id_prefix = "{prefix}", pool_
             kafka = self.kafka.as_deref().map_or(String::new(), |k| format!("[kafka]\n{k}")),
             group = self.group,
             start = self.start.map_or(String::new(), |s| format!("start = {s}")),
+            source_client = self.source_client.map_or(String::new(), |c| format!("client = {c}")),
+            startup_attempts = self
+                .startup_attempts
+                .map_or(String::new(), |n| format!("startup_attempts = {n}")),
             output = self.output,
             prefix = self.prefix,
         );
@@ -372,6 +390,11 @@ impl Running {
     /// The job's input topic.
     pub(crate) fn input(&self) -> &str {
         &self.input
+    }
+
+    /// Records fed by the feeders stopped so far.
+    pub(crate) fn fed(&self) -> usize {
+        self.fed
     }
 
     /// Stops feeding (a feeder cannot produce while the broker hangs).

@@ -140,7 +140,10 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
     ///   decides, failing by default. A group's offset beyond the end means truncation (Kafka
     ///   deletes a group's offsets with their topic); a given start offset beyond it is refused.
     pub(super) fn position(&self, tp: &TopicPartition, offset: i64, origin: Origin<'_>) -> Result<i64> {
-        let (low, high) = self.watermarks(tp)?;
+        let (low, mut high) = self.watermarks(tp)?;
+        if offset > high {
+            high = self.end_by_every_broker(tp, offset, high);
+        }
         let now = self.topic_ids.get(&tp.topic).map(String::as_str);
         let then = match origin {
             Origin::Restored(id) => id,
@@ -210,6 +213,65 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                 end,
             }),
         }
+    }
+
+    /// The end of `tp` as each broker's own view of the cluster has it, the largest, when the first
+    /// answer (`first`) was below the position `offset` to resume at. A broker cut off from the
+    /// others (a network partition) still believes it leads the partitions it led, and its end
+    /// stays where the partition began: a client whose metadata came from it is answered with an
+    /// end behind the records the job already read, which would pass for a truncated log and
+    /// have them read (and written) again. Such a broker answers only too low, never too high,
+    /// so the largest answer is the partition's end. Asked: every bootstrap server and every
+    /// broker the metadata lists, each through a client of its own that knows only it.
+    fn end_by_every_broker(&self, tp: &TopicPartition, offset: i64, first: i64) -> i64 {
+        let mut servers: BTreeSet<String> = self
+            .config
+            .bootstrap_servers
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        match self.consumer().fetch_metadata(Some(&tp.topic), TIMEOUT) {
+            Ok(md) => servers.extend(md.brokers().iter().map(|b| format!("{}:{}", b.host(), b.port()))),
+            Err(e) => debug!(topic = %tp.topic, error = %e, "No broker list to ask for the partition's end."),
+        }
+        let mut end = first;
+        for server in &servers {
+            let answer = consumer_config(&self.config).and_then(|mut c| {
+                c.set("bootstrap.servers", server.as_str());
+                let consumer: BaseConsumer = c
+                    .create()
+                    .map_err(|e| SourceError::kafka(format!("creating a consumer of {server}"), e))?;
+                consumer
+                    .fetch_watermarks(&tp.topic, tp.partition, TIMEOUT)
+                    .map_err(|e| {
+                        SourceError::kafka(format!("watermarks of {}/{} from {server}", tp.topic, tp.partition), e)
+                    })
+            });
+            match answer {
+                Ok((_, high)) => {
+                    debug!(topic = %tp.topic, partition = tp.partition, server = %server, end = high, "The partition's end as this server's view has it.");
+                    end = end.max(high);
+                }
+                Err(e) => {
+                    debug!(topic = %tp.topic, partition = tp.partition, server = %server, error = %e, "No end from this server's view.")
+                }
+            }
+        }
+        if end >= offset {
+            warn!(
+                topic = %tp.topic,
+                partition = tp.partition,
+                position = offset,
+                stale_end = first,
+                end,
+                "A broker answered the end {first} of {}/{}, behind the position {offset} the job resumes at, while another's view of the cluster has {end}: a stale leader (a broker cut off from the others). Resuming at {offset}.",
+                tp.topic,
+                tp.partition
+            );
+        }
+        end
     }
 
     /// Learns the IDs of `topics` not yet known (recorded with their offsets).
