@@ -20,7 +20,7 @@ pub fn order(id: u64) -> serde_json::Value {
         "customer": format!("c{}", id % 50),
         "amount": ((id * 7919) % 100_000) as f64 / 100.0,
         "currency": "EUR",
-        "status": if id % 3 == 0 { "open" } else { "paid" },
+        "status": if id.is_multiple_of(3) { "open" } else { "paid" },
     })
 }
 

@@ -66,6 +66,31 @@ async fn demo_script_runs_the_binary_kills_restarts_and_verifies() -> Result<()>
         "{table:?}"
     );
     ensure!(stdout.contains("demo passed"), "{stdout}");
+
+    // The commands it suggests next: the audit, run as printed, passes.
+    let next: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("Next,"))
+        .skip(1)
+        .take(3)
+        .map(|l| l.split("    #").next().unwrap_or("").trim())
+        .collect();
+    ensure!(next.len() == 3, "three next commands expected:\n{stdout}");
+    ensure!(
+        next[0].contains(" run ") && next[1].starts_with("http://127.0.0.1:"),
+        "{next:?}"
+    );
+    let words: Vec<&str> = next[2].split_whitespace().collect();
+    ensure!(words.get(1) == Some(&"verify"), "{next:?}");
+    let verify = Command::new(words[0]).args(&words[1..]).output()?;
+    ensure!(
+        verify.status.success(),
+        "the suggested `{}` failed ({}):\n{}{}",
+        next[2],
+        verify.status,
+        String::from_utf8_lossy(&verify.stdout),
+        String::from_utf8_lossy(&verify.stderr)
+    );
     Ok(())
 }
 

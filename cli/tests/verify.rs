@@ -18,7 +18,8 @@ use serde_json::{json, Value};
 fn rec(id: u64, key: &str, seq: u64) -> (String, String) {
     (
         key.to_owned(),
-        json!({"id": id, "key": key, "seq": seq, "status": if id % 2 == 0 { "paid" } else { "open" }}).to_string(),
+        json!({"id": id, "key": key, "seq": seq, "status": if id.is_multiple_of(2) { "paid" } else { "open" }})
+            .to_string(),
     )
 }
 

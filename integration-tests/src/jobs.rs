@@ -8,17 +8,7 @@ use exactly_core::CheckpointId;
 
 /// Subtask 0 of 1 of operator `uid`, starting: for a source or sink driven by hand.
 pub fn subtask_info(uid: &str) -> SubtaskInfo {
-    SubtaskInfo {
-        uid: uid.into(),
-        index: 0,
-        parallelism: 1,
-        max_parallelism: 128,
-        attempt: 0,
-        starting: true,
-        commit_window: None,
-        restored_checkpoint: None,
-        accept_replay: false,
-    }
+    SubtaskInfo::new(uid, 0, 1)
 }
 
 /// Records a sink committed, shared with the test.

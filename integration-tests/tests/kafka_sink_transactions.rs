@@ -22,17 +22,7 @@ use exactly_twophase::{CommitError, Committed, PreCommitted, RecoveryContext, Tw
 const T: Duration = Duration::from_secs(30);
 
 fn info(index: u32, parallelism: u32) -> SubtaskInfo {
-    SubtaskInfo {
-        uid: "sink".into(),
-        index,
-        parallelism,
-        max_parallelism: 128,
-        attempt: 0,
-        starting: true,
-        commit_window: None,
-        restored_checkpoint: None,
-        accept_replay: false,
-    }
+    SubtaskInfo::new("sink", index, parallelism)
 }
 
 fn sink(env: &TestEnv, topic: &str, prefix: &str, pool_size: usize, timeout: Duration) -> TransactionalKafkaSink {

@@ -15,17 +15,7 @@ use exactly_postgres_sink::{
 use exactly_twophase::{CommitError, PreCommitted, RecoveryContext, TwoPhaseCommitSink};
 
 fn info(index: u32, parallelism: u32) -> SubtaskInfo {
-    SubtaskInfo {
-        uid: "pg".into(),
-        index,
-        parallelism,
-        max_parallelism: 128,
-        attempt: 0,
-        starting: true,
-        commit_window: None,
-        restored_checkpoint: None,
-        accept_replay: false,
-    }
+    SubtaskInfo::new("pg", index, parallelism)
 }
 
 fn config(mode: &str, table: &str, job: &str) -> Result<PostgresSinkConfig> {

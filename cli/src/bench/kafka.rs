@@ -235,7 +235,7 @@ pub(super) fn verify(
                 if count == mark {
                     marked = Some(Instant::now());
                 }
-                if count % 1024 == 0 || count >= mark {
+                if count.is_multiple_of(1024) || count >= mark {
                     progress.store(count, Ordering::Relaxed);
                 }
             }

@@ -10,8 +10,10 @@ use crate::error::Result;
 use crate::message::{CheckpointId, SnapshotKind, Watermark};
 use crate::state::{KeyedContext, RestoredState};
 
-/// Where a subtask stands in the job.
+/// Where a subtask stands in the job. Made by the runtime; a connector's tests make one with
+/// [`SubtaskInfo::new`] and set the fields they need (fields may be added in a minor version).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SubtaskInfo {
     /// The operator's uid.
     pub uid: String,
@@ -40,6 +42,24 @@ pub struct SubtaskInfo {
     /// The operator accepted replay for this run (`--accept-replay`): a restore older than what
     /// a sink's external system shows committed goes ahead (that output may be written again).
     pub accept_replay: bool,
+}
+
+impl SubtaskInfo {
+    /// Subtask `index` of `parallelism` of operator `uid` on its first run of a fresh start: the
+    /// default max parallelism, attempt 0, starting, no commit window, nothing restored.
+    pub fn new(uid: impl Into<String>, index: u32, parallelism: u32) -> Self {
+        SubtaskInfo {
+            uid: uid.into(),
+            index,
+            parallelism,
+            max_parallelism: crate::state::DEFAULT_MAX_PARALLELISM,
+            attempt: 0,
+            starting: true,
+            commit_window: None,
+            restored_checkpoint: None,
+            accept_replay: false,
+        }
+    }
 }
 
 /// Given to `initialize_state`: the restored state of this subtask, if any.

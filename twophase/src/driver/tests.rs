@@ -156,17 +156,7 @@ impl TwoPhaseCommitSink<u32> for Fake {
 }
 
 fn info() -> SubtaskInfo {
-    SubtaskInfo {
-        uid: "sink".into(),
-        index: 0,
-        parallelism: 1,
-        max_parallelism: 128,
-        attempt: 0,
-        starting: true,
-        commit_window: None,
-        restored_checkpoint: None,
-        accept_replay: false,
-    }
+    SubtaskInfo::new("sink", 0, 1)
 }
 
 fn retry() -> CommitRetry {
@@ -329,12 +319,8 @@ async fn a_failed_checkpoints_transaction_too_old_to_carry_fails_the_attempt() {
     // Committing within a 200 ms window + the 5 s restart allowance: 5.2 s of a 5.4 s timeout.
     fake.0.lock().unwrap().timeout = Some(Duration::from_millis(5_400));
     let mut d = TwoPhaseSink::with_retry(fake.clone(), retry());
-    let info = SubtaskInfo {
-        commit_window: Some(Duration::from_millis(200)),
-        restored_checkpoint: None,
-        accept_replay: false,
-        ..info()
-    };
+    let mut info = info();
+    info.commit_window = Some(Duration::from_millis(200));
     d.initialize_state(&InitContext::new(&info, None)).await.unwrap();
     d.write(vec![1]).await.unwrap();
     barrier(&mut d, 1).await;
