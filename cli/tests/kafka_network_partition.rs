@@ -623,7 +623,7 @@ async fn restart_against_a_stale_leader(local: &TestEnv, cluster: &Cluster) -> R
     let log = run.job.tail(10_000_000);
     eprintln!(
         "stale ends seen and passed over: {}; attempt restarts: {}",
-        log.matches("a stale leader").count(),
+        log.matches("a stale view").count(),
         log.matches("restarting").count()
     );
     ensure!(

@@ -103,6 +103,17 @@ pub enum SourceError {
     /// Restored state could not be decoded.
     #[error("restored source state undecodable: {0}")]
     State(String),
+    /// A restored position beyond the end the first answer gave, and no majority of the brokers'
+    /// own views on who leads the partition (a network partition, an election in progress).
+    #[error("kafka source: the restored position {offset} of {what} is beyond the end the first broker asked gives, and the brokers' own views of who leads the partition disagree with no majority ({views}): a network partition or a leader election in progress; asked again at the next attempt rather than guessed")]
+    ViewsDisagree {
+        /// `topic/partition`.
+        what: String,
+        /// The restored position.
+        offset: i64,
+        /// Each broker's view: its address, the leader it names, the end it gives.
+        views: String,
+    },
 }
 
 impl SourceError {
@@ -137,7 +148,7 @@ impl From<SourceError> for CoreError {
     fn from(e: SourceError) -> Self {
         let class = match &e {
             // The cluster cannot be reached now: an outage, for a job that ran before.
-            SourceError::Unreachable(_) => ErrorClass::Retriable,
+            SourceError::Unreachable(_) | SourceError::ViewsDisagree { .. } => ErrorClass::Retriable,
             SourceError::Kafka { source, .. } if exactly_kafka_client::unreachable(source) => ErrorClass::Retriable,
             SourceError::Kafka { .. }
             | SourceError::Routing(_)

@@ -177,12 +177,13 @@ fn offsets_at(
     Ok(out)
 }
 
-/// A view of `topic` ahead of the first one: the ends of its partitions as each broker of `md`
-/// answers them through a client that knows only it, when one of them is ahead of `highs` — the
-/// broker with the largest ends, and those ends. A broker cut off from the others (a network
-/// partition, or just back from one) still answers for the partitions it led, with the ends they
-/// had when it was cut off, and a client whose metadata came from it reads from it: only ever too
-/// little, so the largest view is the right one.
+/// A view of `topic` to read it through instead of the first one (`md`, whose ends are `highs`),
+/// when the first is not the view most brokers share: the address of a broker whose own view names,
+/// for every partition, the leader a strict majority of the brokers' views names, and the ends it
+/// gives. A broker cut off from the others (a network partition, or just back from one) still
+/// answers for the partitions it led, with the ends they had when it was cut off, and a client
+/// whose metadata came from it reads from it — too little. `None`: the first view is the
+/// majority's, or there is no majority (the first view is kept).
 fn fresher_view(
     cluster: &Cluster,
     group: &str,
@@ -191,37 +192,63 @@ fn fresher_view(
     highs: &BTreeMap<i32, i64>,
     md: &rdkafka::metadata::Metadata,
 ) -> Option<(String, BTreeMap<i32, i64>)> {
-    let first: i64 = highs.values().sum();
-    let mut best: Option<(i64, String, BTreeMap<i32, i64>)> = None;
+    let leaders_in = |md: &rdkafka::metadata::Metadata| -> BTreeMap<i32, i32> {
+        md.topics()
+            .iter()
+            .filter(|t| t.name() == topic)
+            .flat_map(|t| t.partitions().iter().map(|p| (p.id(), p.leader())))
+            .collect()
+    };
+    let first = leaders_in(md);
+    // (address, leader of each partition, end of each partition)
+    type View = (String, BTreeMap<i32, i32>, BTreeMap<i32, i64>);
+    let mut views: Vec<View> = Vec::new();
     for broker in md.brokers() {
         let server = format!("{}:{}", broker.host(), broker.port());
-        let Ok(one) = consumer(
-            &Cluster {
-                bootstrap: server.clone(),
-                ..cluster.clone()
-            },
-            group,
-        ) else {
+        let one = Cluster {
+            bootstrap: server.clone(),
+            ..cluster.clone()
+        };
+        let Ok(c) = consumer(&one, group) else {
+            continue;
+        };
+        let Ok(own) = c.fetch_metadata(Some(topic), Duration::from_secs(10)) else {
             continue;
         };
         let ends: Option<BTreeMap<i32, i64>> = parts
             .iter()
             .map(|p| {
-                one.fetch_watermarks(topic, *p, Duration::from_secs(10))
+                c.fetch_watermarks(topic, *p, Duration::from_secs(10))
                     .ok()
                     .map(|(_, hi)| (*p, hi))
             })
             .collect();
-        let Some(ends) = ends else {
-            continue;
-        };
-        let sum = ends.values().sum();
-        let ahead = ends.iter().all(|(p, e)| *e >= highs[p]);
-        if ahead && sum > first && best.as_ref().is_none_or(|(s, _, _)| sum > *s) {
-            best = Some((sum, server, ends));
+        if let Some(ends) = ends {
+            views.push((server, leaders_in(&own), ends));
         }
     }
-    best.map(|(_, server, ends)| (server, ends))
+    let mut majority = BTreeMap::new();
+    for p in parts {
+        let mut named: BTreeMap<i32, usize> = BTreeMap::new();
+        for (_, leaders, _) in &views {
+            *named.entry(leaders.get(p).copied().unwrap_or(-1)).or_default() += 1;
+        }
+        let leader = named
+            .iter()
+            .find(|(l, n)| **l >= 0 && **n * 2 > views.len())
+            .map(|(l, _)| *l)?;
+        majority.insert(*p, leader);
+    }
+    let agrees = |leaders: &BTreeMap<i32, i32>| parts.iter().all(|p| leaders.get(p) == majority.get(p));
+    if agrees(&first) {
+        return None;
+    }
+    let (server, _, ends) = views
+        .into_iter()
+        .filter(|(_, leaders, _)| agrees(leaders))
+        .max_by_key(|(_, _, ends)| ends.values().sum::<i64>())?;
+    tracing::debug!(topic, first = ?highs, "The first view of the topic was not the majority's.");
+    Some((server, ends))
 }
 
 fn progress_bar(what: &str, topic: &str, total: u64) -> ProgressBar {
@@ -276,7 +303,7 @@ pub(super) fn read_topic(
         tracing::warn!(
             topic,
             server = %server,
-            "The first view of {topic}'s partitions had ends {highs:?}; {server}'s has {ends:?}: a broker answered for partitions it no longer leads (cut off from the others, or just back). Reading through {server}'s view."
+            "The first view of {topic}'s partitions (ends {highs:?}) names other leaders than most brokers do; {server}'s view is theirs (ends {ends:?}): a broker answered for partitions it no longer leads (cut off from the others, or just back). Reading through {server}'s view."
         );
         highs = ends;
         c = consumer(

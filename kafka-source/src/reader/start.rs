@@ -11,6 +11,9 @@ const ID_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 const ID_CHECK_PATIENCE: Duration = Duration::from_secs(120);
 /// Without checkpointing, how often the topics' IDs are checked while reading.
 pub(super) const ID_CHECK_EVERY: Duration = Duration::from_secs(5);
+/// How long each broker's own view may take to answer (`end_most_brokers_agree_on`): one that
+/// does not answer is left out, not waited for.
+const VIEW_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
     /// Every partition of the subscribed topics, as the broker lists them now.
@@ -142,7 +145,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
     pub(super) fn position(&self, tp: &TopicPartition, offset: i64, origin: Origin<'_>) -> Result<i64> {
         let (low, mut high) = self.watermarks(tp)?;
         if offset > high {
-            high = self.end_by_every_broker(tp, offset, high);
+            high = self.end_most_brokers_agree_on(tp, offset, high)?;
         }
         let now = self.topic_ids.get(&tp.topic).map(String::as_str);
         let then = match origin {
@@ -215,63 +218,119 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         }
     }
 
-    /// The end of `tp` as each broker's own view of the cluster has it, the largest, when the first
-    /// answer (`first`) was below the position `offset` to resume at. A broker cut off from the
-    /// others (a network partition) still believes it leads the partitions it led, and its end
-    /// stays where the partition began: a client whose metadata came from it is answered with an
-    /// end behind the records the job already read, which would pass for a truncated log and
-    /// have them read (and written) again. Such a broker answers only too low, never too high,
-    /// so the largest answer is the partition's end. Asked: every bootstrap server and every
-    /// broker the metadata lists, each through a client of its own that knows only it.
-    fn end_by_every_broker(&self, tp: &TopicPartition, offset: i64, first: i64) -> i64 {
-        let mut servers: BTreeSet<String> = self
-            .config
-            .bootstrap_servers
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect();
-        match self.consumer().fetch_metadata(Some(&tp.topic), TIMEOUT) {
-            Ok(md) => servers.extend(md.brokers().iter().map(|b| format!("{}:{}", b.host(), b.port()))),
-            Err(e) => debug!(topic = %tp.topic, error = %e, "No broker list to ask for the partition's end."),
+    /// The end of `tp` to judge the position `offset` by, when the first answer (`first`) was below
+    /// it: the end as the brokers' majority sees it. A broker cut off from the others (a network
+    /// partition) still believes it leads the partitions it led, at the ends they had when it was
+    /// cut off: a client whose metadata came from it is answered with an end behind the records
+    /// the job already read, which would pass for a truncated log and have them read (and
+    /// written) again. But a cut-off broker can also be ahead — the in-sync leader of a log the
+    /// others truncated by an unclean election — so the largest answer is not the truth either.
+    /// Every broker the metadata lists is asked, through a client that knows only it, which
+    /// broker leads `tp` and where its log ends: the leader a strict majority of the answers names
+    /// decides. The first answer stands when it came from that leader (beyond its end, the log
+    /// was truncated); otherwise that leader's end is used. No majority: the attempt fails, to be
+    /// asked again, rather than guess.
+    fn end_most_brokers_agree_on(&self, tp: &TopicPartition, offset: i64, first: i64) -> Result<i64> {
+        let leader_in = |md: &rdkafka::metadata::Metadata| {
+            md.topics()
+                .iter()
+                .find(|t| t.name() == tp.topic)
+                .and_then(|t| t.partitions().iter().find(|p| p.id() == tp.partition))
+                .map(|p| p.leader())
+        };
+        let (first_leader, mut servers) = match self.consumer().fetch_metadata(Some(&tp.topic), TIMEOUT) {
+            Ok(md) => {
+                let brokers: BTreeMap<i32, String> = md
+                    .brokers()
+                    .iter()
+                    .map(|b| (b.id(), format!("{}:{}", b.host(), b.port())))
+                    .collect();
+                (leader_in(&md), brokers.into_values().collect::<Vec<_>>())
+            }
+            Err(e) => {
+                debug!(topic = %tp.topic, error = %e, "No broker list to ask for the partition's end.");
+                (None, Vec::new())
+            }
+        };
+        if servers.is_empty() {
+            servers = self
+                .config
+                .bootstrap_servers
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect();
         }
-        let mut end = first;
+        let mut views: Vec<(String, i32, i64)> = Vec::new();
         for server in &servers {
             let answer = consumer_config(&self.config).and_then(|mut c| {
                 c.set("bootstrap.servers", server.as_str());
                 let consumer: BaseConsumer = c
                     .create()
                     .map_err(|e| SourceError::kafka(format!("creating a consumer of {server}"), e))?;
-                consumer
-                    .fetch_watermarks(&tp.topic, tp.partition, TIMEOUT)
+                let md = consumer
+                    .fetch_metadata(Some(&tp.topic), VIEW_TIMEOUT)
+                    .map_err(|e| SourceError::kafka(format!("metadata of {} from {server}", tp.topic), e))?;
+                let leader = leader_in(&md).unwrap_or(-1);
+                let (_, end) = consumer
+                    .fetch_watermarks(&tp.topic, tp.partition, VIEW_TIMEOUT)
                     .map_err(|e| {
                         SourceError::kafka(format!("watermarks of {}/{} from {server}", tp.topic, tp.partition), e)
-                    })
+                    })?;
+                Ok((leader, end))
             });
             match answer {
-                Ok((_, high)) => {
-                    debug!(topic = %tp.topic, partition = tp.partition, server = %server, end = high, "The partition's end as this server's view has it.");
-                    end = end.max(high);
-                }
+                Ok((leader, end)) => views.push((server.clone(), leader, end)),
                 Err(e) => {
-                    debug!(topic = %tp.topic, partition = tp.partition, server = %server, error = %e, "No end from this server's view.")
+                    debug!(topic = %tp.topic, partition = tp.partition, server = %server, error = %e, "No view from this server.")
                 }
             }
         }
-        if end >= offset {
-            warn!(
-                topic = %tp.topic,
-                partition = tp.partition,
-                position = offset,
-                stale_end = first,
-                end,
-                "A broker answered the end {first} of {}/{}, behind the position {offset} the job resumes at, while another's view of the cluster has {end}: a stale leader (a broker cut off from the others). Resuming at {offset}.",
-                tp.topic,
-                tp.partition
-            );
+        let described = || {
+            views
+                .iter()
+                .map(|(server, leader, end)| format!("{server}: leader {leader}, end {end}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        let mut named: BTreeMap<i32, usize> = BTreeMap::new();
+        for (_, leader, _) in &views {
+            *named.entry(*leader).or_default() += 1;
         }
-        end
+        let majority = named
+            .iter()
+            .find(|(leader, n)| **leader >= 0 && **n * 2 > views.len())
+            .map(|(leader, _)| *leader);
+        let Some(leader) = majority else {
+            return Err(SourceError::ViewsDisagree {
+                what: format!("{}/{}", tp.topic, tp.partition),
+                offset,
+                views: described(),
+            });
+        };
+        if first_leader == Some(leader) {
+            return Ok(first);
+        }
+        let end = views
+            .iter()
+            .filter(|(_, l, _)| *l == leader)
+            .map(|(_, _, end)| *end)
+            .max()
+            .unwrap_or(first);
+        warn!(
+            topic = %tp.topic,
+            partition = tp.partition,
+            position = offset,
+            stale_end = first,
+            end,
+            leader,
+            "The first answer put the end of {}/{} at {first}, behind the position {offset} the job resumes at; most brokers name node {leader} its leader, whose end is {end}: the first answer came from a stale view (a broker cut off from the others). Views: {}.",
+            tp.topic,
+            tp.partition,
+            described()
+        );
+        Ok(end)
     }
 
     /// Learns the IDs of `topics` not yet known (recorded with their offsets).
