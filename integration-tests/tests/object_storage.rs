@@ -18,7 +18,7 @@ use exactly_core::storage::{CheckpointStorage, Storage};
 use exactly_core::{CoreError, ErrorClass, SnapshotKind};
 use exactly_integration_tests::{unique, TestEnv};
 use object_store::path::Path as Key;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::ObjectStore;
 
 const MAX: u32 = 128;
 

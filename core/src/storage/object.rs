@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use futures::TryStreamExt;
 use object_store::path::Path as Key;
-use object_store::{BackoffConfig, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig};
+use object_store::{BackoffConfig, ObjectStore, PutMode, PutOptions, PutPayload, RetryConfig};
 use tracing::warn;
 
 use super::blobs::{Blobs, Put};
@@ -405,7 +405,7 @@ impl Blobs for Bucket {
             {
                 Ok(false)
             }
-            Err(object_store::Error::NotImplemented { .. }) if conditional => {
+            Err(object_store::Error::NotImplemented) if conditional => {
                 warn!(
                     location = %self.url,
                     "This object store does not implement conditional puts: checkpoint metadata is checked for, then written (two jobs on the same prefix could both write one checkpoint, and a metadata write whose answer was lost could land after a restart gave its checkpoint up)."
