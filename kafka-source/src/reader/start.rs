@@ -226,10 +226,11 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
     /// written) again. But a cut-off broker can also be ahead — the in-sync leader of a log the
     /// others truncated by an unclean election — so the largest answer is not the truth either.
     /// Every broker the metadata lists is asked, through a client that knows only it, which
-    /// broker leads `tp` and where its log ends: the leader a strict majority of the answers names
-    /// decides. The first answer stands when it came from that leader (beyond its end, the log
-    /// was truncated); otherwise that leader's end is used. No majority: the attempt fails, to be
-    /// asked again, rather than guess.
+    /// broker leads `tp` and where its log ends: the leader named by a strict majority of the
+    /// brokers asked (not only of those that answered: the job may share a side of a split with
+    /// the cut-off broker) decides, and its end is the one the position is judged by (beyond
+    /// it, the log was truncated). No majority: the attempt fails, to be asked again, rather than
+    /// guess.
     fn end_most_brokers_agree_on(&self, tp: &TopicPartition, offset: i64, first: i64) -> Result<i64> {
         let leader_in = |md: &rdkafka::metadata::Metadata| {
             md.topics()
@@ -238,18 +239,18 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                 .and_then(|t| t.partitions().iter().find(|p| p.id() == tp.partition))
                 .map(|p| p.leader())
         };
-        let (first_leader, mut servers) = match self.consumer().fetch_metadata(Some(&tp.topic), TIMEOUT) {
+        let mut servers = match self.consumer().fetch_metadata(Some(&tp.topic), TIMEOUT) {
             Ok(md) => {
                 let brokers: BTreeMap<i32, String> = md
                     .brokers()
                     .iter()
                     .map(|b| (b.id(), format!("{}:{}", b.host(), b.port())))
                     .collect();
-                (leader_in(&md), brokers.into_values().collect::<Vec<_>>())
+                brokers.into_values().collect::<Vec<_>>()
             }
             Err(e) => {
                 debug!(topic = %tp.topic, error = %e, "No broker list to ask for the partition's end.");
-                (None, Vec::new())
+                Vec::new()
             }
         };
         if servers.is_empty() {
@@ -298,9 +299,12 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
         for (_, leader, _) in &views {
             *named.entry(*leader).or_default() += 1;
         }
+        // A majority of every broker asked, not of those that answered: the job may be on the
+        // side of a split with the cut-off broker, which alone answering would be "all of them".
+        let asked = servers.len().max(views.len());
         let majority = named
             .iter()
-            .find(|(leader, n)| **leader >= 0 && **n * 2 > views.len())
+            .find(|(leader, n)| **leader >= 0 && **n * 2 > asked)
             .map(|(leader, _)| *leader);
         let Some(leader) = majority else {
             return Err(SourceError::ViewsDisagree {
@@ -309,15 +313,16 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                 views: described(),
             });
         };
-        if first_leader == Some(leader) {
-            return Ok(first);
-        }
         let end = views
             .iter()
             .filter(|(_, l, _)| *l == leader)
             .map(|(_, _, end)| *end)
             .max()
             .unwrap_or(first);
+        if end <= first {
+            // The first answer was not behind the majority's leader: judged by that leader's end.
+            return Ok(end);
+        }
         warn!(
             topic = %tp.topic,
             partition = tp.partition,
