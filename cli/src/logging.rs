@@ -53,7 +53,7 @@ pub fn stderr_is_terminal() -> bool {
 /// The default filter: `info` for exactly, `warn` else — but sqlx's URL parser, which logs an
 /// unknown PostgreSQL URL parameter with its value (`?sslpassword=…` would be printed), only
 /// at `error`.
-pub const DEFAULT_FILTER: &str = "warn,sqlx_postgres::options=error,exactly=info,exactly_cli=info,exactly_core=info,exactly_kafka_source=info,exactly_kafka_sink=info,exactly_mysql_sink=info,exactly_postgres_sink=info,exactly_twophase=info";
+pub const DEFAULT_FILTER: &str = "warn,sqlx_postgres::options=error,exactly=info,exactly_cli=info,exactly_core=info,exactly_kafka_client=info,exactly_kafka_source=info,exactly_kafka_sink=info,exactly_mysql_sink=info,exactly_postgres_sink=info,exactly_twophase=info";
 
 /// Installs the subscriber (level from `RUST_LOG`, else [`DEFAULT_FILTER`]).
 pub fn init(format: LogFormat) {

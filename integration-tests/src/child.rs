@@ -78,6 +78,17 @@ impl ChildJob {
         lines[lines.len().saturating_sub(n)..].join("\n")
     }
 
+    /// How many lines the child has written to stderr so far.
+    pub fn line_count(&self) -> usize {
+        self.lines.lock().expect("not poisoned").len()
+    }
+
+    /// The lines the child wrote to stderr from line `from` (a [`ChildJob::line_count`]) on.
+    pub fn lines_from(&self, from: usize) -> Vec<String> {
+        let lines = self.lines.lock().expect("not poisoned");
+        lines.get(from..).unwrap_or_default().to_vec()
+    }
+
     /// The last `n` lines the child wrote to stderr, without the backtrace lines indented under
     /// an error.
     pub fn log(&self, n: usize) -> String {

@@ -57,6 +57,7 @@ pub mod https;
 mod kerberos;
 pub mod leader;
 pub mod oauth;
+pub mod outage;
 pub mod wire;
 
 use std::path::PathBuf;

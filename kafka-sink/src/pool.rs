@@ -5,6 +5,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use exactly_kafka_client::outage::{BrokerLog, ClientKind};
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
@@ -60,7 +62,21 @@ pub(crate) struct SinkContext {
     pub(crate) deliveries: Arc<Deliveries>,
 }
 
-impl ClientContext for SinkContext {}
+const BROKER_LOG: BrokerLog = BrokerLog::new(ClientKind::Sink);
+
+impl ClientContext for SinkContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        BROKER_LOG.log(level, fac, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        BROKER_LOG.error(&error, reason);
+    }
+
+    fn stats_raw(&self, statistics: &[u8]) {
+        BROKER_LOG.statistics(statistics);
+    }
+}
 
 impl ProducerContext for SinkContext {
     type DeliveryOpaque = ();
@@ -153,6 +169,8 @@ pub(crate) fn create_producer(
     // three (597 / 713 / 587 k against 703 / 801 / 697 k; docs/benchmarks.md, 2026-12-03):
     // `client` sets it per job.
     c.set(QUEUE_CAP_KEY, DEFAULT_QUEUE_CAP.to_string());
+    // The end of a broker outage for the log (statistics are parsed only during one).
+    c.set("statistics.interval.ms", exactly_kafka_client::outage::STATISTICS_INTERVAL_MS);
     for (k, v) in client {
         c.set(k, v);
     }

@@ -9,6 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use exactly_kafka_client::outage::{BrokerLog, ClientKind};
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
@@ -23,7 +26,21 @@ pub(crate) struct Reports {
     first: Mutex<Option<String>>,
 }
 
-impl ClientContext for Reports {}
+const BROKER_LOG: BrokerLog = BrokerLog::new(ClientKind::DeadLetters);
+
+impl ClientContext for Reports {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        BROKER_LOG.log(level, fac, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        BROKER_LOG.error(&error, reason);
+    }
+
+    fn stats_raw(&self, statistics: &[u8]) {
+        BROKER_LOG.statistics(statistics);
+    }
+}
 
 impl ProducerContext for Reports {
     type DeliveryOpaque = ();
@@ -47,6 +64,8 @@ impl DeadLetters {
         let producer = exactly_kafka_client::client_config(bootstrap_servers, security)
             .map_err(SourceError::Config)?
             .set("enable.idempotence", "true")
+            // The end of a broker outage for the log (parsed only during one).
+            .set("statistics.interval.ms", exactly_kafka_client::outage::STATISTICS_INTERVAL_MS)
             .create_with_context(Reports::default())
             .map_err(|e| SourceError::kafka("creating the dead-letter producer", e))?;
         Ok(DeadLetters { producer })

@@ -6,10 +6,12 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use exactly_kafka_client::leader::asking_again;
+use exactly_kafka_client::outage::{BrokerLog, ClientKind, STATISTICS_INTERVAL_MS};
 use exactly_kafka_client::Cluster;
 use futures_util::TryStreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
@@ -111,15 +113,26 @@ pub(super) fn place(topic: &str, loc: u64) -> String {
     format!("{topic}-{}@{}", loc >> 48, loc & ((1 << 48) - 1))
 }
 
-/// Logs librdkafka's errors as the default context does, except the end of a partition: the
-/// reader asks for it (`enable.partition.eof`), it is no error here.
+/// Logs librdkafka's errors through the outage log (a broker that cannot be reached said once),
+/// except the end of a partition: the reader asks for it (`enable.partition.eof`), it is no
+/// error here.
 struct Quiet;
 
+const BROKER_LOG: BrokerLog = BrokerLog::new(ClientKind::Verify);
+
 impl ClientContext for Quiet {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        BROKER_LOG.log(level, fac, message);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         if error.rdkafka_error_code() != Some(RDKafkaErrorCode::PartitionEOF) {
-            tracing::error!("librdkafka: {error}: {reason}");
+            BROKER_LOG.error(&error, reason);
         }
+    }
+
+    fn stats_raw(&self, statistics: &[u8]) {
+        BROKER_LOG.statistics(statistics);
     }
 }
 
@@ -136,6 +149,8 @@ fn consumer(cluster: &Cluster, group: &str) -> Result<Reader> {
         .set("enable.partition.eof", "true")
         .set("isolation.level", "read_committed")
         .set("auto.offset.reset", "earliest")
+        // The end of a broker outage for the log (parsed only during one).
+        .set("statistics.interval.ms", STATISTICS_INTERVAL_MS)
         // Bounded memory: librdkafka's prefetch queue would otherwise hold up to 64 MB per
         // partition.
         .set("queued.max.messages.kbytes", "16384")

@@ -61,6 +61,17 @@ pub(super) struct Run<'a> {
     /// reads nothing until one completes, so the next is not left to the interval.
     pub(super) held: bool,
     pub(super) retry_held: Option<Instant>,
+    /// Checkpoints aborted since the last completed one, for the same reason in a row: the
+    /// first is said at WARN, the rest at debug, and how many when one completes again (an
+    /// outage of a sink's system would otherwise say it once per interval).
+    pub(super) aborts: Option<Aborts>,
+}
+
+/// Checkpoints aborted in a row for one reason (`Run::aborts`).
+pub(super) struct Aborts {
+    first: CheckpointId,
+    reason: String,
+    more: u64,
 }
 
 /// How soon a checkpoint is tried again after one failed while sources were held (at most: the
@@ -412,6 +423,15 @@ impl Run<'_> {
             state_bytes = size,
             "Checkpoint complete."
         );
+        if let Some(a) = self.aborts.take().filter(|a| a.more > 0) {
+            info!(
+                first_aborted = a.first,
+                aborted = a.more + 1,
+                reason = %a.reason,
+                "Checkpoints complete again after {} aborted in a row.",
+                a.more + 1
+            );
+        }
         self.job.metrics.update(|s| {
             s.completed += 1;
             s.latest_id = Some(barrier.id);
@@ -504,7 +524,24 @@ impl Run<'_> {
     }
 
     async fn abort_then(&mut self, barrier: CheckpointBarrier, reason: &str, discard: bool) -> Result<()> {
-        warn!(checkpoint_id = barrier.id, %reason, "Checkpoint aborted.");
+        match &mut self.aborts {
+            Some(a) if a.reason == reason => {
+                a.more += 1;
+                debug!(checkpoint_id = barrier.id, %reason, "Checkpoint aborted.");
+            }
+            aborts => {
+                warn!(
+                    checkpoint_id = barrier.id,
+                    %reason,
+                    "Checkpoint aborted. Until one completes, further aborts for the same reason are logged at debug."
+                );
+                *aborts = Some(Aborts {
+                    first: barrier.id,
+                    reason: reason.to_owned(),
+                    more: 0,
+                });
+            }
+        }
         self.broadcast(Control::Notify(Notification::Aborted(barrier.id)));
         if discard {
             self.discard_files(barrier.id);

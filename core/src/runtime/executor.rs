@@ -542,6 +542,7 @@ impl Job {
             caught_up: BTreeMap::new(),
             held: false,
             retry_held: None,
+            aborts: None,
         };
         let end = run.drive(&mut set, events, commands).await;
         let failed_while = if run.opened.len() == run.controls.len() {

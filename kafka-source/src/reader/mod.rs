@@ -8,10 +8,12 @@ use std::time::{Duration, Instant};
 
 use exactly_core::runtime::{InitContext, SnapshotContext, Source, SourceStatus, SourceWatermark, SubtaskInfo};
 use exactly_core::CheckpointId;
+use exactly_kafka_client::outage::{BrokerLog, ClientKind};
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::message::Message;
 
-use rdkafka::error::KafkaResult;
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use tracing::{debug, error, info, warn};
@@ -51,8 +53,24 @@ pub struct SourceContext {
     committing: AtomicBool,
 }
 
+const BROKER_LOG: BrokerLog = BrokerLog::new(ClientKind::Source);
+
 impl ClientContext for SourceContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        BROKER_LOG.log(level, fac, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        BROKER_LOG.error(&error, reason);
+    }
+
     fn stats(&self, stats: Statistics) {
+        BROKER_LOG.brokers(
+            stats
+                .brokers
+                .values()
+                .map(|b| (b.nodename.as_str(), b.state.as_str(), b.stateage)),
+        );
         self.metrics.with_partitions(|parts| {
             for (topic, t) in &stats.topics {
                 for (p, ps) in &t.partitions {
@@ -412,7 +430,12 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                 {
                     return Err(e);
                 }
-                warn!(%error, "Consumer error (retried by the client).");
+                if exactly_kafka_client::unreachable(&error) {
+                    // The outage log has said it (once per outage, `BROKER_LOG`).
+                    debug!(%error, "Consumer error (retried by the client).");
+                } else {
+                    warn!(%error, "Consumer error (retried by the client).");
+                }
                 Ok(())
             }
             // Its order relative to the fetch queue is unknown: restart from the checkpoint
@@ -746,8 +769,8 @@ fn position_of(positions: &[Position], m: &crate::fetch::RawMessage<'_>) -> Opti
 
 /// librdkafka properties the source sets unless `client` sets them, each for a measured reason.
 const CLIENT_DEFAULTS: &[(&str, &str)] = &[
-    // Consumer lag and fetch figures for the metrics.
-    ("statistics.interval.ms", "5000"),
+    // Consumer lag and fetch figures for the metrics; the end of a broker outage for the log.
+    ("statistics.interval.ms", exactly_kafka_client::outage::STATISTICS_INTERVAL_MS),
     // librdkafka's default (1 s) stalls a partition for a second whenever its prefetch queue is
     // over the threshold, which a batch-consuming reader hits all the time: measured: 185 k
     // instead of 1.3 M records/s.

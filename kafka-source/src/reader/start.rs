@@ -390,11 +390,11 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                 Ok(ids) => break ids,
                 Err(e) if e.is_permanent() || (hold && Instant::now() >= patience) => return Err(wire_error(e)),
                 Err(error) if !hold => {
-                    warn!(%error, "Asking for the input topics' IDs failed; asking again at the next check.");
+                    ids_failed(&error, "asking again at the next check");
                     return Ok(false);
                 }
                 Err(error) => {
-                    warn!(%error, "Asking for the input topics' IDs failed; retrying.");
+                    ids_failed(&error, "retrying");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
@@ -462,4 +462,17 @@ pub(super) fn answer(list: &TopicPartitionList, tp: &TopicPartition, what: &str)
         return Err(SourceError::kafka(place, err));
     }
     Ok(e.offset())
+}
+
+/// A failed request for the input topics' IDs: a broker that cannot be reached through the
+/// outage log (said once per outage, with the consumers' failures), anything else at WARN.
+fn ids_failed(error: &exactly_kafka_client::wire::WireError, then: &str) {
+    use exactly_kafka_client::outage::{unreachable, ClientKind};
+    match error {
+        exactly_kafka_client::wire::WireError::Transport { addr, what } => {
+            unreachable(ClientKind::Source, addr, what);
+            debug!(%error, "Asking for the input topics' IDs failed; {then}.");
+        }
+        _ => warn!(%error, "Asking for the input topics' IDs failed; {then}."),
+    }
 }
