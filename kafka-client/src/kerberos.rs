@@ -13,9 +13,13 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "kerberos")]
 use libgssapi::context::{ClientCtx, CtxFlags, SecurityContext};
+#[cfg(feature = "kerberos")]
 use libgssapi::credential::{Cred, CredUsage};
+#[cfg(feature = "kerberos")]
 use libgssapi::name::Name;
+#[cfg(feature = "kerberos")]
 use libgssapi::oid::{OidSet, GSS_MECH_KRB5, GSS_NT_HOSTBASED_SERVICE};
 
 use crate::KafkaSecurity;
@@ -114,12 +118,35 @@ async fn kinit(keytab: &std::path::Path, principal: &str) -> Result<(), KinitFai
     Ok(())
 }
 
+/// What a build without the `kerberos` feature says of `sasl.mechanism = "GSSAPI"`.
+pub(crate) const LEFT_OUT: &str = "sasl.mechanism GSSAPI (Kerberos) is left out of this build of exactly: \
+build it with the `kerberos` feature (cargo build --release -p exactly-cli --features kerberos; \
+it needs libsasl2-dev, libkrb5-dev and libclang)";
+
+/// Without the `kerberos` feature: no context can be made (the settings check refuses GSSAPI
+/// before a client is made, [`LEFT_OUT`]).
+#[cfg(not(feature = "kerberos"))]
+pub(crate) struct Gssapi;
+
+#[cfg(not(feature = "kerberos"))]
+impl Gssapi {
+    pub(crate) fn new(_service: &str, _host: &str) -> Result<Self, String> {
+        Err(LEFT_OUT.into())
+    }
+
+    pub(crate) fn step(&mut self, _challenge: Option<&[u8]>) -> Result<(Vec<u8>, bool), String> {
+        Err(LEFT_OUT.into())
+    }
+}
+
 /// The client side of SASL GSSAPI (RFC 4752) for one connection.
+#[cfg(feature = "kerberos")]
 pub(crate) struct Gssapi {
     ctx: ClientCtx,
     established: bool,
 }
 
+#[cfg(feature = "kerberos")]
 impl Gssapi {
     /// A context for the service principal `service@host` (`service/host@REALM`, as librdkafka
     /// names it), with the credentials of the cache (`$KRB5CCNAME` or Kerberos' default).

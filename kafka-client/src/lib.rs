@@ -433,6 +433,9 @@ impl KafkaSecurity {
     /// The GSSAPI settings: no username, password or OAUTHBEARER keys; a keytab that can be read,
     /// with the principal whose key it holds.
     fn validate_gssapi(&self) -> Result<(), String> {
+        if !cfg!(feature = "kerberos") {
+            return Err(kerberos::LEFT_OUT.into());
+        }
         if self.sasl.username.is_some() || self.sasl.password.is_some() || self.sasl.password_file.is_some() {
             return Err("sasl.mechanism GSSAPI authenticates with Kerberos tickets (sasl.kerberos.principal and sasl.kerberos.keytab), not sasl.username / sasl.password".into());
         }
@@ -661,6 +664,9 @@ impl KafkaSecurity {
                     c.set("https.ca.location", ca.location.display().to_string());
                 }
             } else if m == SaslMechanism::Gssapi {
+                if !cfg!(feature = "kerberos") {
+                    return Err(kerberos::LEFT_OUT.into());
+                }
                 c.set("sasl.kerberos.service.name", self.kerberos_service());
                 let k = self.sasl.kerberos.clone().unwrap_or_default();
                 if let Some(p) = &k.principal {
@@ -963,6 +969,19 @@ sasl.oauthbearer.token.endpoint.url = "https://idp.example/token"
         assert!(e("https.ca.location = \"/x.pem\"").contains("security.protocol is PLAINTEXT"));
     }
 
+    /// Without the `kerberos` feature GSSAPI is refused when the settings are checked, naming
+    /// the feature (never a client that fails later, or a job that runs without it).
+    #[cfg(not(feature = "kerberos"))]
+    #[test]
+    fn gssapi_left_out_of_the_build_is_refused_naming_the_feature() {
+        let s: KafkaSecurity =
+            toml::from_str("security.protocol = \"SASL_SSL\"\nsasl.mechanism = \"GSSAPI\"\n").unwrap();
+        let e = s.validate().unwrap_err();
+        assert!(e.contains("`kerberos` feature"), "{e}");
+        assert!(client_config("b:9093", &s).is_err());
+    }
+
+    #[cfg(feature = "kerberos")]
     #[test]
     fn gssapi_reaches_librdkafka_with_its_kerberos_names() {
         let keytab = std::env::temp_dir().join(format!("exactly-client-test-{}.keytab", std::process::id()));
@@ -995,6 +1014,7 @@ sasl.oauthbearer.token.endpoint.url = "https://idp.example/token"
         std::fs::remove_file(&keytab).unwrap();
     }
 
+    #[cfg(feature = "kerberos")]
     #[test]
     fn gssapi_settings_that_do_not_fit_name_the_key() {
         let e = |text: &str| {

@@ -2,31 +2,39 @@
 //! connection attempt of every client, on every retry, through its log and error callbacks — a
 //! broker gone for 20 s wrote hundreds of ERROR lines ("Connect to ipv4#… failed: Connection
 //! refused", "AllBrokersDown") from a job of a few clients. Here an outage is said once per kind
-//! of client (the source's, the sink's, …) and broker, at WARN with the broker's address, and its
-//! end once, at INFO, with how long it lasted; the full stream stays at debug (target
-//! `librdkafka`: `RUST_LOG=librdkafka=debug` shows it).
+//! of client (the source's, the sink's, …) and broker, at WARN with the broker's address, again
+//! every [`REMIND`] while it lasts, and its end once, at INFO, with how long it lasted; the full
+//! stream stays at debug (target `librdkafka`: `RUST_LOG=librdkafka=debug` shows it).
 //!
 //! An outage starts with the first failed connection to a broker seen by a client of that kind
-//! (in this process), and ends when a client of that kind reports a connection to it that came
-//! up after the outage began — from librdkafka's statistics (`statistics.interval.ms`; a client
-//! without statistics never reports one) or, for the wire-protocol client, an answer. An outage
-//! whose end nobody reported is forgotten after [`FORGOTTEN`] without a failure, so the next
-//! failure is said again.
+//! (in this process). It ends when a client of that kind reports a connection to it that came up
+//! after the outage began (librdkafka's statistics, `statistics.interval.ms`: the broker's state
+//! `UP`, emitted at `time` and up for `stateage`), or once no client of that kind has failed to
+//! connect to it for [`QUIET`] (clients retry within a second: one that stopped failing has its
+//! connection, or no longer needs one — a bootstrap address, an idle producer).
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use tracing::{debug, error, info, warn};
 
-/// An outage nobody reported the end of is forgotten once no failure came for this long
-/// (librdkafka retries a connection at least every `reconnect.backoff.max.ms`, 10 s here).
-pub const FORGOTTEN: Duration = Duration::from_secs(60);
+/// An outage with no failed connection for this long is over (librdkafka retries a connection
+/// at least every `reconnect.backoff.max.ms`, 1 s unless the job sets it).
+pub const QUIET: Duration = Duration::from_secs(30);
+
+/// While an outage lasts, it is said again this often.
+pub const REMIND: Duration = Duration::from_secs(300);
+
+/// After an outage ended, failures reported for a while are its own, served late (a consumer's
+/// errors wait in its queue until it polls): at debug. One that goes on past this starts a new
+/// outage.
+pub const GRACE: Duration = Duration::from_secs(10);
 
 /// The statistics interval the clients that report outages set unless the job sets its own:
 /// how soon after a broker is back the log says so.
@@ -70,10 +78,18 @@ impl fmt::Display for ClientKind {
 
 struct Outage {
     since: Instant,
+    /// `since` on the wall clock (µs since the epoch), to compare with librdkafka's statistics.
+    since_wall_us: i64,
     last_failure: Instant,
+    last_said: Instant,
+    failures: u64,
+    cause: String,
+    /// When it ended (kept for [`GRACE`] after).
+    ended: Option<Instant>,
 }
 
-/// The outages open in this process, by client kind and broker (`host:port`).
+/// The outages open in this process, by client kind and broker (`host:port`); an outage that
+/// ended is kept for [`GRACE`] with `ended` set.
 static OUTAGES: Mutex<Option<HashMap<(ClientKind, String), Outage>>> = Mutex::new(None);
 /// How many outages are open: statistics are parsed only while one is.
 static OPEN: AtomicUsize = AtomicUsize::new(0);
@@ -82,74 +98,150 @@ fn with_outages<R>(f: impl FnOnce(&mut HashMap<(ClientKind, String), Outage>) ->
     let mut guard = OUTAGES.lock().unwrap_or_else(|p| p.into_inner());
     let map = guard.get_or_insert_with(HashMap::new);
     let r = f(map);
-    OPEN.store(map.len(), Ordering::Relaxed);
+    let now = Instant::now();
+    map.retain(|_, o| o.ended.is_none_or(|e| now.duration_since(e) < GRACE));
+    OPEN.store(map.values().filter(|o| o.ended.is_none()).count(), Ordering::Relaxed);
     r
 }
 
+fn wall_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// What a failed connection says (decided under the lock, logged after it).
+enum Said {
+    Started,
+    Reminded { gone: Duration, failures: u64 },
+    Again,
+}
+
 /// A failed connection to `broker` seen by a client of `kind`: said at WARN if it starts an
-/// outage, at debug otherwise. Returns whether it started one.
+/// outage or the last WARN about it is [`REMIND`] old, at debug otherwise. Returns whether it
+/// started one.
 pub fn unreachable(kind: ClientKind, broker: &str, cause: &str) -> bool {
     let now = Instant::now();
-    let started = with_outages(|outages| match outages.get_mut(&(kind, broker.to_owned())) {
-        Some(o) if now.duration_since(o.last_failure) < FORGOTTEN => {
+    let said = with_outages(|outages| match outages.get_mut(&(kind, broker.to_owned())) {
+        Some(o) if o.ended.is_some_and(|e| now.duration_since(e) < GRACE) => Said::Again,
+        Some(o) if o.ended.is_none() && now.duration_since(o.last_failure) < QUIET => {
             o.last_failure = now;
-            false
+            o.failures += 1;
+            if cause != o.cause {
+                o.cause = cause.to_owned();
+            }
+            if now.duration_since(o.last_said) >= REMIND {
+                o.last_said = now;
+                Said::Reminded {
+                    gone: now.duration_since(o.since),
+                    failures: o.failures,
+                }
+            } else {
+                Said::Again
+            }
         }
         _ => {
             outages.insert(
                 (kind, broker.to_owned()),
                 Outage {
                     since: now,
+                    since_wall_us: wall_us(),
                     last_failure: now,
+                    last_said: now,
+                    failures: 1,
+                    cause: cause.to_owned(),
+                    ended: None,
                 },
             );
-            true
+            Said::Started
         }
     });
-    if started {
-        warn!(
+    match said {
+        Said::Started => warn!(
             client = %kind.as_str(),
             %broker,
             "{kind} cannot reach the Kafka broker {broker}: {cause}. Its clients keep trying; \
              further connection errors are logged at debug until the broker is back."
-        );
-    } else {
-        debug!(client = %kind.as_str(), %broker, "{kind} still cannot reach {broker}: {cause}");
+        ),
+        Said::Reminded { gone, failures } => warn!(
+            client = %kind.as_str(),
+            %broker,
+            gone_s = gone.as_secs(),
+            failures,
+            "{kind} still cannot reach the Kafka broker {broker}, for {} s now: {cause}.",
+            gone.as_secs()
+        ),
+        Said::Again => debug!(client = %kind.as_str(), %broker, "{kind} still cannot reach {broker}: {cause}"),
     }
-    started
+    matches!(said, Said::Started)
 }
 
-/// A client of `kind` reached `broker` on a connection that came up `age` ago: ends an outage
-/// that began before it. Returns whether it ended one.
-pub fn reached(kind: ClientKind, broker: &str, age: Duration) -> bool {
+/// A client of `kind` reports `broker` connected since `up_since_us` (wall clock, µs since the
+/// epoch): ends an outage that began before that. Also ends every outage [`QUIET`] for long
+/// enough. Returns whether it ended the one of `broker`.
+pub fn reached(kind: ClientKind, broker: &str, up_since_us: i64) -> bool {
     if OPEN.load(Ordering::Relaxed) == 0 {
         return false;
     }
     let now = Instant::now();
-    let ended = with_outages(|outages| {
+    let (ended, quiet) = with_outages(|outages| {
         let key = (kind, broker.to_owned());
-        let since = outages.get(&key)?.since;
-        // A connection older than the outage is a report from before it (statistics emitted
-        // before the failure and served after it).
-        if now.duration_since(since) < age {
-            return None;
-        }
-        outages.remove(&key);
-        Some(now.duration_since(since))
+        // A connection that came up before the outage began is a report from before it
+        // (statistics emitted before the failure, served after it).
+        let ended = match outages.get_mut(&key) {
+            Some(o) if o.ended.is_none() && up_since_us > o.since_wall_us => {
+                o.ended = Some(now);
+                Some(now.duration_since(o.since))
+            }
+            _ => None,
+        };
+        (ended, end_quiet(outages, now))
     });
-    match ended {
-        Some(gone) => {
-            info!(
-                client = %kind.as_str(),
-                %broker,
-                gone_s = gone.as_secs(),
-                "{kind} reaches the Kafka broker {broker} again after {} s.",
-                gone.as_secs()
-            );
-            true
-        }
-        None => false,
+    if let Some(gone) = ended {
+        info!(
+            client = %kind.as_str(),
+            %broker,
+            gone_s = gone.as_secs(),
+            "{kind} reaches the Kafka broker {broker} again after {} s.",
+            gone.as_secs()
+        );
     }
+    say_quiet(quiet);
+    ended.is_some()
+}
+
+/// Removes the outages no failure came for in [`QUIET`]: (kind, broker, how long since it began).
+fn end_quiet(outages: &mut HashMap<(ClientKind, String), Outage>, now: Instant) -> Vec<(ClientKind, String, Duration)> {
+    outages
+        .iter_mut()
+        .filter(|(_, o)| o.ended.is_none() && now.duration_since(o.last_failure) >= QUIET)
+        .map(|(k, o)| {
+            o.ended = Some(now);
+            (k.0, k.1.clone(), o.last_failure.duration_since(o.since))
+        })
+        .collect()
+}
+
+fn say_quiet(quiet: Vec<(ClientKind, String, Duration)>) {
+    for (kind, broker, failing) in quiet {
+        info!(
+            client = %kind.as_str(),
+            %broker,
+            failing_s = failing.as_secs(),
+            "{kind} has had no failed connection to the Kafka broker {broker} for {} s (it failed for {} s before).",
+            QUIET.as_secs(),
+            failing.as_secs()
+        );
+    }
+}
+
+/// Ends the outages no failure came for in [`QUIET`] (called with each client's statistics).
+pub fn end_quiet_outages() {
+    if OPEN.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let now = Instant::now();
+    say_quiet(with_outages(|outages| end_quiet(outages, now)));
 }
 
 /// Whether any outage is open (a cheap check before parsing statistics).
@@ -159,21 +251,37 @@ pub fn any_open() -> bool {
 
 /// A failed connection in librdkafka's words: the broker (`host:port`) and the cause, or `None`
 /// when `message` says something else. librdkafka names the broker before the event
-/// (`127.0.0.1:9092/1: Connect to …`, `TxnCoordinator: 127.0.0.1:9092: Connect to …`, behind
-/// `[thrd:…]: ` in its log lines).
+/// (`127.0.0.1:9092/1: Connect to …`, `TxnCoordinator: 127.0.0.1:9092: Connect to …`,
+/// `sasl_ssl://host:9093/1: …` on other protocols than plaintext, behind `[thrd:…]: ` in its log
+/// lines). Only the TCP connection itself counts: a timeout later in the set-up (TLS handshake,
+/// authentication, the ApiVersion request) is a listener or credentials problem, left loud.
 pub fn connection_failure(message: &str) -> Option<(String, String)> {
-    const EVENTS: [&str; 3] = ["Connect to ", "Failed to resolve ", "Connection setup timed out"];
+    const EVENTS: [&str; 3] = [
+        "Connect to ",
+        "Failed to resolve '",
+        "Connection setup timed out in state CONNECT",
+    ];
     let at = EVENTS.iter().filter_map(|e| message.find(e)).min()?;
-    let before = message[..at].trim_end().strip_suffix(':')?;
-    let name = before.rsplit(": ").next()?.trim();
-    let broker = match name.rsplit_once('/') {
-        Some((host_port, _)) => host_port,
-        None => name,
-    };
-    if broker.is_empty() || !broker.contains(':') {
+    let event = &message[at..];
+    if event.starts_with("Connect to ") && !event.contains(" failed") {
         return None;
     }
-    let event = &message[at..];
+    let named = message[..at].trim_end().strip_suffix(':').map(|before| {
+        let name = before.rsplit(": ").next().unwrap_or(before).trim();
+        let name = name.split_once("://").map_or(name, |(_, rest)| rest);
+        match name.rsplit_once('/') {
+            Some((host_port, _)) => host_port,
+            None => name,
+        }
+    });
+    // "Failed to resolve 'host:port'" names the address itself (its broker may be named only by
+    // its thread, `[thrd:app]`).
+    let quoted = event
+        .strip_prefix("Failed to resolve '")
+        .and_then(|rest| rest.split_once('\'').map(|(address, _)| address));
+    let broker = quoted
+        .or(named)
+        .filter(|b| !b.is_empty() && b.contains(':') && !b.starts_with("[thrd:"))?;
     let cause = match event.split_once("failed: ") {
         Some((_, rest)) => rest,
         None => event,
@@ -206,11 +314,15 @@ impl BrokerLog {
             RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
                 error!(target: "librdkafka", client = %self.kind.as_str(), "librdkafka: {fac} {message}")
             }
-            RDKafkaLogLevel::Warning => warn!(target: "librdkafka", client = %self.kind.as_str(), "librdkafka: {fac} {message}"),
+            RDKafkaLogLevel::Warning => {
+                warn!(target: "librdkafka", client = %self.kind.as_str(), "librdkafka: {fac} {message}")
+            }
             RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
                 info!(target: "librdkafka", client = %self.kind.as_str(), "librdkafka: {fac} {message}")
             }
-            RDKafkaLogLevel::Debug => debug!(target: "librdkafka", client = %self.kind.as_str(), "librdkafka: {fac} {message}"),
+            RDKafkaLogLevel::Debug => {
+                debug!(target: "librdkafka", client = %self.kind.as_str(), "librdkafka: {fac} {message}")
+            }
         }
     }
 
@@ -228,13 +340,14 @@ impl BrokerLog {
     }
 
     /// For a context's `ClientContext::stats_raw`: ends the outages of brokers the statistics
-    /// show connected. Parses nothing while no outage is open.
+    /// show connected (and those quiet for long enough). Parses nothing while no outage is open.
     pub fn statistics(&self, json: &[u8]) {
         if !any_open() {
             return;
         }
         #[derive(serde::Deserialize)]
         struct Stats {
+            time: i64,
             #[serde(default)]
             brokers: HashMap<String, Broker>,
         }
@@ -246,6 +359,7 @@ impl BrokerLog {
         }
         match serde_json::from_slice::<Stats>(json) {
             Ok(stats) => self.brokers(
+                stats.time,
                 stats
                     .brokers
                     .values()
@@ -255,16 +369,19 @@ impl BrokerLog {
         }
     }
 
-    /// Brokers from parsed statistics: (`nodename`, `state`, `stateage` in µs).
-    pub fn brokers<'a>(&self, brokers: impl IntoIterator<Item = (&'a str, &'a str, i64)>) {
+    /// Brokers from statistics emitted at `time` (wall clock, seconds since the epoch):
+    /// (`nodename`, `state`, `stateage` in µs).
+    pub fn brokers<'a>(&self, time: i64, brokers: impl IntoIterator<Item = (&'a str, &'a str, i64)>) {
         if !any_open() {
             return;
         }
         for (node, state, age_us) in brokers {
             if state == "UP" {
-                reached(self.kind, node, Duration::from_micros(age_us.max(0) as u64));
+                // `time` is whole seconds: the connection came up no later than this.
+                reached(self.kind, node, time.saturating_mul(1_000_000).saturating_sub(age_us));
             }
         }
+        end_quiet_outages();
     }
 }
 
@@ -301,6 +418,28 @@ mod tests {
                 "[::1]:9092",
                 "Connection refused",
             ),
+            // Other protocols than plaintext prefix the name with theirs.
+            (
+                "[thrd:sasl_ssl://b-1.example:9093/1]: sasl_ssl://b-1.example:9093/1: Connect to ipv4#10.0.0.7:9093 failed: Connection refused (after 0ms in state CONNECT)",
+                "b-1.example:9093",
+                "Connection refused",
+            ),
+            (
+                "TxnCoordinator: ssl://b-1.example:9093: Connect to ipv4#10.0.0.7:9093 failed: Connection refused (after 0ms in state CONNECT)",
+                "b-1.example:9093",
+                "Connection refused",
+            ),
+            (
+                "sasl_plaintext://b-2:9094/2: Connection setup timed out in state CONNECT (after 30030ms in state CONNECT)",
+                "b-2:9094",
+                "Connection setup timed out in state CONNECT",
+            ),
+            // The canonical bootstrap lookup, named by its thread only: the address is quoted.
+            (
+                "[thrd:app]: Failed to resolve 'kafka.example:9092': Name or service not known",
+                "kafka.example:9092",
+                "Failed to resolve 'kafka.example:9092': Name or service not known",
+            ),
             (
                 "kafka.example:9092/bootstrap: Failed to resolve 'kafka.example:9092': Name or service not known (after 5ms in state CONNECT)",
                 "kafka.example:9092",
@@ -314,11 +453,14 @@ mod tests {
             );
         }
         // Not a failed connection: an idle connection the broker closed, all brokers down
-        // (names none), a refused login (must stay loud).
+        // (names none), a refused login, a set-up that hangs after the TCP connection (all left
+        // loud).
         for message in [
             "127.0.0.1:19092/1: Disconnected: connection reset by peer (after 5001ms in state UP)",
             "2/2 brokers are down",
             "127.0.0.1:19092/1: SASL authentication error: Authentication failed (after 3ms in state AUTH_REQ)",
+            "sasl_ssl://b:9093/bootstrap: Connection setup timed out in state SSL_HANDSHAKE (after 30029ms in state SSL_HANDSHAKE)",
+            "ssl://b:9093/bootstrap: SSL handshake failed: error:0A000086:SSL routines::certificate verify failed (after 5ms in state SSL_HANDSHAKE)",
         ] {
             assert_eq!(connection_failure(message), None, "{message}");
         }
@@ -327,21 +469,74 @@ mod tests {
     #[test]
     fn an_outage_is_said_once_per_kind_and_ends_once() {
         let broker = "outage-test:1";
+        let before = wall_us() - 1_000_000;
         assert!(unreachable(ClientKind::Verify, broker, "Connection refused"));
         assert!(!unreachable(ClientKind::Verify, broker, "Connection refused"));
         // Another kind says it too, once.
         assert!(unreachable(ClientKind::DeadLetters, broker, "Connection refused"));
         assert!(!unreachable(ClientKind::DeadLetters, broker, "Connection refused"));
-        // A connection older than the outage does not end it (statistics from before it).
-        std::thread::sleep(Duration::from_millis(20));
-        assert!(!reached(ClientKind::Verify, broker, Duration::from_secs(3600)));
-        assert!(reached(ClientKind::Verify, broker, Duration::ZERO));
-        assert!(!reached(ClientKind::Verify, broker, Duration::ZERO), "ended once");
+        // A connection that came up before the outage does not end it (statistics from before).
+        assert!(!reached(ClientKind::Verify, broker, before));
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(reached(ClientKind::Verify, broker, wall_us()));
+        assert!(!reached(ClientKind::Verify, broker, wall_us()), "ended once");
+        // Failures served late, right after the end, are the outage's own.
+        assert!(!unreachable(ClientKind::Verify, broker, "Connection refused"));
         // The other kind's outage goes on until one of its clients reaches the broker.
         assert!(!unreachable(ClientKind::DeadLetters, broker, "Connection refused"));
-        assert!(reached(ClientKind::DeadLetters, broker, Duration::ZERO));
-        // A new failure after the end is a new outage.
+        assert!(reached(ClientKind::DeadLetters, broker, wall_us() + 1));
+        // A failure once the grace has passed is a new outage.
+        with_outages(|m| {
+            let o = m.get_mut(&(ClientKind::Verify, broker.into())).unwrap();
+            o.ended = Some(Instant::now().checked_sub(GRACE).unwrap());
+        });
         assert!(unreachable(ClientKind::Verify, broker, "Connection refused"));
-        assert!(reached(ClientKind::Verify, broker, Duration::ZERO));
+        assert!(reached(ClientKind::Verify, broker, wall_us() + 1));
+    }
+
+    #[test]
+    fn an_outage_nobody_fails_in_any_more_ends_and_a_long_one_is_said_again() {
+        let broker = "outage-test:2";
+        assert!(unreachable(ClientKind::Source, broker, "Connection refused"));
+        // Made old by hand: the last failure QUIET ago ends it; a reminder is due after REMIND.
+        let age = |o: &mut Outage, last_failure: Duration, last_said: Duration| {
+            let now = Instant::now();
+            o.last_failure = now.checked_sub(last_failure).unwrap();
+            o.last_said = now.checked_sub(last_said).unwrap();
+        };
+        with_outages(|m| {
+            age(
+                m.get_mut(&(ClientKind::Source, broker.into())).unwrap(),
+                Duration::ZERO,
+                REMIND,
+            )
+        });
+        assert!(
+            !unreachable(ClientKind::Source, broker, "Connection refused"),
+            "a reminder, not a new outage"
+        );
+        let reminded = with_outages(|m| m[&(ClientKind::Source, broker.into())].last_said.elapsed());
+        assert!(reminded < REMIND, "the reminder was said");
+        with_outages(|m| {
+            age(
+                m.get_mut(&(ClientKind::Source, broker.into())).unwrap(),
+                QUIET,
+                Duration::ZERO,
+            )
+        });
+        end_quiet_outages();
+        assert!(
+            with_outages(|m| m[&(ClientKind::Source, broker.into())].ended.is_some()),
+            "quiet: over"
+        );
+        with_outages(|m| {
+            let o = m.get_mut(&(ClientKind::Source, broker.into())).unwrap();
+            o.ended = Some(Instant::now().checked_sub(GRACE).unwrap());
+        });
+        assert!(
+            unreachable(ClientKind::Source, broker, "Connection refused"),
+            "a new outage"
+        );
+        assert!(reached(ClientKind::Source, broker, wall_us() + 1));
     }
 }

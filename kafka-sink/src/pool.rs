@@ -170,7 +170,10 @@ pub(crate) fn create_producer(
     // `client` sets it per job.
     c.set(QUEUE_CAP_KEY, DEFAULT_QUEUE_CAP.to_string());
     // The end of a broker outage for the log (statistics are parsed only during one).
-    c.set("statistics.interval.ms", exactly_kafka_client::outage::STATISTICS_INTERVAL_MS);
+    c.set(
+        "statistics.interval.ms",
+        exactly_kafka_client::outage::STATISTICS_INTERVAL_MS,
+    );
     for (k, v) in client {
         c.set(k, v);
     }

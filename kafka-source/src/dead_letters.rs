@@ -65,7 +65,10 @@ impl DeadLetters {
             .map_err(SourceError::Config)?
             .set("enable.idempotence", "true")
             // The end of a broker outage for the log (parsed only during one).
-            .set("statistics.interval.ms", exactly_kafka_client::outage::STATISTICS_INTERVAL_MS)
+            .set(
+                "statistics.interval.ms",
+                exactly_kafka_client::outage::STATISTICS_INTERVAL_MS,
+            )
             .create_with_context(Reports::default())
             .map_err(|e| SourceError::kafka("creating the dead-letter producer", e))?;
         Ok(DeadLetters { producer })

@@ -70,9 +70,14 @@ pub(super) struct Run<'a> {
 /// Checkpoints aborted in a row for one reason (`Run::aborts`).
 pub(super) struct Aborts {
     first: CheckpointId,
+    since: Instant,
+    last_said: Instant,
     reason: String,
     more: u64,
 }
+
+/// While checkpoints keep aborting for one reason, it is said again this often.
+const ABORTS_REMIND: Duration = Duration::from_secs(300);
 
 /// How soon a checkpoint is tried again after one failed while sources were held (at most: the
 /// interval, when it is shorter, comes first).
@@ -524,11 +529,27 @@ impl Run<'_> {
     }
 
     async fn abort_then(&mut self, barrier: CheckpointBarrier, reason: &str, discard: bool) -> Result<()> {
+        let savepoint = barrier.kind == SnapshotKind::Savepoint;
         match &mut self.aborts {
-            Some(a) if a.reason == reason => {
+            Some(a) if a.reason == reason && !savepoint => {
                 a.more += 1;
-                debug!(checkpoint_id = barrier.id, %reason, "Checkpoint aborted.");
+                if a.last_said.elapsed() >= ABORTS_REMIND {
+                    a.last_said = Instant::now();
+                    warn!(
+                        checkpoint_id = barrier.id,
+                        %reason,
+                        aborted = a.more + 1,
+                        first_aborted = a.first,
+                        "Checkpoints still abort: {} in a row over {} s, since checkpoint {}.",
+                        a.more + 1,
+                        a.since.elapsed().as_secs(),
+                        a.first
+                    );
+                } else {
+                    debug!(checkpoint_id = barrier.id, %reason, "Checkpoint aborted.");
+                }
             }
+            _ if savepoint => warn!(checkpoint_id = barrier.id, %reason, "Savepoint aborted."),
             aborts => {
                 warn!(
                     checkpoint_id = barrier.id,
@@ -537,6 +558,8 @@ impl Run<'_> {
                 );
                 *aborts = Some(Aborts {
                     first: barrier.id,
+                    since: Instant::now(),
+                    last_said: Instant::now(),
                     reason: reason.to_owned(),
                     more: 0,
                 });

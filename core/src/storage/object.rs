@@ -36,6 +36,16 @@ use crate::error::{CoreError, Result};
 /// URL schemes that name an object store.
 const SCHEMES: [&str; 5] = ["s3", "s3a", "gs", "az", "abfs"];
 
+/// The error for a location whose store this build leaves out (an optional feature): such a
+/// location is still recognised as an object store, never taken for a local path.
+#[cfg(any(not(feature = "gcs"), not(feature = "azure")))]
+fn left_out(scheme: &str, store: &str, feature: &str) -> String {
+    format!(
+        "{scheme}:// is {store}, which this build of exactly leaves out: build it with the \
+         `{feature}` feature (cargo build --release -p exactly-cli --features {feature})"
+    )
+}
+
 /// Whether `location` is an object store URL rather than a local path.
 pub(crate) fn is_url(location: &Path) -> bool {
     location
@@ -289,6 +299,11 @@ impl Bucket {
                     Arc::new(quick.build().map_err(built)?),
                 )
             }
+            #[cfg(not(feature = "gcs"))]
+            "gs" => return Err(config(left_out("gs", "Google Cloud Storage", "gcs"))),
+            #[cfg(not(feature = "azure"))]
+            "az" | "abfs" => return Err(config(left_out(scheme, "Azure Blob Storage", "azure"))),
+            #[cfg(feature = "gcs")]
             "gs" => {
                 use object_store::gcp::GoogleConfigKey::Client;
                 let b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
@@ -304,6 +319,7 @@ impl Bucket {
                     Arc::new(quick.build().map_err(built)?),
                 )
             }
+            #[cfg(feature = "azure")]
             "az" | "abfs" => {
                 use object_store::azure::AzureConfigKey::Client;
                 let b = object_store::azure::MicrosoftAzureBuilder::from_env()
@@ -497,6 +513,21 @@ mod tests {
 
     use super::*;
     use std::io::ErrorKind;
+
+    /// A store the build leaves out is still an object store location (never a local directory
+    /// named `gs:`), refused naming the feature that brings it.
+    #[test]
+    fn a_store_left_out_of_the_build_is_refused_naming_its_feature() {
+        for (url, feature, built) in [
+            ("gs://bucket/prefix", "gcs", cfg!(feature = "gcs")),
+            ("az://container/prefix", "azure", cfg!(feature = "azure")),
+            ("abfs://container/prefix", "azure", cfg!(feature = "azure")),
+        ] {
+            assert!(is_url(Path::new(url)), "{url}");
+            let said = Bucket::open(url).err().map(|e| e.to_string()).unwrap_or_default();
+            assert_eq!(said.contains(&format!("`{feature}` feature")), !built, "{url}: {said}");
+        }
+    }
 
     fn generic(text: &str) -> object_store::Error {
         object_store::Error::Generic {

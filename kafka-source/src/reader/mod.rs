@@ -15,6 +15,7 @@ use rdkafka::message::Message;
 
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::statistics::Statistics;
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use tracing::{debug, error, info, warn};
 
@@ -66,6 +67,7 @@ impl ClientContext for SourceContext {
 
     fn stats(&self, stats: Statistics) {
         BROKER_LOG.brokers(
+            stats.time,
             stats
                 .brokers
                 .values()
@@ -430,8 +432,13 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                 {
                     return Err(e);
                 }
-                if exactly_kafka_client::unreachable(&error) {
-                    // The outage log has said it (once per outage, `BROKER_LOG`).
+                let connection = matches!(
+                    error.rdkafka_error_code(),
+                    Some(RDKafkaErrorCode::BrokerTransportFailure | RDKafkaErrorCode::AllBrokersDown)
+                );
+                if connection {
+                    // A lost or failed connection: the outage log says it, with the broker's
+                    // address, from librdkafka's own report of it (`BROKER_LOG`).
                     debug!(%error, "Consumer error (retried by the client).");
                 } else {
                     warn!(%error, "Consumer error (retried by the client).");
@@ -770,7 +777,10 @@ fn position_of(positions: &[Position], m: &crate::fetch::RawMessage<'_>) -> Opti
 /// librdkafka properties the source sets unless `client` sets them, each for a measured reason.
 const CLIENT_DEFAULTS: &[(&str, &str)] = &[
     // Consumer lag and fetch figures for the metrics; the end of a broker outage for the log.
-    ("statistics.interval.ms", exactly_kafka_client::outage::STATISTICS_INTERVAL_MS),
+    (
+        "statistics.interval.ms",
+        exactly_kafka_client::outage::STATISTICS_INTERVAL_MS,
+    ),
     // librdkafka's default (1 s) stalls a partition for a second whenever its prefetch queue is
     // over the threshold, which a batch-consuming reader hits all the time: measured: 185 k
     // instead of 1.3 M records/s.

@@ -464,12 +464,15 @@ pub(super) fn answer(list: &TopicPartitionList, tp: &TopicPartition, what: &str)
     Ok(e.offset())
 }
 
-/// A failed request for the input topics' IDs: a broker that cannot be reached through the
-/// outage log (said once per outage, with the consumers' failures), anything else at WARN.
+/// A failed request for the input topics' IDs: a broker whose TCP connection fails or times out
+/// through the outage log (said once per outage, with the consumers' failures), anything else —
+/// a TLS alert, a name that is no DNS name — at WARN.
 fn ids_failed(error: &exactly_kafka_client::wire::WireError, then: &str) {
     use exactly_kafka_client::outage::{unreachable, ClientKind};
     match error {
-        exactly_kafka_client::wire::WireError::Transport { addr, what } => {
+        exactly_kafka_client::wire::WireError::Transport { addr, what }
+            if what.contains("(os error") || what.contains("timed out") =>
+        {
             unreachable(ClientKind::Source, addr, what);
             debug!(%error, "Asking for the input topics' IDs failed; {then}.");
         }
