@@ -852,7 +852,8 @@ async fn weak_tokens_foreign_hosts_and_idle_connections_are_refused() -> Result<
     }
     assert!(
         completed(&job) > done_before,
-        "checkpoints stopped while idle connections were held"
+        "checkpoints stopped while idle connections were held; the job's log:\n{}",
+        job.tail(60)
     );
     // The endpoint answers this request once the served idle ones are dropped after the header
     // timeout, while the test still holds every idle connection it opened.

@@ -10,8 +10,10 @@
 //! (in this process). It ends when a client of that kind reports a connection to it that came up
 //! after the outage began (librdkafka's statistics, `statistics.interval.ms`: the broker's state
 //! `UP`, emitted at `time` and up for `stateage`), or once no client of that kind has failed to
-//! connect to it for [`QUIET`] (clients retry within a second: one that stopped failing has its
-//! connection, or no longer needs one — a bootstrap address, an idle producer).
+//! connect to it for [`QUIET`] (seen at the next statistics or failure; librdkafka repeats an
+//! identical connection error at most every 30 s, and statistics showing the broker still being
+//! connected to keep the outage going: a client that stopped failing has its connection, or no
+//! longer needs one — a bootstrap address, an idle producer).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -24,9 +26,10 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use tracing::{debug, error, info, warn};
 
-/// An outage with no failed connection for this long is over (librdkafka retries a connection
-/// at least every `reconnect.backoff.max.ms`, 1 s unless the job sets it).
-pub const QUIET: Duration = Duration::from_secs(30);
+/// An outage with no failed connection for this long is over. librdkafka retries a connection at
+/// least every `reconnect.backoff.max.ms` (1 s unless the job sets it) but reports an error
+/// identical to the last one at most every 30 s: three of its windows.
+pub const QUIET: Duration = Duration::from_secs(90);
 
 /// While an outage lasts, it is said again this often.
 pub const REMIND: Duration = Duration::from_secs(300);
@@ -122,7 +125,26 @@ enum Said {
 /// started one.
 pub fn unreachable(kind: ClientKind, broker: &str, cause: &str) -> bool {
     let now = Instant::now();
-    let said = with_outages(|outages| match outages.get_mut(&(kind, broker.to_owned())) {
+    let mut quiet = Vec::new();
+    let said = with_outages(|outages| {
+        // An outage quiet for long enough ended before this failure: said so, never replaced.
+        quiet = end_quiet(outages, now);
+        failed(outages, kind, broker, cause, now)
+    });
+    say_quiet(quiet);
+    say(kind, broker, cause, &said);
+    matches!(said, Said::Started)
+}
+
+/// The table's side of [`unreachable`].
+fn failed(
+    outages: &mut HashMap<(ClientKind, String), Outage>,
+    kind: ClientKind,
+    broker: &str,
+    cause: &str,
+    now: Instant,
+) -> Said {
+    match outages.get_mut(&(kind, broker.to_owned())) {
         Some(o) if o.ended.is_some_and(|e| now.duration_since(e) < GRACE) => Said::Again,
         Some(o) if o.ended.is_none() && now.duration_since(o.last_failure) < QUIET => {
             o.last_failure = now;
@@ -155,13 +177,21 @@ pub fn unreachable(kind: ClientKind, broker: &str, cause: &str) -> bool {
             );
             Said::Started
         }
-    });
-    match said {
+    }
+}
+
+fn say(kind: ClientKind, broker: &str, cause: &str, said: &Said) {
+    let then = match kind {
+        // Its readers do not wait for a broker: the audit fails and says why.
+        ClientKind::Verify => "",
+        _ => " Its clients keep trying;",
+    };
+    match *said {
         Said::Started => warn!(
             client = %kind.as_str(),
             %broker,
-            "{kind} cannot reach the Kafka broker {broker}: {cause}. Its clients keep trying; \
-             further connection errors are logged at debug until the broker is back."
+            "{kind} cannot reach the Kafka broker {broker}: {cause}.{then} further connection errors \
+             are logged at debug until the broker is back."
         ),
         Said::Reminded { gone, failures } => warn!(
             client = %kind.as_str(),
@@ -173,7 +203,6 @@ pub fn unreachable(kind: ClientKind, broker: &str, cause: &str) -> bool {
         ),
         Said::Again => debug!(client = %kind.as_str(), %broker, "{kind} still cannot reach {broker}: {cause}"),
     }
-    matches!(said, Said::Started)
 }
 
 /// A client of `kind` reports `broker` connected since `up_since_us` (wall clock, µs since the
@@ -189,7 +218,8 @@ pub fn reached(kind: ClientKind, broker: &str, up_since_us: i64) -> bool {
         // A connection that came up before the outage began is a report from before it
         // (statistics emitted before the failure, served after it).
         let ended = match outages.get_mut(&key) {
-            Some(o) if o.ended.is_none() && up_since_us > o.since_wall_us => {
+            // `time` is whole seconds: a second's margin.
+            Some(o) if o.ended.is_none() && up_since_us > o.since_wall_us - 1_000_000 => {
                 o.ended = Some(now);
                 Some(now.duration_since(o.since))
             }
@@ -233,6 +263,21 @@ fn say_quiet(quiet: Vec<(ClientKind, String, Duration)>) {
             failing.as_secs()
         );
     }
+}
+
+/// A client of `kind` is still trying to connect to `broker`: an open outage of it goes on.
+fn still_failing(kind: ClientKind, broker: &str) {
+    if OPEN.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let now = Instant::now();
+    with_outages(|outages| {
+        if let Some(o) = outages.get_mut(&(kind, broker.to_owned())) {
+            if o.ended.is_none() {
+                o.last_failure = now;
+            }
+        }
+    });
 }
 
 /// Ends the outages no failure came for in [`QUIET`] (called with each client's statistics).
@@ -376,9 +421,16 @@ impl BrokerLog {
             return;
         }
         for (node, state, age_us) in brokers {
-            if state == "UP" {
+            match state {
                 // `time` is whole seconds: the connection came up no later than this.
-                reached(self.kind, node, time.saturating_mul(1_000_000).saturating_sub(age_us));
+                "UP" => drop(reached(
+                    self.kind,
+                    node,
+                    time.saturating_mul(1_000_000).saturating_sub(age_us),
+                )),
+                // Still trying to connect: the outage goes on (between librdkafka's reports).
+                "TRY_CONNECT" | "CONNECT" => still_failing(self.kind, node),
+                _ => {}
             }
         }
         end_quiet_outages();
@@ -517,6 +569,32 @@ mod tests {
         );
         let reminded = with_outages(|m| m[&(ClientKind::Source, broker.into())].last_said.elapsed());
         assert!(reminded < REMIND, "the reminder was said");
+        // librdkafka's 30 s between identical reports is no end.
+        with_outages(|m| {
+            age(
+                m.get_mut(&(ClientKind::Source, broker.into())).unwrap(),
+                Duration::from_secs(31),
+                Duration::ZERO,
+            )
+        });
+        end_quiet_outages();
+        assert!(
+            !unreachable(ClientKind::Source, broker, "Connection refused"),
+            "31 s apart: the same outage"
+        );
+        // Statistics showing a connection being tried keep it going.
+        with_outages(|m| {
+            age(
+                m.get_mut(&(ClientKind::Source, broker.into())).unwrap(),
+                QUIET - Duration::from_secs(1),
+                Duration::ZERO,
+            )
+        });
+        still_failing(ClientKind::Source, broker);
+        end_quiet_outages();
+        assert!(with_outages(|m| m[&(ClientKind::Source, broker.into())]
+            .ended
+            .is_none()));
         with_outages(|m| {
             age(
                 m.get_mut(&(ClientKind::Source, broker.into())).unwrap(),

@@ -319,6 +319,11 @@ impl Job {
             field: Some(field.to_owned()),
             message,
         };
+        if let Some(c) = &file.checkpoints {
+            if let Err(m) = exactly_core::storage::check_scheme(&c.dir.to_string_lossy()) {
+                return Err(err("checkpoints.dir", m));
+            }
+        }
         // One place for the security settings: [kafka] reaches the source and the Kafka sink.
         if let Some(security) = &file.kafka {
             if let Err(m) = security.validate() {

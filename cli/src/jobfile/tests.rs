@@ -451,3 +451,24 @@ columns = [{ name = "id", type = "bigint", key = true }]"#;
     let pg_upserts = pg.replace("mode = \"two_phase\"", "mode = \"two_phase\"\ninsert_mode = \"upsert\"");
     parse(&cdc(first, &pg_upserts)).expect("two_phase with insert_mode upsert");
 }
+
+/// A checkpoint location in a store this build leaves out is refused by the check, naming the
+/// feature (the job would fail at its start); S3 is always in.
+#[test]
+fn a_checkpoint_store_left_out_of_the_build_is_refused_at_the_check() {
+    for (url, feature, built) in [
+        ("gs://bucket/prefix", "gcs", cfg!(feature = "gcs")),
+        ("az://container/prefix", "azure", cfg!(feature = "azure")),
+    ] {
+        let r = parse(&GOOD.replace("dir = \"/tmp/x\"", &format!("dir = \"{url}\"")));
+        match r {
+            Err(e) if !built => {
+                assert_eq!(e.field.as_deref(), Some("checkpoints.dir"), "{e}");
+                assert!(e.message.contains(&format!("`{feature}` feature")), "{e}");
+            }
+            Ok(_) if built => {}
+            other => panic!("{url}: {:?}", other.map(|_| "accepted")),
+        }
+    }
+    parse(&GOOD.replace("dir = \"/tmp/x\"", "dir = \"s3://bucket/prefix\"")).unwrap();
+}

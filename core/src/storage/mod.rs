@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 pub(crate) use layout::RestoreRecord;
 pub use layout::{Retention, Storage};
+pub use object::check_scheme;
 
 use crate::checkpoint::{CheckpointMetadata, FileHandle};
 use crate::error::Result;

@@ -46,6 +46,19 @@ fn left_out(scheme: &str, store: &str, feature: &str) -> String {
     )
 }
 
+/// Refuses an object store location whose store this build leaves out, naming the feature (a
+/// job file's check calls it: the job would fail at its start).
+pub fn check_scheme(location: &str) -> std::result::Result<(), String> {
+    let scheme = location.split_once("://").map_or("", |(s, _)| s);
+    match scheme {
+        #[cfg(not(feature = "gcs"))]
+        "gs" => Err(left_out("gs", "Google Cloud Storage", "gcs")),
+        #[cfg(not(feature = "azure"))]
+        "az" | "abfs" => Err(left_out(scheme, "Azure Blob Storage", "azure")),
+        _ => Ok(()),
+    }
+}
+
 /// Whether `location` is an object store URL rather than a local path.
 pub(crate) fn is_url(location: &Path) -> bool {
     location
@@ -524,6 +537,7 @@ mod tests {
             ("abfs://container/prefix", "azure", cfg!(feature = "azure")),
         ] {
             assert!(is_url(Path::new(url)), "{url}");
+            assert_eq!(check_scheme(url).is_err(), !built, "{url}");
             let said = Bucket::open(url).err().map(|e| e.to_string()).unwrap_or_default();
             assert_eq!(said.contains(&format!("`{feature}` feature")), !built, "{url}: {said}");
         }

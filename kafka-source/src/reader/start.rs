@@ -471,7 +471,7 @@ fn ids_failed(error: &exactly_kafka_client::wire::WireError, then: &str) {
     use exactly_kafka_client::outage::{unreachable, ClientKind};
     match error {
         exactly_kafka_client::wire::WireError::Transport { addr, what }
-            if what.contains("(os error") || what.contains("timed out") =>
+            if !what.starts_with("TLS handshake") && (what.contains("(os error") || what.contains("timed out")) =>
         {
             unreachable(ClientKind::Source, addr, what);
             debug!(%error, "Asking for the input topics' IDs failed; {then}.");
