@@ -253,13 +253,17 @@ enum Command {
         /// The peer harnesses, built by scripts/peers (peers).
         #[arg(long, default_value = "bench/peers")]
         peers_dir: PathBuf,
+        /// Partition counts of the input and output topics (partitions).
+        #[arg(long, value_delimiter = ',', default_value = "6,60,600,3000")]
+        partitions: Vec<i32>,
         /// Input topic of the plain-loop child.
         #[arg(long, hide = true)]
         input: Option<String>,
         /// Output topic of the plain-loop child.
         #[arg(long, hide = true)]
         output: Option<String>,
-        /// Also write the figures as JSON to this file.
+        /// Also write the figures as JSON to this file (and the charts, where a benchmark draws
+        /// them, as SVG files next to it).
         #[arg(long)]
         json: Option<PathBuf>,
     },
@@ -626,6 +630,7 @@ async fn main_inner(cli: Cli, mut loaded: Loaded) -> anyhow::Result<ExitCode> {
             modes,
             systems,
             peers_dir,
+            partitions,
             input,
             output,
             json,
@@ -647,6 +652,8 @@ async fn main_inner(cli: Cli, mut loaded: Loaded) -> anyhow::Result<ExitCode> {
                     systems,
                     peers_dir,
                     topics: input.zip(output),
+                    partitions,
+                    charts: json.clone(),
                 },
             )
             .await?;

@@ -58,10 +58,15 @@ pub(super) fn client_config(cluster: &Cluster) -> Result<ClientConfig> {
 }
 
 pub(super) async fn topic(cluster: &Cluster, name: &str) -> Result<()> {
+    create_topic(cluster, name, PARTITIONS).await
+}
+
+/// Creates topic `name` with `partitions` partitions.
+pub(super) async fn create_topic(cluster: &Cluster, name: &str, partitions: i32) -> Result<()> {
     let admin: AdminClient<DefaultClientContext> = client_config(cluster)?.create()?;
     for r in admin
         .create_topics(
-            &[NewTopic::new(name, PARTITIONS, TopicReplication::Fixed(1))],
+            &[NewTopic::new(name, partitions, TopicReplication::Fixed(1))],
             &AdminOptions::new(),
         )
         .await?
@@ -178,11 +183,29 @@ pub(super) fn consumer(cluster: &Cluster, topic: &str, committed: bool) -> Resul
         .set("fetch.wait.max.ms", "10")
         .create()?;
     let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
+    for p in 0..partitions_of(&c, topic)? {
         tpl.add_partition_offset(topic, p, Offset::Beginning)?;
     }
     c.assign(&tpl)?;
     Ok(c)
+}
+
+/// How many partitions `topic` has (asked until the broker knows it: a topic just created may be
+/// unknown to it for a moment).
+pub(super) fn partitions_of<C: rdkafka::consumer::ConsumerContext>(c: &BaseConsumer<C>, topic: &str) -> Result<i32> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let md = c.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        if let Some(t) = md.topics().iter().find(|t| t.name() == topic && t.error().is_none()) {
+            if !t.partitions().is_empty() {
+                return Ok(t.partitions().len() as i32);
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("{topic}: no partitions in the metadata after 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// What a reader saw: when the first and the `mark`-th record arrived, and the latency of each
@@ -214,7 +237,7 @@ pub(super) fn verify(
     let end = Instant::now() + deadline;
     let mut lat = Vec::with_capacity(n.saturating_sub(mark) as usize);
     let (mut first, mut marked) = (None, None);
-    let mut last_offsets = vec![-1i64; PARTITIONS as usize];
+    let mut last_offsets = vec![-1i64; c.assignment()?.count()];
     let mut count = 0u64;
     while count < n {
         match c.poll(Duration::from_millis(100)) {
@@ -305,11 +328,12 @@ fn sample(cluster: &Cluster, topic: &str, stop: &AtomicBool) -> Result<Vec<Sampl
         .set("group.id", unique("bench-stable"))
         .set("isolation.level", "read_committed")
         .create()?;
+    let partitions = partitions_of(&c, topic)?;
     let mut samples = Vec::new();
     let mut final_tries = 0;
     loop {
         let stopping = stop.load(Ordering::Relaxed);
-        let offsets: Result<Vec<i64>, _> = (0..PARTITIONS)
+        let offsets: Result<Vec<i64>, _> = (0..partitions)
             .map(|p| {
                 c.fetch_watermarks(topic, p, Duration::from_secs(10))
                     .map(|(_, stable)| stable)

@@ -2,6 +2,7 @@
 //! (machines are noisy: ratios hold, absolute numbers do not). Prints tables; `--json FILE`
 //! writes the figures too.
 
+mod chart;
 mod core;
 mod cpu;
 mod k2k;
@@ -9,6 +10,7 @@ mod kafka;
 mod mysql;
 mod peers;
 mod postgres;
+mod scale;
 mod source;
 
 pub use k2k::K2kMode;
@@ -73,9 +75,16 @@ pub enum Which {
     /// The same pass-through by a plain loop, `exactly run`, Kafka Streams and Flink, each a
     /// process, timed from outside (`scripts/peers` builds the Java harnesses first).
     Peers,
+    /// How cost grows with the partitions of the input and output (`--partitions`): the plain
+    /// loop and `exactly run`, each its own process, per partition count; charts with `--json`.
+    Partitions,
     /// The baseline loop of `peers`, run as a child process by it.
     #[value(hide = true)]
     PlainLoop,
+    /// The loop with a Kafka transaction per `--intervals` (Kafka's textbook exactly-once loop),
+    /// run as a child process by `partitions`.
+    #[value(hide = true)]
+    PlainTransactionalLoop,
     /// All of the above but storage.
     All,
 }
@@ -111,6 +120,10 @@ pub struct BenchOptions {
     pub peers_dir: std::path::PathBuf,
     /// Input and output topics of the hidden `plain-loop` child.
     pub topics: Option<(String, String)>,
+    /// Partition counts of the partitions benchmark.
+    pub partitions: Vec<i32>,
+    /// Where charts go (next to this file: the `--json` file), for the benchmarks that draw them.
+    pub charts: Option<std::path::PathBuf>,
 }
 
 fn need<'a>(v: &'a Option<String>, what: &str, flag: &str, env: &str) -> Result<&'a str> {
@@ -174,12 +187,36 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
         };
         peers::bench_peers(&opts, &mut report).await?;
     }
-    if which == Which::PlainLoop {
+    if which == Which::Partitions {
+        let b = cluster(o, "partitions")?;
+        let opts = scale::ScaleOptions {
+            cluster: &b,
+            records: o.records.unwrap_or(1_000_000),
+            size: o.sizes.first().copied().unwrap_or(100),
+            counts: &o.partitions,
+            interval: o
+                .intervals
+                .first()
+                .copied()
+                .unwrap_or(std::time::Duration::from_secs(1)),
+            parallelism: o.parallelism,
+            rounds: o.rounds,
+            charts: o.charts.as_deref(),
+        };
+        scale::bench_partitions(&opts, &mut report).await?;
+    }
+    if which == Which::PlainLoop || which == Which::PlainTransactionalLoop {
         let b = cluster(o, "plain-loop")?;
         let Some((input, output)) = &o.topics else {
             bail!("plain-loop needs --input and --output");
         };
-        k2k::plain_loop(&b, input, output, o.records.unwrap_or(1_000_000), None)?;
+        let transactions = (which == Which::PlainTransactionalLoop).then(|| {
+            o.intervals
+                .first()
+                .copied()
+                .unwrap_or(std::time::Duration::from_secs(1))
+        });
+        k2k::plain_loop(&b, input, output, o.records.unwrap_or(1_000_000), transactions)?;
         // Like every system `bench peers` measures, the loop is stopped from outside (its peak
         // memory is read before that); should nobody stop it, it ends after 10 minutes.
         tokio::time::sleep(std::time::Duration::from_secs(600)).await;

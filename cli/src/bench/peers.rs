@@ -279,7 +279,7 @@ async fn run_one(
 }
 
 /// Kills the child when dropped (also when the benchmark fails half-way).
-struct Guard(Child);
+pub(super) struct Guard(pub(super) Child);
 
 impl Drop for Guard {
     fn drop(&mut self) {
@@ -289,7 +289,7 @@ impl Drop for Guard {
 }
 
 /// Peak resident set size of a process in KiB (`VmHWM` of /proc/PID/status).
-fn peak_rss_kb(pid: u32) -> Option<u64> {
+pub(super) fn peak_rss_kb(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
@@ -301,7 +301,7 @@ fn peak_rss_kb(pid: u32) -> Option<u64> {
 /// `BENCH_SINK_CLIENT` (`key=value,…`) add librdkafka properties to the source and the sink, as
 /// for `bench k2k`.
 #[allow(clippy::too_many_arguments)]
-fn job_file(
+pub(super) fn job_file(
     bootstrap: &str,
     input: &str,
     output: &str,
