@@ -187,7 +187,7 @@ async fn run_one(
     let n = o.records;
     let ms = interval.as_millis().to_string();
     let p = o.parallelism.to_string();
-    let mut cmd = match system {
+    let cmd = match system {
         Peer::Plain => {
             let mut c = Command::new(std::env::current_exe()?);
             c.args(["bench", "plain-loop", "--bootstrap", &o.cluster.bootstrap, "--records"])
@@ -234,37 +234,14 @@ async fn run_one(
             c
         }
     };
-    let log = std::fs::File::create(dir.path().join("out.log"))?;
-    cmd.stdout(Stdio::from(log.try_clone()?)).stderr(Stdio::from(log));
-    let (b1, o1) = (o.cluster.clone(), output.clone());
-    let (b2, o2) = (o.cluster.clone(), output.clone());
-    // Generous deadlines: a peer on a busy machine may take minutes for a large backlog.
-    let deadline = Duration::from_secs(900);
-    let uncommitted = std::thread::spawn(move || verify(&b1, &o1, 1, 1, false, &AtomicU64::new(0), deadline));
-    let committed = std::thread::spawn(move || verify(&b2, &o2, n, n, true, &AtomicU64::new(0), deadline));
     let stable = StableOffsets::start(o.cluster, &output);
-    let start = Instant::now();
-    let mut child = Guard(cmd.spawn().with_context(|| format!("starting {}", system.name()))?);
-    let wait = tokio::task::spawn_blocking(move || (uncommitted.join(), committed.join()));
-    let mut wait = std::pin::pin!(wait);
-    let (first, all) = loop {
-        tokio::select! {
-            r = &mut wait => break r?,
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {
-                if let Some(status) = child.0.try_wait()? {
-                    let text = std::fs::read_to_string(dir.path().join("out.log")).unwrap_or_default();
-                    let tail: Vec<&str> = text.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect();
-                    bail!("{} exited ({status}) before its output was complete:\n{}", system.name(), tail.join("\n"));
-                }
-            }
-        }
-    };
-    let rss_mb = peak_rss_kb(child.0.id()).unwrap_or(0) as f64 / 1024.0;
-    drop(child);
-    let (first, all) = (
-        first.map_err(|_| anyhow::anyhow!("reader panicked"))??,
-        all.map_err(|_| anyhow::anyhow!("reader panicked"))??,
-    );
+    let Timed {
+        first,
+        all,
+        rss_mb,
+        start,
+        ..
+    } = time_child(o.cluster, &output, n, cmd, &dir.path().join("out.log"), system.name()).await?;
     let visible_at = stable.visible_at(all.last_offsets).await?.ok_or_else(|| {
         anyhow::anyhow!("the last stable offsets of {output} never passed the last records the reader saw")
     })?;
@@ -275,6 +252,65 @@ async fn run_one(
         visible: n as f64 / visible_at.duration_since(first.first).as_secs_f64(),
         startup_ms: first.first.duration_since(start).as_millis(),
         rss_mb,
+    })
+}
+
+/// One system's process timed from outside (its output read as `bench peers` reads it).
+pub(super) struct Timed {
+    /// When a read_uncommitted reader saw the first output record.
+    pub(super) first: Seen,
+    /// When a read_committed reader had them all.
+    pub(super) all: Seen,
+    /// Peak resident memory of the process.
+    pub(super) rss_mb: f64,
+    /// When the process was started.
+    pub(super) start: Instant,
+    /// The same on the wall clock (to compare with its log's times).
+    pub(super) started: std::time::SystemTime,
+}
+
+/// Starts `cmd` (its output and log into `log`) and waits until a read_committed reader has all
+/// `n` records of `output`; fails when the process exits first, with the end of its log.
+pub(super) async fn time_child(
+    cluster: &Cluster,
+    output: &str,
+    n: u64,
+    mut cmd: Command,
+    log: &Path,
+    name: &str,
+) -> Result<Timed> {
+    let file = std::fs::File::create(log)?;
+    cmd.stdout(Stdio::from(file.try_clone()?)).stderr(Stdio::from(file));
+    let (b1, o1) = (cluster.clone(), output.to_owned());
+    let (b2, o2) = (cluster.clone(), output.to_owned());
+    // Generous deadlines: a system on a busy machine may take minutes for a large backlog.
+    let deadline = Duration::from_secs(900);
+    let uncommitted = std::thread::spawn(move || verify(&b1, &o1, 1, 1, false, &AtomicU64::new(0), deadline));
+    let committed = std::thread::spawn(move || verify(&b2, &o2, n, n, true, &AtomicU64::new(0), deadline));
+    let (start, started) = (Instant::now(), std::time::SystemTime::now());
+    let mut child = Guard(cmd.spawn().with_context(|| format!("starting {name}"))?);
+    let wait = tokio::task::spawn_blocking(move || (uncommitted.join(), committed.join()));
+    let mut wait = std::pin::pin!(wait);
+    let (first, all) = loop {
+        tokio::select! {
+            r = &mut wait => break r?,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                if let Some(status) = child.0.try_wait()? {
+                    let text = std::fs::read_to_string(log).unwrap_or_default();
+                    let tail: Vec<&str> = text.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect();
+                    bail!("{name} exited ({status}) before its output was complete:\n{}", tail.join("\n"));
+                }
+            }
+        }
+    };
+    let rss_mb = peak_rss_kb(child.0.id()).unwrap_or(0) as f64 / 1024.0;
+    drop(child);
+    Ok(Timed {
+        first: first.map_err(|_| anyhow::anyhow!("reader panicked"))??,
+        all: all.map_err(|_| anyhow::anyhow!("reader panicked"))??,
+        rss_mb,
+        start,
+        started,
     })
 }
 

@@ -9,14 +9,13 @@
 //! log). With `--json FILE` each curve is also drawn as an SVG chart next to the JSON.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::atomic::AtomicU64;
-use std::time::{Duration, Instant, SystemTime};
+use std::process::Command;
+use std::time::{Duration, SystemTime};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 use super::kafka::*;
-use super::peers::{job_file, peak_rss_kb, Guard};
+use super::peers::{job_file, time_child, Timed};
 use super::{median, Report};
 use exactly_kafka_client::Cluster;
 
@@ -230,36 +229,13 @@ async fn run_one(o: &ScaleOptions<'_>, system: usize, input: &str, count: i32) -
             .args(["--intervals", &every, "--input", input, "--output", &output]);
     }
     let log_path = dir.path().join("out.log");
-    let log = std::fs::File::create(&log_path)?;
-    cmd.stdout(Stdio::from(log.try_clone()?)).stderr(Stdio::from(log));
-    let (b1, o1) = (o.cluster.clone(), output.clone());
-    let (b2, o2) = (o.cluster.clone(), output.clone());
-    let deadline = Duration::from_secs(900);
-    let uncommitted = std::thread::spawn(move || verify(&b1, &o1, 1, 1, false, &AtomicU64::new(0), deadline));
-    let committed = std::thread::spawn(move || verify(&b2, &o2, n, n, true, &AtomicU64::new(0), deadline));
-    let (start, started) = (Instant::now(), SystemTime::now());
-    let name = SYSTEMS[system];
-    let mut child = Guard(cmd.spawn().with_context(|| format!("starting {name}"))?);
-    let wait = tokio::task::spawn_blocking(move || (uncommitted.join(), committed.join()));
-    let mut wait = std::pin::pin!(wait);
-    let (first, all) = loop {
-        tokio::select! {
-            r = &mut wait => break r?,
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {
-                if let Some(status) = child.0.try_wait()? {
-                    let text = std::fs::read_to_string(&log_path).unwrap_or_default();
-                    let tail: Vec<&str> = text.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect();
-                    bail!("{name} exited ({status}) before its output was complete:\n{}", tail.join("\n"));
-                }
-            }
-        }
-    };
-    let rss_mb = peak_rss_kb(child.0.id()).unwrap_or(0) as f64 / 1024.0;
-    drop(child);
-    let (first, all) = (
-        first.map_err(|_| anyhow::anyhow!("reader panicked"))??,
-        all.map_err(|_| anyhow::anyhow!("reader panicked"))??,
-    );
+    let Timed {
+        first,
+        all,
+        rss_mb,
+        start,
+        started,
+    } = time_child(o.cluster, &output, n, cmd, &log_path, SYSTEMS[system]).await?;
     let mut m = Measured {
         rate: n as f64 / all.marked.duration_since(first.first).as_secs_f64(),
         startup_ms: first.first.duration_since(start).as_millis() as f64,
