@@ -77,6 +77,8 @@ pub(super) fn plain_loop(
     transactions: Option<Duration>,
 ) -> Result<()> {
     let c = consumer(cluster, input, true)?;
+    // Partition for partition, unless `bench partitions` has the producer partition by key.
+    let same_partition = std::env::var_os("BENCH_LOOP_PARTITIONER").is_none();
     let p = match transactions {
         None => producer(cluster)?,
         Some(_) => {
@@ -97,7 +99,10 @@ pub(super) fn plain_loop(
         let check_clock = polled.is_none() || moved % 16 == 15;
         if let Some(m) = polled {
             let m = m?;
-            let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(output).partition(m.partition());
+            let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(output);
+            if same_partition {
+                rec = rec.partition(m.partition());
+            }
             if let Some(k) = m.key() {
                 rec = rec.key(k);
             }

@@ -128,6 +128,10 @@ pub(super) fn producer_config(cluster: &Cluster) -> Result<ClientConfig> {
     c.set("linger.ms", "10")
         .set("enable.idempotence", "true")
         .set("queue.buffering.max.messages", "1000000");
+    // `bench partitions` has its loops partition by key, as exactly's sink does.
+    if let Ok(p) = std::env::var("BENCH_LOOP_PARTITIONER") {
+        c.set("partitioner", p);
+    }
     Ok(c)
 }
 
@@ -195,14 +199,17 @@ pub(super) fn consumer(cluster: &Cluster, topic: &str, committed: bool) -> Resul
 pub(super) fn partitions_of<C: rdkafka::consumer::ConsumerContext>(c: &BaseConsumer<C>, topic: &str) -> Result<i32> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let md = c.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-        if let Some(t) = md.topics().iter().find(|t| t.name() == topic && t.error().is_none()) {
-            if !t.partitions().is_empty() {
-                return Ok(t.partitions().len() as i32);
-            }
+        let md = c.fetch_metadata(Some(topic), Duration::from_secs(10));
+        if let Some(t) = md.as_ref().ok().and_then(|md| {
+            md.topics()
+                .iter()
+                .find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
+                .map(|t| t.partitions().len())
+        }) {
+            return Ok(t as i32);
         }
         if Instant::now() > deadline {
-            bail!("{topic}: no partitions in the metadata after 30 s");
+            bail!("{topic}: no partitions in the metadata after 30 s ({:?})", md.err());
         }
         std::thread::sleep(Duration::from_millis(100));
     }

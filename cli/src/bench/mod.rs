@@ -76,7 +76,8 @@ pub enum Which {
     /// process, timed from outside (`scripts/peers` builds the Java harnesses first).
     Peers,
     /// How cost grows with the partitions of the input and output (`--partitions`): the plain
-    /// loop and `exactly run`, each its own process, per partition count; charts with `--json`.
+    /// loop, Kafka's textbook transactional loop and `exactly run`, each its own process, per
+    /// partition count; charts with `--json`.
     Partitions,
     /// The baseline loop of `peers`, run as a child process by it.
     #[value(hide = true)]
@@ -188,6 +189,11 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
         peers::bench_peers(&opts, &mut report).await?;
     }
     if which == Which::Partitions {
+        if o.kafka_config.is_some() {
+            // Its children (the loops, `exactly run` on a generated job file) take bootstrap
+            // servers only.
+            bail!("bench partitions runs against a plaintext listener: its child processes do not take --kafka-config");
+        }
         let b = cluster(o, "partitions")?;
         let opts = scale::ScaleOptions {
             cluster: &b,

@@ -36,6 +36,10 @@ pub(crate) struct ScaleOptions<'a> {
 #[derive(Default, Clone)]
 struct Measured {
     rate: f64,
+    /// Rate and peak RSS ÷ the plain loop's in the same round (medians: the median of the
+    /// rounds' ratios).
+    ratio: f64,
+    rss_ratio: f64,
     startup_ms: f64,
     rss_mb: f64,
     /// `exactly run` only: process start to its first completed checkpoint, and the checkpoints.
@@ -83,19 +87,21 @@ pub(crate) async fn bench_partitions(o: &ScaleOptions<'_>, report: &mut Report) 
         spread_backlog(o.cluster, &input, count, o.records, o.size)?;
         let mut rounds: [Vec<Measured>; 3] = [Vec::new(), Vec::new(), Vec::new()];
         for round in 1..=o.rounds.max(1) {
-            let mut base = Measured::default();
+            // The order turns each round: no system always runs first, or right after the
+            // largest topics were deleted.
+            let mut measured: [Measured; 3] = Default::default();
+            for k in 0..SYSTEMS.len() {
+                let i = (k + round - 1) % SYSTEMS.len();
+                measured[i] = run_one(o, i, &input, count).await?;
+            }
+            let (base_rate, base_rss) = (measured[0].rate, measured[0].rss_mb);
             for (i, system) in SYSTEMS.iter().enumerate() {
-                let m = run_one(o, i, &input, count).await?;
-                if i == 0 {
-                    base = m.clone();
-                }
-                print_row(count, &round.to_string(), system, &m, &base);
-                report.row(
-                    "partitions",
-                    &format!("{count} round {round} {system}"),
-                    &figures(&m, &base),
-                );
-                rounds[i].push(m);
+                let m = &mut measured[i];
+                m.ratio = m.rate / base_rate;
+                m.rss_ratio = m.rss_mb / base_rss;
+                print_row(count, &round.to_string(), system, m);
+                report.row("partitions", &format!("{count} round {round} {system}"), &figures(m));
+                rounds[i].push(m.clone());
             }
         }
         delete_topics(o.cluster, &[&input]).await;
@@ -103,12 +109,8 @@ pub(crate) async fn bench_partitions(o: &ScaleOptions<'_>, report: &mut Report) 
         let medians = [medians(&rounds[0]), medians(&rounds[1]), medians(&rounds[2])];
         if o.rounds > 1 {
             for (i, system) in SYSTEMS.iter().enumerate() {
-                print_row(count, "median", system, &medians[i], &medians[0]);
-                report.row(
-                    "partitions",
-                    &format!("{count} median {system}"),
-                    &figures(&medians[i], &medians[0]),
-                );
+                print_row(count, "median", system, &medians[i]);
+                report.row("partitions", &format!("{count} median {system}"), &figures(&medians[i]));
             }
         }
         curves.push((count, medians));
@@ -121,7 +123,7 @@ pub(crate) async fn bench_partitions(o: &ScaleOptions<'_>, report: &mut Report) 
     Ok(())
 }
 
-fn print_row(count: i32, round: &str, system: &str, m: &Measured, base: &Measured) {
+fn print_row(count: i32, round: &str, system: &str, m: &Measured) {
     let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}"));
     println!(
         "{:>10} {:<6} {:<19} {:>10.0} {:>7.3} {:>9.0} {:>11} {:>9} {:>9} {:>10} {:>8.0} {:>7.2}",
@@ -129,24 +131,24 @@ fn print_row(count: i32, round: &str, system: &str, m: &Measured, base: &Measure
         round,
         system,
         m.rate,
-        m.rate / base.rate,
+        m.ratio,
         m.startup_ms,
         opt(m.first_checkpoint_ms),
         opt(m.checkpoint_ms_p50),
         opt(m.checkpoint_ms_max),
         opt(m.state_bytes),
         m.rss_mb,
-        m.rss_mb / base.rss_mb
+        m.rss_ratio
     );
 }
 
-fn figures(m: &Measured, base: &Measured) -> Vec<(&'static str, f64)> {
+fn figures(m: &Measured) -> Vec<(&'static str, f64)> {
     let mut f = vec![
         ("records_per_s", m.rate),
-        ("ratio_to_plain", m.rate / base.rate),
+        ("ratio_to_plain", m.ratio),
         ("startup_ms", m.startup_ms),
         ("peak_rss_mb", m.rss_mb),
-        ("rss_ratio_to_plain", m.rss_mb / base.rss_mb),
+        ("rss_ratio_to_plain", m.rss_ratio),
     ];
     for (name, v) in [
         ("first_checkpoint_ms", m.first_checkpoint_ms),
@@ -161,7 +163,8 @@ fn figures(m: &Measured, base: &Measured) -> Vec<(&'static str, f64)> {
     f
 }
 
-/// The median of each figure over rounds.
+/// The median of each figure over rounds (of the ratios: the median of the rounds' ratios), but
+/// the longest checkpoint: the longest of all rounds.
 fn medians(rounds: &[Measured]) -> Measured {
     let of = |f: fn(&Measured) -> f64| median(rounds.iter().map(f).collect());
     let of_opt = |f: fn(&Measured) -> Option<f64>| {
@@ -170,11 +173,13 @@ fn medians(rounds: &[Measured]) -> Measured {
     };
     Measured {
         rate: of(|m| m.rate),
+        ratio: of(|m| m.ratio),
+        rss_ratio: of(|m| m.rss_ratio),
         startup_ms: of(|m| m.startup_ms),
         rss_mb: of(|m| m.rss_mb),
         first_checkpoint_ms: of_opt(|m| m.first_checkpoint_ms),
         checkpoint_ms_p50: of_opt(|m| m.checkpoint_ms_p50),
-        checkpoint_ms_max: of_opt(|m| m.checkpoint_ms_max),
+        checkpoint_ms_max: rounds.iter().filter_map(|m| m.checkpoint_ms_max).reduce(f64::max),
         state_bytes: of_opt(|m| m.state_bytes),
     }
 }
@@ -221,9 +226,14 @@ async fn run_one(o: &ScaleOptions<'_>, system: usize, input: &str, count: i32) -
             &job,
             job_file(&o.cluster.bootstrap, input, &output, &id, &ms, &p, dir.path(), ""),
         )?;
-        cmd.args(["run", "--no-progress"]).arg(&job);
+        // Its log's "Checkpoint complete." lines are read: the default filter, whatever RUST_LOG
+        // the benchmark runs with.
+        cmd.args(["run", "--no-progress"]).arg(&job).env_remove("RUST_LOG");
     } else {
         let every = format!("{}ms", o.interval.as_millis());
+        // The loops partition the output as the sink does (the Java client's murmur2 of the key),
+        // not partition for partition: the same batches for all.
+        cmd.env("BENCH_LOOP_PARTITIONER", "murmur2_random");
         cmd.args(["bench", LOOPS[system], "--bootstrap", &o.cluster.bootstrap, "--records"])
             .arg(n.to_string())
             .args(["--intervals", &every, "--input", input, "--output", &output]);
@@ -302,8 +312,8 @@ fn charts(json: &Path, parallelism: u32, curves: &[(i32, [Measured; 3])]) -> Res
         "throughput",
         "records/s ÷ the plain loop's",
         vec![
-            ("exactly", xs(&|m| Some(m[2].rate / m[0].rate))),
-            ("plain transactional", xs(&|m| Some(m[1].rate / m[0].rate))),
+            ("exactly", xs(&|m| Some(m[2].ratio))),
+            ("plain transactional", xs(&|m| Some(m[1].ratio))),
         ],
     )?;
     chart(
