@@ -136,7 +136,11 @@ pub(super) fn producer_config(cluster: &Cluster) -> Result<ClientConfig> {
 }
 
 pub(super) fn send(p: &BaseProducer, topic: &str, key: &[u8], value: &[u8]) {
-    let mut rec = BaseRecord::to(topic).key(key).payload(value).timestamp(now_ms());
+    send_record(p, BaseRecord::to(topic).key(key).payload(value).timestamp(now_ms()));
+}
+
+/// Queues `rec`, serving the producer while its queue is full.
+pub(super) fn send_record(p: &BaseProducer, mut rec: BaseRecord<'_, [u8], [u8]>) {
     loop {
         match p.send(rec) {
             Ok(()) => return,

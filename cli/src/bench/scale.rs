@@ -192,19 +192,13 @@ fn spread_backlog(cluster: &Cluster, topic: &str, partitions: i32, n: u64, size:
     let value = vec![b'x'; size];
     for i in 0..n {
         let key = format!("k{i}");
-        let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic)
-            .partition((i % partitions as u64) as i32)
-            .key(key.as_bytes())
-            .payload(&value);
-        loop {
-            match p.send(rec) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    rec = back;
-                    p.poll(Duration::from_millis(5));
-                }
-            }
-        }
+        send_record(
+            &p,
+            BaseRecord::to(topic)
+                .partition((i % partitions as u64) as i32)
+                .key(key.as_bytes())
+                .payload(&value),
+        );
     }
     p.flush(Duration::from_secs(300))?;
     Ok(())
