@@ -42,6 +42,10 @@ struct Measured {
     rss_ratio: f64,
     startup_ms: f64,
     rss_mb: f64,
+    /// µs of CPU per record: the process's (from its start until its output was complete) and
+    /// the local broker's meanwhile.
+    cpu_us: Option<f64>,
+    broker_us: Option<f64>,
     /// `exactly run` only: process start to its first completed checkpoint, and the checkpoints.
     first_checkpoint_ms: Option<f64>,
     checkpoint_ms_p50: Option<f64>,
@@ -63,9 +67,9 @@ pub(crate) async fn bench_partitions(o: &ScaleOptions<'_>, report: &mut Report) 
         o.parallelism,
         o.rounds.max(1)
     );
-    println!("rate: records ÷ (a read_committed reader has them all − a read_uncommitted reader saw the first); start: process start to first output record; first ckpt: process start to the first completed checkpoint; ckpt p50/max: checkpoint durations during the run; state: bytes the last checkpoint wrote; RSS: peak resident memory");
+    println!("rate: records ÷ (a read_committed reader has them all − a read_uncommitted reader saw the first); start: process start to first output record; first ckpt: process start to the first completed checkpoint; ckpt p50/max: checkpoint durations during the run; state: bytes the last checkpoint wrote; RSS: peak resident memory; cpu µs: the process's CPU per record from its start until its output was complete; broker µs: the local broker's meanwhile (`BENCH_BROKER_PID`, else the one local `kafka.Kafka` process; `-` when not found)");
     println!(
-        "{:>10} {:<6} {:<19} {:>10} {:>7} {:>9} {:>11} {:>9} {:>9} {:>10} {:>8} {:>7}",
+        "{:>10} {:<6} {:<19} {:>10} {:>7} {:>9} {:>11} {:>9} {:>9} {:>10} {:>8} {:>7} {:>7} {:>9}",
         "partitions",
         "round",
         "system",
@@ -77,7 +81,9 @@ pub(crate) async fn bench_partitions(o: &ScaleOptions<'_>, report: &mut Report) 
         "ckpt max",
         "state B",
         "RSS MB",
-        "ratio"
+        "ratio",
+        "cpu µs",
+        "broker µs"
     );
     // Per count: the medians over rounds of each system.
     let mut curves: Vec<(i32, [Measured; 3])> = Vec::new();
@@ -126,7 +132,7 @@ pub(crate) async fn bench_partitions(o: &ScaleOptions<'_>, report: &mut Report) 
 fn print_row(count: i32, round: &str, system: &str, m: &Measured) {
     let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}"));
     println!(
-        "{:>10} {:<6} {:<19} {:>10.0} {:>7.3} {:>9.0} {:>11} {:>9} {:>9} {:>10} {:>8.0} {:>7.2}",
+        "{:>10} {:<6} {:<19} {:>10.0} {:>7.3} {:>9.0} {:>11} {:>9} {:>9} {:>10} {:>8.0} {:>7.2} {:>7} {:>9}",
         count,
         round,
         system,
@@ -138,7 +144,9 @@ fn print_row(count: i32, round: &str, system: &str, m: &Measured) {
         opt(m.checkpoint_ms_max),
         opt(m.state_bytes),
         m.rss_mb,
-        m.rss_ratio
+        m.rss_ratio,
+        super::cpu::show(m.cpu_us),
+        super::cpu::show(m.broker_us)
     );
 }
 
@@ -155,6 +163,8 @@ fn figures(m: &Measured) -> Vec<(&'static str, f64)> {
         ("checkpoint_ms_p50", m.checkpoint_ms_p50),
         ("checkpoint_ms_max", m.checkpoint_ms_max),
         ("state_bytes", m.state_bytes),
+        ("cpu_us_per_record", m.cpu_us),
+        ("broker_cpu_us_per_record", m.broker_us),
     ] {
         if let Some(v) = v {
             f.push((name, v));
@@ -177,6 +187,8 @@ fn medians(rounds: &[Measured]) -> Measured {
         rss_ratio: of(|m| m.rss_ratio),
         startup_ms: of(|m| m.startup_ms),
         rss_mb: of(|m| m.rss_mb),
+        cpu_us: of_opt(|m| m.cpu_us),
+        broker_us: of_opt(|m| m.broker_us),
         first_checkpoint_ms: of_opt(|m| m.first_checkpoint_ms),
         checkpoint_ms_p50: of_opt(|m| m.checkpoint_ms_p50),
         checkpoint_ms_max: rounds.iter().filter_map(|m| m.checkpoint_ms_max).reduce(f64::max),
@@ -239,11 +251,16 @@ async fn run_one(o: &ScaleOptions<'_>, system: usize, input: &str, count: i32) -
         rss_mb,
         start,
         started,
+        cpu_secs,
+        broker_cpu_secs,
     } = time_child(o.cluster, &output, n, cmd, &log_path, SYSTEMS[system]).await?;
+    let per_record = |secs: Option<f64>| secs.map(|s| s * 1e6 / n.max(1) as f64);
     let mut m = Measured {
         rate: n as f64 / all.marked.duration_since(first.first).as_secs_f64(),
         startup_ms: first.first.duration_since(start).as_millis() as f64,
         rss_mb,
+        cpu_us: per_record(cpu_secs),
+        broker_us: per_record(broker_cpu_secs),
         ..Measured::default()
     };
     if exactly {
