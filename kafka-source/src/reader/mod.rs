@@ -483,11 +483,12 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                 status = SourceStatus::Backlog;
             }
             let positions = &mut self.positions;
+            let mut hint = 0;
             let deserializer = &self.deserializer;
             for m in batch.iter() {
                 if let Some(error) = m.error() {
                     if error == rdkafka::types::RDKafkaErrorCode::AutoOffsetReset
-                        && position_of(positions, &m).is_some()
+                        && position_of(positions, &m, &mut hint).is_some()
                     {
                         // librdkafka stopped fetching the partition (a seek would answer
                         // "erroneous state", and assigning it again races with the stop): the
@@ -511,7 +512,7 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                     );
                     continue;
                 }
-                let Some(at) = position_of(positions, &m) else {
+                let Some(at) = position_of(positions, &m, &mut hint) else {
                     debug!(
                         topic = %String::from_utf8_lossy(m.topic_bytes()),
                         partition = m.partition(),
@@ -766,12 +767,22 @@ impl<T, D> Drop for KafkaSource<T, D> {
     }
 }
 
-/// Where `m`'s partition is in `positions`, if it is owned. Owned partitions are few: a scan
-/// without allocating beats a map lookup.
-fn position_of(positions: &[Position], m: &crate::fetch::RawMessage<'_>) -> Option<usize> {
-    positions
-        .iter()
-        .position(|p| p.tp.partition == m.partition() && p.topic.as_bytes() == m.topic_bytes())
+/// Where `m`'s partition is in `positions`, if it is owned. The fetch queue hands on a
+/// partition's records in runs (a fetched batch at a time): `hint`, where the previous record's
+/// partition was, is tried first, and a scan (without allocating) finds the others; a run's
+/// first record pays for the scan, so hundreds of partitions cost about as little as a few.
+fn position_of(positions: &[Position], m: &crate::fetch::RawMessage<'_>, hint: &mut usize) -> Option<usize> {
+    find_position(positions, m.topic_bytes(), m.partition(), hint)
+}
+
+fn find_position(positions: &[Position], topic: &[u8], partition: i32, hint: &mut usize) -> Option<usize> {
+    let is = |p: &Position| p.tp.partition == partition && p.topic.as_bytes() == topic;
+    if positions.get(*hint).is_some_and(is) {
+        return Some(*hint);
+    }
+    let at = positions.iter().position(is)?;
+    *hint = at;
+    Some(at)
 }
 
 /// librdkafka properties the source sets unless `client` sets them, each for a measured reason.
@@ -826,6 +837,43 @@ fn consumer_config(config: &KafkaSourceConfig) -> Result<ClientConfig> {
 mod tests {
     use super::start::answer;
     use super::*;
+
+    #[test]
+    fn a_records_partition_is_found_whether_the_hint_is_right_or_not() {
+        let now = Instant::now();
+        let positions: Vec<Position> = ["a", "b"]
+            .iter()
+            .flat_map(|t| (0..3).map(move |p| (t, p)))
+            .map(|(t, p)| Position {
+                tp: TopicPartition {
+                    topic: (*t).to_owned(),
+                    partition: p,
+                },
+                topic: Arc::from(*t),
+                next: 0,
+                clock: PartitionClock::new(now),
+            })
+            .collect();
+        let mut hint = 0;
+        // A run of one partition, then another, then back: each found where it is.
+        for (topic, partition, at) in [("a", 0, 0), ("a", 0, 0), ("b", 2, 5), ("b", 2, 5), ("a", 1, 1), ("b", 0, 3)] {
+            assert_eq!(
+                find_position(&positions, topic.as_bytes(), partition, &mut hint),
+                Some(at),
+                "{topic}/{partition}"
+            );
+            assert_eq!(hint, at);
+        }
+        // The same partition number of another topic is not the hinted one.
+        assert_eq!(find_position(&positions, b"a", 0, &mut hint), Some(0));
+        // Not owned: none, and the hint stays.
+        assert_eq!(find_position(&positions, b"c", 0, &mut hint), None);
+        assert_eq!(find_position(&positions, b"a", 7, &mut hint), None);
+        assert_eq!(hint, 0);
+        // A hint beyond the end (partitions given up) is only a miss.
+        let mut beyond = 99;
+        assert_eq!(find_position(&positions, b"b", 1, &mut beyond), Some(4));
+    }
 
     #[test]
     fn the_jobs_client_properties_win_over_the_defaults_and_the_owned_keys_over_both() {
