@@ -63,7 +63,7 @@ pub struct TransactionalKafkaSink {
     held: Vec<ProducerRecord>,
     held_bytes: usize,
     /// The most records held; beyond it (or [`HOLD_BYTES`]) the record path waits for the flush
-    /// (as many as a producer's queue takes).
+    /// (as many as a producer's queue takes: [`queue_cap`], set at `open`).
     hold_limit: usize,
 }
 
@@ -181,7 +181,8 @@ impl TransactionalKafkaSink {
             ));
         };
         let wire = Wire::new(config.cluster(), crate::pool::request_timeout(transaction_timeout));
-        let hold_limit = queue_cap(&config.client);
+        // The output's partitions are known at `open`.
+        let hold_limit = queue_cap(&config.client, 0);
         Ok(TransactionalKafkaSink {
             config,
             prefix: transactional_id_prefix,
@@ -225,6 +226,7 @@ impl TransactionalKafkaSink {
             let (producer, deliveries) = create_producer(
                 &self.config.cluster(),
                 &self.config.client,
+                self.hold_limit,
                 Some((id, self.transaction_timeout)),
             )?;
             match producer.init_transactions(INIT_TRY_TIMEOUTS[tries - 1]) {
@@ -469,6 +471,7 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             }
         }
         self.partitions = facts.partitions;
+        self.hold_limit = queue_cap(&self.config.client, self.partitions.len());
         self.brokers = facts.brokers;
         self.partitioner.open(info.index, info.parallelism);
         self.progress = progress::group(&self.prefix, info.index);

@@ -106,7 +106,19 @@ impl ProducerContext for SinkContext {
 pub(crate) type Producer_ = ThreadedProducer<SinkContext>;
 
 const QUEUE_CAP_KEY: &str = "queue.buffering.max.messages";
+/// The default queue's floor: what every output of up to [`QUEUE_PER_PARTITION`] × this many
+/// partitions gets.
 const DEFAULT_QUEUE_CAP: usize = 20_000;
+/// Records the default queue holds per partition of the output (beyond the floor). librdkafka
+/// batches per partition out of the records queued, and the broker's cost is per batch: a queue
+/// of 20 000 spread over 600 partitions gave batches of about 30 records, and the broker spent
+/// 12–16 µs of CPU per record against the plain loop's 5–6 (the job ran at 0.36–0.5 × the loop);
+/// 100 000 (≈ 170 per partition) brought the broker back to 6.4 µs and the job to 1.09 ×
+/// (`exactly bench partitions`, 600 partitions, 3 M × 100 B, 2026-12-06).
+const QUEUE_PER_PARTITION: usize = 200;
+/// The default queue's ceiling (reached at 2 500 partitions): the records held beside it while a
+/// transaction flushes are as many, so memory grows with it.
+const MAX_DEFAULT_QUEUE_CAP: usize = 500_000;
 
 const SOCKET_TIMEOUT_KEY: &str = "socket.timeout.ms";
 
@@ -140,26 +152,31 @@ pub(crate) fn request_timeout(transaction_timeout: Duration) -> Duration {
 }
 
 /// How many records a producer of this `client` setting queues at most (librdkafka's
-/// `queue.buffering.max.messages`, ours unless the job sets it).
-pub(crate) fn queue_cap(client: &std::collections::BTreeMap<String, String>) -> usize {
+/// `queue.buffering.max.messages`), writing to an output of `partitions` partitions: the job's
+/// setting, else [`QUEUE_PER_PARTITION`] per partition within [`DEFAULT_QUEUE_CAP`] and
+/// [`MAX_DEFAULT_QUEUE_CAP`].
+pub(crate) fn queue_cap(client: &std::collections::BTreeMap<String, String>, partitions: usize) -> usize {
     client
         .get(QUEUE_CAP_KEY)
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(DEFAULT_QUEUE_CAP)
+        .unwrap_or_else(|| (QUEUE_PER_PARTITION * partitions).clamp(DEFAULT_QUEUE_CAP, MAX_DEFAULT_QUEUE_CAP))
 }
 
-/// Creates a producer (transactional when `transactional_id` is given).
+/// Creates a producer (transactional when `transactional_id` is given) whose queue takes
+/// `queue` records ([`queue_cap`]).
 pub(crate) fn create_producer(
     cluster: &exactly_kafka_client::Cluster,
     client: &std::collections::BTreeMap<String, String>,
+    queue: usize,
     transactional: Option<(&str, Duration)>,
 ) -> Result<(Producer_, Arc<Deliveries>)> {
     let mut c = cluster.client_config().map_err(SinkError::Config)?;
     c.set("linger.ms", "5");
     // Every checkpoint flushes the producer (pre-commit, or at-least-once's barrier flush) and the
     // records after the barrier wait meanwhile (at-least-once on the task; exactly-once held in
-    // memory, up to this many): a shorter queue than librdkafka's 100 000 messages keeps that wait
-    // short (measured with `exactly bench k2k`, 4 M × 100 B, exactly-once against the plain loop,
+    // memory, up to this many): on few partitions a shorter queue than librdkafka's 100 000
+    // messages keeps that wait short (measured with `exactly bench k2k`, 6 partitions, 4 M × 100 B,
+    // exactly-once against the plain loop,
     // when exactly-once flushed on the task: 0.45 × with 100 000, 0.93 × with 20 000; 10 000 and
     // 5 000 stalled on a full queue instead). With the hold, 60 000 and 100 000 measured no
     // differently from 20 000 at 100 ms (docs/benchmarks.md, 2026-12-03).
@@ -167,8 +184,8 @@ pub(crate) fn create_producer(
     // checkpoints, where flushes are rare, 40 000 wrote faster in four alternating pairs of five
     // (8 M: 891 / 780 / 633 k records/s against 568 / 567 / 797 k), at 100 ms slower in three of
     // three (597 / 713 / 587 k against 703 / 801 / 697 k; docs/benchmarks.md, 2026-12-03):
-    // `client` sets it per job.
-    c.set(QUEUE_CAP_KEY, DEFAULT_QUEUE_CAP.to_string());
+    // `client` sets it per job. Per partition of the output it is [`QUEUE_PER_PARTITION`].
+    c.set(QUEUE_CAP_KEY, queue.to_string());
     // The end of a broker outage for the log (statistics are parsed only during one).
     c.set(
         "statistics.interval.ms",
@@ -310,5 +327,24 @@ fn wait_delivered(producer: &Producer_, timeout: Duration) -> Result<()> {
             format!("flushing ({} records still undelivered)", producer.in_flight_count()),
             KafkaError::Flush(code),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_queue_grows_with_the_outputs_partitions_between_its_floor_and_ceiling() {
+        let none = std::collections::BTreeMap::new();
+        assert_eq!(queue_cap(&none, 0), DEFAULT_QUEUE_CAP);
+        assert_eq!(queue_cap(&none, 6), DEFAULT_QUEUE_CAP);
+        assert_eq!(queue_cap(&none, 100), DEFAULT_QUEUE_CAP);
+        assert_eq!(queue_cap(&none, 600), 600 * QUEUE_PER_PARTITION);
+        assert_eq!(queue_cap(&none, 100_000), MAX_DEFAULT_QUEUE_CAP);
+        // The job's own setting wins, whatever the partitions.
+        let set = std::collections::BTreeMap::from([(QUEUE_CAP_KEY.to_owned(), " 7000 ".to_owned())]);
+        assert_eq!(queue_cap(&set, 600), 7_000);
+        assert_eq!(queue_cap(&set, 1), 7_000);
     }
 }

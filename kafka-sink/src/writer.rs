@@ -12,7 +12,7 @@ use crate::config::{DeliveryGuarantee, KafkaSinkConfig};
 use crate::error::Result;
 use crate::exactly_once::TransactionalKafkaSink;
 use crate::partitioner::Partitioner;
-use crate::pool::{create_producer, flush, send_all, Deliveries, Producer_};
+use crate::pool::{create_producer, flush, queue_cap, send_all, Deliveries, Producer_};
 use crate::ProducerRecord;
 
 /// The sink for `none` and `at_least_once`: one idempotent producer.
@@ -48,7 +48,8 @@ impl Sink<ProducerRecord> for KafkaWriter {
         let facts = broker_facts(&self.config, ctx.info.starting).await?;
         self.partitions = facts.partitions;
         self.partitioner.open(ctx.info.index, ctx.info.parallelism);
-        self.producer = Some(create_producer(&self.config.cluster(), &self.config.client, None)?);
+        let queue = queue_cap(&self.config.client, self.partitions.len());
+        self.producer = Some(create_producer(&self.config.cluster(), &self.config.client, queue, None)?);
         Ok(())
     }
 
