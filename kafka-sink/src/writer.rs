@@ -49,7 +49,12 @@ impl Sink<ProducerRecord> for KafkaWriter {
         self.partitions = facts.partitions;
         self.partitioner.open(ctx.info.index, ctx.info.parallelism);
         let queue = queue_cap(&self.config.client, self.partitions.len());
-        self.producer = Some(create_producer(&self.config.cluster(), &self.config.client, queue, None)?);
+        self.producer = Some(create_producer(
+            &self.config.cluster(),
+            &self.config.client,
+            queue,
+            None,
+        )?);
         Ok(())
     }
 

@@ -856,7 +856,14 @@ mod tests {
             .collect();
         let mut hint = 0;
         // A run of one partition, then another, then back: each found where it is.
-        for (topic, partition, at) in [("a", 0, 0), ("a", 0, 0), ("b", 2, 5), ("b", 2, 5), ("a", 1, 1), ("b", 0, 3)] {
+        for (topic, partition, at) in [
+            ("a", 0, 0),
+            ("a", 0, 0),
+            ("b", 2, 5),
+            ("b", 2, 5),
+            ("a", 1, 1),
+            ("b", 0, 3),
+        ] {
             assert_eq!(
                 find_position(&positions, topic.as_bytes(), partition, &mut hint),
                 Some(at),
