@@ -151,6 +151,23 @@ impl KafkaSinkConfig {
                 return bad(why);
             }
         }
+        // The sink holds as many records as the producer queues: both must read the same number
+        // (librdkafka reads "0x10", "010" or "40_000" as 16, 8 and 40, the sink would not).
+        if let Some(v) = self.client.get(crate::pool::QUEUE_CAP_KEY) {
+            let v = v.trim();
+            // No leading zero either: librdkafka would read "010" as octal.
+            let count = (!v.is_empty() && !v.starts_with('0') && v.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| v.parse::<i32>().ok())
+                .flatten()
+                .filter(|&n| n >= 1);
+            if count.is_none() {
+                return bad(format!(
+                    "client.{} must be a whole number of records from 1 to {} (got {v:?})",
+                    crate::pool::QUEUE_CAP_KEY,
+                    i32::MAX
+                ));
+            }
+        }
         self.security.validate().map_err(SinkError::Config)?;
         if let DeliveryGuarantee::ExactlyOnce {
             transactional_id_prefix,
@@ -258,6 +275,36 @@ mod tests {
         let err = eo(Duration::from_millis(201)).validate().unwrap_err().to_string();
         assert!(err.contains("at least 1s"), "{err}");
         eo(Duration::from_secs(1)).validate().unwrap();
+    }
+
+    #[test]
+    fn a_queue_size_librdkafka_would_read_otherwise_is_refused() {
+        for bad in [
+            "0",
+            "0x9c40",
+            "010",
+            "010x",
+            "40_000",
+            "100k",
+            "-1",
+            "",
+            " ",
+            "2147483648",
+            "1e5",
+        ] {
+            let mut c = eo(Duration::from_secs(60));
+            c.client.insert("queue.buffering.max.messages".into(), bad.into());
+            let err = c.validate().unwrap_err().to_string();
+            assert!(
+                err.contains("client.queue.buffering.max.messages must be a whole number"),
+                "{bad:?}: {err}"
+            );
+        }
+        for good in ["1", "40000", " 40000 ", "2147483647"] {
+            let mut c = eo(Duration::from_secs(60));
+            c.client.insert("queue.buffering.max.messages".into(), good.into());
+            c.validate().unwrap();
+        }
     }
 
     #[test]

@@ -471,9 +471,12 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
             }
         }
         self.partitions = facts.partitions;
-        self.hold_limit = queue_cap(&self.config.client, self.partitions.len());
         self.brokers = facts.brokers;
         self.partitioner.open(info.index, info.parallelism);
+        self.hold_limit = queue_cap(
+            &self.config.client,
+            self.partitioner.partitions_written(self.partitions.len()),
+        );
         self.progress = progress::group(&self.prefix, info.index);
         self.info = Some(info.clone());
         Ok(())

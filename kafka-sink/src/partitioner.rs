@@ -8,6 +8,11 @@ pub trait Partitioner: Send + Sync + 'static {
     fn open(&mut self, _subtask: u32, _parallelism: u32) {}
     /// The partition (an index into `partitions`) for a record. `partitions` is non-empty.
     fn partition(&self, key: Option<&[u8]>, value: Option<&[u8]>, topic: &str, partitions: &[i32]) -> i32;
+    /// How many of an output's `partitions` this subtask writes to, at most (after `open`): the
+    /// producer's queue is sized for them. All of them unless the partitioner says fewer.
+    fn partitions_written(&self, partitions: usize) -> usize {
+        partitions
+    }
 }
 
 /// Every record of subtask `i` goes to partition `i % partitions` (Flink's `FlinkFixedPartitioner`).
@@ -35,6 +40,9 @@ impl Partitioner for FixedPartitioner {
             });
         }
         partitions[self.subtask as usize % partitions.len()]
+    }
+    fn partitions_written(&self, partitions: usize) -> usize {
+        partitions.min(1)
     }
 }
 
@@ -115,6 +123,16 @@ pub fn murmur2(data: &[u8]) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fixed_partitioner_writes_one_partition_the_others_all() {
+        let mut fixed = FixedPartitioner::default();
+        fixed.open(1, 2);
+        assert_eq!(fixed.partitions_written(600), 1);
+        assert_eq!(fixed.partitions_written(0), 0);
+        assert_eq!(RoundRobinPartitioner::default().partitions_written(600), 600);
+        assert_eq!(KeyHashPartitioner::default().partitions_written(600), 600);
+    }
 
     /// Computed with the Java client (kafka-clients 4.1.1: `Utils.murmur2`, `toPositive(h) % n`).
     const VECTORS: &[(&str, i32, i32, i32)] = &[

@@ -105,20 +105,26 @@ impl ProducerContext for SinkContext {
 
 pub(crate) type Producer_ = ThreadedProducer<SinkContext>;
 
-const QUEUE_CAP_KEY: &str = "queue.buffering.max.messages";
-/// The default queue's floor: what every output of up to [`QUEUE_PER_PARTITION`] × this many
-/// partitions gets.
+pub(crate) const QUEUE_CAP_KEY: &str = "queue.buffering.max.messages";
+/// The default queue's floor: what a subtask writing up to 100 partitions gets.
 const DEFAULT_QUEUE_CAP: usize = 20_000;
-/// Records the default queue holds per partition of the output (beyond the floor). librdkafka
-/// batches per partition out of the records queued, and the broker's cost is per batch: a queue
-/// of 20 000 spread over 600 partitions gave batches of about 30 records, and the broker spent
-/// 12–16 µs of CPU per record against the plain loop's 5–6 (the job ran at 0.36–0.5 × the loop);
-/// 100 000 (≈ 170 per partition) brought the broker back to 6.4 µs and the job to 1.09 ×
-/// (`exactly bench partitions`, 600 partitions, 3 M × 100 B, 2026-12-06).
+/// Records the default queue holds per partition the subtask writes to (beyond the floor).
+/// librdkafka batches per partition out of the records queued, and the broker's cost is per
+/// batch: a queue of 20 000 spread over 600 partitions gave batches of about 30 records, and the
+/// broker spent 12–16 µs of CPU per record against the plain loop's 5–6 (the job ran at
+/// 0.36–0.5 × the loop); with 200 per partition (120 000) the broker spent 6–8 µs and the job ran
+/// at 0.78 × (3 rounds; one-round probes: 100 000, 1.09 ×; 200 000, 0.95 ×) (`exactly bench
+/// partitions`, 600 partitions, 3 M × 100 B, 2026-12-06).
 const QUEUE_PER_PARTITION: usize = 200;
-/// The default queue's ceiling (reached at 2 500 partitions): the records held beside it while a
-/// transaction flushes are as many, so memory grows with it.
+/// The default queue's ceiling (reached at 2 500 partitions). Memory is bounded in bytes too:
+/// [`QUEUE_KBYTES`].
 const MAX_DEFAULT_QUEUE_CAP: usize = 500_000;
+const QUEUE_KBYTES_KEY: &str = "queue.buffering.max.kbytes";
+/// The payload bytes a producer queues at most, unless the job sets it (librdkafka's default is
+/// 1 GiB): with large records the count alone would let a queue of hundreds of thousands of
+/// records take that much. 128 MiB is 20 000 records of 6.5 KiB, so no queue that was allowed
+/// before the count grew with the partitions is cut by it, except of larger records.
+const QUEUE_KBYTES: usize = 128 * 1024;
 
 const SOCKET_TIMEOUT_KEY: &str = "socket.timeout.ms";
 
@@ -152,8 +158,9 @@ pub(crate) fn request_timeout(transaction_timeout: Duration) -> Duration {
 }
 
 /// How many records a producer of this `client` setting queues at most (librdkafka's
-/// `queue.buffering.max.messages`), writing to an output of `partitions` partitions: the job's
-/// setting, else [`QUEUE_PER_PARTITION`] per partition within [`DEFAULT_QUEUE_CAP`] and
+/// `queue.buffering.max.messages`), writing to `partitions` partitions: the job's setting
+/// (checked by `KafkaSinkConfig::validate` to be a plain count librdkafka reads the same), else
+/// [`QUEUE_PER_PARTITION`] per partition within [`DEFAULT_QUEUE_CAP`] and
 /// [`MAX_DEFAULT_QUEUE_CAP`].
 pub(crate) fn queue_cap(client: &std::collections::BTreeMap<String, String>, partitions: usize) -> usize {
     client
@@ -186,6 +193,7 @@ pub(crate) fn create_producer(
     // three (597 / 713 / 587 k against 703 / 801 / 697 k; docs/benchmarks.md, 2026-12-03):
     // `client` sets it per job. Per partition of the output it is [`QUEUE_PER_PARTITION`].
     c.set(QUEUE_CAP_KEY, queue.to_string());
+    c.set(QUEUE_KBYTES_KEY, QUEUE_KBYTES.to_string());
     // The end of a broker outage for the log (statistics are parsed only during one).
     c.set(
         "statistics.interval.ms",

@@ -48,7 +48,8 @@ impl Sink<ProducerRecord> for KafkaWriter {
         let facts = broker_facts(&self.config, ctx.info.starting).await?;
         self.partitions = facts.partitions;
         self.partitioner.open(ctx.info.index, ctx.info.parallelism);
-        let queue = queue_cap(&self.config.client, self.partitions.len());
+        let written = self.partitioner.partitions_written(self.partitions.len());
+        let queue = queue_cap(&self.config.client, written);
         self.producer = Some(create_producer(
             &self.config.cluster(),
             &self.config.client,
