@@ -151,20 +151,34 @@ impl KafkaSinkConfig {
                 return bad(why);
             }
         }
-        // The sink holds as many records as the producer queues: both must read the same number
-        // (librdkafka reads "0x10", "010" or "40_000" as 16, 8 and 40, the sink would not).
-        if let Some(v) = self.client.get(crate::pool::QUEUE_CAP_KEY) {
+        // Exactly-once holds as many records as the producer queues while a transaction flushes:
+        // both must read the same number (librdkafka reads "0x10", "010" or "40_000" as 16, 8 and
+        // 40, the sink would not). "0" is librdkafka's "no limit by count" (the sink then holds
+        // nothing and waits for each flush).
+        if let (Some(v), DeliveryGuarantee::ExactlyOnce { .. }) =
+            (self.client.get(crate::pool::QUEUE_CAP_KEY), &self.delivery)
+        {
             let v = v.trim();
             // No leading zero either: librdkafka would read "010" as octal.
-            let count = (!v.is_empty() && !v.starts_with('0') && v.bytes().all(|b| b.is_ascii_digit()))
-                .then(|| v.parse::<i32>().ok())
-                .flatten()
-                .filter(|&n| n >= 1);
-            if count.is_none() {
+            let plain = v == "0" || (!v.is_empty() && !v.starts_with('0') && v.bytes().all(|b| b.is_ascii_digit()));
+            if !plain || v.parse::<i32>().is_err() {
                 return bad(format!(
-                    "client.{} must be a whole number of records from 1 to {} (got {v:?})",
+                    "client.{} must be a whole number of records from 0 (no limit) to {} (got {v:?})",
                     crate::pool::QUEUE_CAP_KEY,
                     i32::MAX
+                ));
+            }
+        }
+        // A record larger than the queue's bytes could never be queued: the sink would wait for
+        // room forever.
+        let bytes = |key: &str| self.client.get(key).and_then(|v| v.trim().parse::<u64>().ok());
+        if let Some(max) = bytes("message.max.bytes") {
+            let queue = bytes(crate::pool::QUEUE_KBYTES_KEY).unwrap_or(crate::pool::QUEUE_KBYTES as u64) * 1024;
+            if max > queue {
+                return bad(format!(
+                    "client.message.max.bytes ({max}) exceeds the producer queue's {queue} bytes: raise client.{} (KiB) to at least {}",
+                    crate::pool::QUEUE_KBYTES_KEY,
+                    max.div_ceil(1024)
                 ));
             }
         }
@@ -280,7 +294,6 @@ mod tests {
     #[test]
     fn a_queue_size_librdkafka_would_read_otherwise_is_refused() {
         for bad in [
-            "0",
             "0x9c40",
             "010",
             "010x",
@@ -291,6 +304,7 @@ mod tests {
             " ",
             "2147483648",
             "1e5",
+            "00",
         ] {
             let mut c = eo(Duration::from_secs(60));
             c.client.insert("queue.buffering.max.messages".into(), bad.into());
@@ -300,11 +314,31 @@ mod tests {
                 "{bad:?}: {err}"
             );
         }
-        for good in ["1", "40000", " 40000 ", "2147483647"] {
+        for good in ["0", "1", "40000", " 40000 ", "2147483647"] {
             let mut c = eo(Duration::from_secs(60));
             c.client.insert("queue.buffering.max.messages".into(), good.into());
             c.validate().unwrap();
         }
+        // Nothing is held without exactly-once: librdkafka's reading is the only one.
+        let mut c = KafkaSinkConfig::new("b", "t", DeliveryGuarantee::AtLeastOnce);
+        c.client.insert("queue.buffering.max.messages".into(), "0x9c40".into());
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn a_record_size_beyond_the_queues_bytes_is_refused() {
+        let mut c = eo(Duration::from_secs(60));
+        c.client.insert("message.max.bytes".into(), "200000000".into());
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("raise client.queue.buffering.max.kbytes (KiB) to at least 195313"),
+            "{err}"
+        );
+        c.client.insert("queue.buffering.max.kbytes".into(), "195313".into());
+        c.validate().unwrap();
+        let mut c = eo(Duration::from_secs(60));
+        c.client.insert("message.max.bytes".into(), "1000000".into());
+        c.validate().unwrap();
     }
 
     #[test]

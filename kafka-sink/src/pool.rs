@@ -119,12 +119,13 @@ const QUEUE_PER_PARTITION: usize = 200;
 /// The default queue's ceiling (reached at 2 500 partitions). Memory is bounded in bytes too:
 /// [`QUEUE_KBYTES`].
 const MAX_DEFAULT_QUEUE_CAP: usize = 500_000;
-const QUEUE_KBYTES_KEY: &str = "queue.buffering.max.kbytes";
+pub(crate) const QUEUE_KBYTES_KEY: &str = "queue.buffering.max.kbytes";
 /// The payload bytes a producer queues at most, unless the job sets it (librdkafka's default is
 /// 1 GiB): with large records the count alone would let a queue of hundreds of thousands of
-/// records take that much. 128 MiB is 20 000 records of 6.5 KiB, so no queue that was allowed
-/// before the count grew with the partitions is cut by it, except of larger records.
-const QUEUE_KBYTES: usize = 128 * 1024;
+/// records take that much. 128 MiB is 20 000 records of 6.5 KiB: the default count's queues of
+/// smaller records are not cut by it. (A job's `message.max.bytes` beyond it is refused by
+/// `KafkaSinkConfig::validate`: such a record would never fit.)
+pub(crate) const QUEUE_KBYTES: usize = 128 * 1024;
 
 const SOCKET_TIMEOUT_KEY: &str = "socket.timeout.ms";
 
