@@ -264,6 +264,13 @@ mod tests {
         )
     }
 
+    /// An exactly-once configuration with `key` = `value` among its client properties.
+    fn eo_with(key: &str, value: &str) -> KafkaSinkConfig {
+        let mut c = eo(Duration::from_secs(60));
+        c.client.insert(key.into(), value.into());
+        c
+    }
+
     #[test]
     fn timeout_must_exceed_checkpointing() {
         let c = eo(Duration::from_secs(60));
@@ -306,18 +313,17 @@ mod tests {
             "1e5",
             "00",
         ] {
-            let mut c = eo(Duration::from_secs(60));
-            c.client.insert("queue.buffering.max.messages".into(), bad.into());
-            let err = c.validate().unwrap_err().to_string();
+            let err = eo_with("queue.buffering.max.messages", bad)
+                .validate()
+                .unwrap_err()
+                .to_string();
             assert!(
                 err.contains("client.queue.buffering.max.messages must be a whole number"),
                 "{bad:?}: {err}"
             );
         }
         for good in ["0", "1", "40000", " 40000 ", "2147483647"] {
-            let mut c = eo(Duration::from_secs(60));
-            c.client.insert("queue.buffering.max.messages".into(), good.into());
-            c.validate().unwrap();
+            eo_with("queue.buffering.max.messages", good).validate().unwrap();
         }
         // Nothing is held without exactly-once: librdkafka's reading is the only one.
         let mut c = KafkaSinkConfig::new("b", "t", DeliveryGuarantee::AtLeastOnce);
@@ -327,8 +333,7 @@ mod tests {
 
     #[test]
     fn a_record_size_beyond_the_queues_bytes_is_refused() {
-        let mut c = eo(Duration::from_secs(60));
-        c.client.insert("message.max.bytes".into(), "200000000".into());
+        let mut c = eo_with("message.max.bytes", "200000000");
         let err = c.validate().unwrap_err().to_string();
         assert!(
             err.contains("raise client.queue.buffering.max.kbytes (KiB) to at least 195313"),
@@ -336,9 +341,7 @@ mod tests {
         );
         c.client.insert("queue.buffering.max.kbytes".into(), "195313".into());
         c.validate().unwrap();
-        let mut c = eo(Duration::from_secs(60));
-        c.client.insert("message.max.bytes".into(), "1000000".into());
-        c.validate().unwrap();
+        eo_with("message.max.bytes", "1000000").validate().unwrap();
     }
 
     #[test]

@@ -181,8 +181,6 @@ impl TransactionalKafkaSink {
             ));
         };
         let wire = Wire::new(config.cluster(), crate::pool::request_timeout(transaction_timeout));
-        // The output's partitions are known at `open`.
-        let hold_limit = queue_cap(&config.client, 0);
         Ok(TransactionalKafkaSink {
             config,
             prefix: transactional_id_prefix,
@@ -203,7 +201,8 @@ impl TransactionalKafkaSink {
             draining: None,
             held: Vec::new(),
             held_bytes: 0,
-            hold_limit,
+            // Set at `open`, once the output's partitions are known.
+            hold_limit: 0,
         })
     }
 

@@ -41,19 +41,6 @@ pub(super) fn child_cpu_secs(pid: u32) -> Option<f64> {
     cpu_secs(&pid.to_string())
 }
 
-/// The local broker whose CPU a run is charged with (see [`broker_pid`]) and its CPU seconds now.
-pub(super) fn broker_now(local: bool) -> Option<(String, f64)> {
-    let pid = broker_pid(local)?;
-    let secs = cpu_secs(&pid)?;
-    Some((pid, secs))
-}
-
-/// The broker's CPU seconds since `then` ([`broker_now`]).
-pub(super) fn broker_since(then: &Option<(String, f64)>) -> Option<f64> {
-    let (pid, before) = then.as_ref()?;
-    Some(cpu_secs(pid)? - before)
-}
-
 /// CPU used from [`CpuClock::start`] on, by this process and by the broker.
 pub(super) struct CpuClock {
     broker: Option<String>,

@@ -267,10 +267,10 @@ pub(super) struct Timed {
     pub(super) start: Instant,
     /// The same on the wall clock (to compare with its log's times).
     pub(super) started: std::time::SystemTime,
-    /// CPU seconds the process used from its start until its output was complete.
-    pub(super) cpu_secs: Option<f64>,
-    /// CPU seconds the local broker used meanwhile (`None`: no single local broker found).
-    pub(super) broker_cpu_secs: Option<f64>,
+    /// µs of CPU per record the process used from its start until its output was complete.
+    pub(super) cpu_us: Option<f64>,
+    /// µs of CPU per record the local broker used meanwhile (`None`: no single local broker found).
+    pub(super) broker_cpu_us: Option<f64>,
 }
 
 /// Starts `cmd` (its output and log into `log`) and waits until a read_committed reader has all
@@ -292,7 +292,7 @@ pub(super) async fn time_child(
     let uncommitted = std::thread::spawn(move || verify(&b1, &o1, 1, 1, false, &AtomicU64::new(0), deadline));
     let committed = std::thread::spawn(move || verify(&b2, &o2, n, n, true, &AtomicU64::new(0), deadline));
     let (start, started) = (Instant::now(), std::time::SystemTime::now());
-    let broker = super::cpu::broker_now(super::kafka::is_local(cluster));
+    let clock = super::cpu::CpuClock::start(super::kafka::is_local(cluster));
     let mut child = Guard(cmd.spawn().with_context(|| format!("starting {name}"))?);
     let wait = tokio::task::spawn_blocking(move || (uncommitted.join(), committed.join()));
     let mut wait = std::pin::pin!(wait);
@@ -309,8 +309,8 @@ pub(super) async fn time_child(
         }
     };
     let rss_mb = peak_rss_kb(child.0.id()).unwrap_or(0) as f64 / 1024.0;
-    let cpu_secs = super::cpu::child_cpu_secs(child.0.id());
-    let broker_cpu_secs = super::cpu::broker_since(&broker);
+    let cpu_us = super::cpu::child_cpu_secs(child.0.id()).map(|s| s * 1e6 / n.max(1) as f64);
+    let broker_cpu_us = clock.per_record(n).broker;
     drop(child);
     Ok(Timed {
         first: first.map_err(|_| anyhow::anyhow!("reader panicked"))??,
@@ -318,8 +318,8 @@ pub(super) async fn time_child(
         rss_mb,
         start,
         started,
-        cpu_secs,
-        broker_cpu_secs,
+        cpu_us,
+        broker_cpu_us,
     })
 }
 

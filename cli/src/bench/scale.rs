@@ -251,16 +251,15 @@ async fn run_one(o: &ScaleOptions<'_>, system: usize, input: &str, count: i32) -
         rss_mb,
         start,
         started,
-        cpu_secs,
-        broker_cpu_secs,
+        cpu_us,
+        broker_cpu_us,
     } = time_child(o.cluster, &output, n, cmd, &log_path, SYSTEMS[system]).await?;
-    let per_record = |secs: Option<f64>| secs.map(|s| s * 1e6 / n.max(1) as f64);
     let mut m = Measured {
         rate: n as f64 / all.marked.duration_since(first.first).as_secs_f64(),
         startup_ms: first.first.duration_since(start).as_millis() as f64,
         rss_mb,
-        cpu_us: per_record(cpu_secs),
-        broker_us: per_record(broker_cpu_secs),
+        cpu_us,
+        broker_us: broker_cpu_us,
         ..Measured::default()
     };
     if exactly {
