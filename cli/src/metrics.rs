@@ -78,6 +78,9 @@ pub struct CheckpointStatus {
     pub p99_ms: Option<u64>,
     /// State size of the latest (bytes).
     pub last_size_bytes: u64,
+    /// Bytes the latest wrote to checkpoint storage (with RocksDB state: what changed since the
+    /// one before).
+    pub last_written_bytes: u64,
     /// Longest alignment of the latest (ms).
     pub last_alignment_ms: u64,
     /// Retention passes that deleted nothing because a checkpoint could not be read.
@@ -306,6 +309,7 @@ impl Registry {
                 p50_ms: stats.duration_quantile(0.5).map(ms),
                 p99_ms: stats.duration_quantile(0.99).map(ms),
                 last_size_bytes: stats.last_state_size,
+                last_written_bytes: stats.last_written,
                 last_alignment_ms: ms(stats.last_alignment),
                 retention_failures: stats.retention_failures,
             },
@@ -461,6 +465,11 @@ pub fn prometheus(s: &Status) -> String {
         one(c.last_size_bytes as f64),
     );
     e.gauge(
+        "exactly_checkpoint_last_written_bytes",
+        "Bytes the latest completed checkpoint wrote to checkpoint storage (incremental: what changed since the one before).",
+        one(c.last_written_bytes as f64),
+    );
+    e.gauge(
         "exactly_checkpoint_last_alignment_seconds",
         "Longest barrier alignment of the latest completed checkpoint.",
         one(c.last_alignment_ms as f64 / 1000.0),
@@ -546,6 +555,7 @@ mod tests {
         "exactly_checkpoint_last_alignment_seconds",
         "exactly_checkpoint_last_duration_seconds",
         "exactly_checkpoint_last_size_bytes",
+        "exactly_checkpoint_last_written_bytes",
         "exactly_checkpoint_latest_id",
         "exactly_checkpoint_restores_total",
         "exactly_checkpoint_retention_failures_total",

@@ -147,6 +147,7 @@ fn backend(name: &str, dir: &Path) -> StateBackendConfig {
         "memory" => StateBackendConfig::Memory,
         _ => StateBackendConfig::RocksDb {
             local_dir: Some(dir.join("rocksdb-local")),
+            memory_mb: None,
         },
     }
 }

@@ -92,6 +92,7 @@ async fn main() -> anyhow::Result<()> {
     };
     config.state_backend = StateBackendConfig::RocksDb {
         local_dir: Some(dir.path().join("rocksdb")),
+        memory_mb: None,
     };
 
     let source = KafkaSourceConfig::new(&bootstrap, vec![input.clone()], format!("example-{run}"));

@@ -36,6 +36,9 @@ pub struct TaskSnapshot {
     pub operators: Vec<OperatorSubtaskState>,
     /// Time the task spent aligning the barrier.
     pub alignment: Duration,
+    /// Bytes its operators wrote to checkpoint storage for this checkpoint (state files: for
+    /// RocksDB the SST files new since its last snapshot and the small private files).
+    pub written: u64,
 }
 
 /// A checkpoint waiting for acknowledgements.
@@ -57,6 +60,11 @@ impl PendingCheckpoint {
     /// Longest alignment among the tasks.
     pub fn max_alignment(&self) -> Duration {
         self.acks.values().map(|a| a.alignment).max().unwrap_or_default()
+    }
+
+    /// Bytes the tasks wrote to checkpoint storage for this checkpoint.
+    pub fn written(&self) -> u64 {
+        self.acks.values().map(|a| a.written).sum()
     }
 
     /// The metadata to persist once every task acknowledged.

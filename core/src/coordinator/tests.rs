@@ -24,6 +24,7 @@ fn ack_state(uid: &str, subtask: u32, parallelism: u32) -> TaskSnapshot {
             state: SubtaskSnapshot::default(),
         }],
         alignment: Duration::ZERO,
+        written: 0,
     }
 }
 

@@ -310,6 +310,7 @@ impl<I: Send, O: Send, P: KeyedProcessFunction<I, O>> Output<I> for KeyedNode<I,
                 let backend = self.backend.as_deref_mut().expect("opened before barriers");
                 let handle = tokio::task::block_in_place(|| backend.snapshot(b.id, b.kind, &name, writer.as_ref()))?;
                 ctx.snapshot.operators[at].state.keyed = Some(handle);
+                ctx.snapshot.written += writer.bytes_written();
             }
             self.next.barrier(ctx).await
         })

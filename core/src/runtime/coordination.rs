@@ -372,6 +372,7 @@ impl Run<'_> {
         let barrier = p.barrier;
         let duration = p.started.elapsed();
         let alignment = p.max_alignment();
+        let written = p.written();
         let storage = self.storage.clone().expect("checkpointing on");
         let meta = p.into_metadata(&self.job.config.name, now_ms())?;
         let size = meta.state_size();
@@ -426,6 +427,7 @@ impl Run<'_> {
             alignment_ms = alignment.as_millis() as u64,
             persist_ms = persist_started.elapsed().as_millis() as u64,
             state_bytes = size,
+            written_bytes = written,
             "Checkpoint complete."
         );
         if let Some(a) = self.aborts.take().filter(|a| a.more > 0) {
@@ -442,10 +444,13 @@ impl Run<'_> {
             s.latest_id = Some(barrier.id);
             if s.durations.len() >= 10_000 {
                 s.durations.remove(0);
+                s.written.remove(0);
             }
             s.durations.push(duration);
+            s.written.push(written);
             s.last_alignment = alignment;
             s.last_state_size = size;
+            s.last_written = written;
         });
         for b in subsumed {
             self.broadcast(Control::Notify(Notification::Aborted(b.id)));

@@ -36,6 +36,10 @@ pub struct Job {
     pub(super) metrics: Arc<JobMetrics>,
     /// Region failover applies: subtask i of every stage is region i.
     pub(super) regions: bool,
+    /// The memory every RocksDB instance of the job in this process shares (all subtasks, all
+    /// runs), made on first use.
+    #[cfg(feature = "rocksdb")]
+    pub(super) rocksdb_memory: std::sync::OnceLock<crate::state::RocksDbMemory>,
 }
 
 /// How a job ended.
@@ -171,6 +175,8 @@ impl Job {
             uids,
             metrics: Arc::new(JobMetrics::default()),
             regions,
+            #[cfg(feature = "rocksdb")]
+            rocksdb_memory: std::sync::OnceLock::new(),
         })
     }
 
@@ -424,10 +430,25 @@ impl Job {
         Ok(chosen.map(Arc::new))
     }
 
-    fn backend_factory(&self, restore: Option<Arc<Snapshot>>) -> BackendFactory {
+    pub(super) fn backend_factory(&self, restore: Option<Arc<Snapshot>>) -> BackendFactory {
         let config = self.config.state_backend.clone();
         #[cfg(feature = "rocksdb")]
         let job = self.config.name.clone();
+        // One budget for every RocksDB instance of the job in this process (this factory is
+        // made per task).
+        #[cfg(feature = "rocksdb")]
+        let memory = match &config {
+            StateBackendConfig::RocksDb { memory_mb, .. } => Some(
+                self.rocksdb_memory
+                    .get_or_init(|| {
+                        crate::state::RocksDbMemory::new(
+                            memory_mb.unwrap_or(crate::state::DEFAULT_ROCKSDB_MEMORY_MB) << 20,
+                        )
+                    })
+                    .clone(),
+            ),
+            StateBackendConfig::Memory => None,
+        };
         Arc::new(move |info, restored| {
             let range = KeyGroupRange::for_subtask(info.max_parallelism, info.parallelism, info.index);
             let handles: Vec<_> = match (restored, &restore) {
@@ -441,12 +462,13 @@ impl Job {
                 #[cfg(not(feature = "rocksdb"))]
                 StateBackendConfig::RocksDb { .. } => return Err(super::rocksdb_missing()),
                 #[cfg(feature = "rocksdb")]
-                StateBackendConfig::RocksDb { local_dir } => {
+                StateBackendConfig::RocksDb { local_dir, .. } => {
                     let root = match local_dir {
                         Some(dir) => dir.clone(),
                         None => crate::private_fs::default_state_root()?.join(&job),
                     };
-                    Box::new(RocksDbBackend::restore(range, &handles, &root)?)
+                    let memory = memory.as_ref().expect("made for RocksDB");
+                    Box::new(RocksDbBackend::restore_in(range, &handles, &root, memory)?)
                 }
             })
         })

@@ -21,6 +21,11 @@ pub struct CheckpointStats {
     pub last_alignment: Duration,
     /// State size of the latest completed checkpoint (bytes).
     pub last_state_size: u64,
+    /// Bytes the latest completed checkpoint wrote to checkpoint storage: with RocksDB state,
+    /// what changed since the checkpoint before (new SST files), not the whole state.
+    pub last_written: u64,
+    /// Bytes written by each completed checkpoint, as `durations` (the most recent 10 000).
+    pub written: Vec<u64>,
     /// Retention passes that deleted nothing because a checkpoint's metadata could not be read
     /// (old checkpoints stay until a later pass reads them).
     pub retention_failures: u64,

@@ -49,6 +49,10 @@ pub enum StateBackendConfig {
         /// a random name, under the system's temporary directory: [`crate::default_state_root`]).
         #[serde(default)]
         local_dir: Option<PathBuf>,
+        /// Memory in MiB that all RocksDB instances of the job in this process share: block
+        /// cache, index and filter blocks and write buffers (default 256, at least 16).
+        #[serde(default)]
+        memory_mb: Option<u64>,
     },
 }
 

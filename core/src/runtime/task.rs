@@ -546,6 +546,7 @@ async fn source_snapshot<T, S: Source<T>>(
             },
         }],
         alignment: Duration::ZERO,
+        written: 0,
     })
 }
 
@@ -621,7 +622,7 @@ pub(crate) fn input_task<T: Send + 'static>(
                             AlignerEvent::Watermark(w) => chain.watermark(w)?,
                             AlignerEvent::Idle => chain.idle()?,
                             AlignerEvent::Barrier { barrier, alignment } => {
-                                let snapshot = TaskSnapshot { operators: Vec::new(), alignment };
+                                let snapshot = TaskSnapshot { operators: Vec::new(), alignment, written: 0 };
                                 parts.checkpoint(&mut acks, &mut chain, barrier, snapshot, true).await?;
                                 spawned = true;
                             }

@@ -13,7 +13,11 @@ pub use key_groups::{hash_key, key_group, subtask_for_key_group, KeyGroupRange, 
 pub use memory::MemoryBackend;
 pub use operator_state::{redistribute, RestoredState};
 #[cfg(feature = "rocksdb")]
-pub use rocks::RocksDbBackend;
+pub use rocks::{RocksDbBackend, RocksDbMemory};
+
+/// The default memory (MiB) that the RocksDB instances of a job share in one process
+/// (`StateBackendConfig::RocksDb::memory_mb`).
+pub const DEFAULT_ROCKSDB_MEMORY_MB: u64 = 256;
 
 #[cfg(test)]
 mod tests;

@@ -11,10 +11,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use rocksdb::checkpoint::Checkpoint;
-use rocksdb::{IteratorMode, Options, WriteOptions, DB};
+use rocksdb::{BlockBasedOptions, Cache, IteratorMode, Options, WriteBufferManager, WriteOptions, DB};
 
 use super::backend::{entry_key_group, restored_encoding, KeyedStateBackend};
-use super::KeyGroupRange;
+use super::{KeyGroupRange, DEFAULT_ROCKSDB_MEMORY_MB};
 use crate::checkpoint::{BackendKind, FileHandle, FileScope, KeyedStateHandle, StateEncoding};
 use crate::error::{CoreError, Result};
 use crate::message::{CheckpointId, SnapshotKind};
@@ -51,11 +51,75 @@ fn new_instance() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
 
-fn db_options() -> Options {
-    let mut o = Options::default();
-    o.create_if_missing(true);
-    o.set_max_background_jobs(2);
-    o
+/// The memory all RocksDB instances of one job in one process share: one block cache holding
+/// data blocks, index and filter blocks, with the write buffers (memtables) charged to it, so the
+/// state's memory is this budget whatever the state's size (Flink's managed memory for RocksDB).
+/// Without it each instance had its own cache and write buffers, and index blocks outside any
+/// cache: resident memory grew with the state.
+#[derive(Clone)]
+pub struct RocksDbMemory {
+    cache: Cache,
+    buffers: WriteBufferManager,
+    bytes: usize,
+}
+
+impl std::fmt::Debug for RocksDbMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RocksDbMemory").field("bytes", &self.bytes).finish()
+    }
+}
+
+impl RocksDbMemory {
+    /// A budget of `bytes`: half of it at most for write buffers, all of it (write buffers
+    /// included) for the block cache.
+    pub fn new(bytes: u64) -> Self {
+        let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+        let cache = Cache::new_lru_cache(bytes);
+        let buffers = WriteBufferManager::new_write_buffer_manager_with_cache(bytes / 2, false, cache.clone());
+        RocksDbMemory { cache, buffers, bytes }
+    }
+
+    /// The budget in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Bytes of the budget in use (cached blocks and the write buffers charged to it).
+    pub fn usage(&self) -> usize {
+        self.cache.get_usage()
+    }
+
+    /// The process's default budget (tests and programs that do not set one).
+    pub fn shared_default() -> Self {
+        static DEFAULT: std::sync::OnceLock<RocksDbMemory> = std::sync::OnceLock::new();
+        DEFAULT
+            .get_or_init(|| RocksDbMemory::new(DEFAULT_ROCKSDB_MEMORY_MB << 20))
+            .clone()
+    }
+
+    fn db_options(&self) -> Options {
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&self.cache);
+        // A read of a key looks only into files whose filter may hold it: with checkpoints every
+        // second flushing a new L0 file, a read without filters searched every one.
+        table.set_bloom_filter(10.0, false);
+        // Index and filter blocks in the cache (bounded), partitioned: a large SST's single
+        // filter block (megabytes) does not fit a cache shard, so each read would load and
+        // checksum it again; partitions of a few KiB are cached like data blocks, and only the
+        // small top level of each file stays pinned.
+        table.set_cache_index_and_filter_blocks(true);
+        table.set_index_type(rocksdb::BlockBasedIndexType::TwoLevelIndexSearch);
+        table.set_partition_filters(true);
+        table.set_metadata_block_size(4096);
+        table.set_pin_top_level_index_and_filter(true);
+        table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+        let mut o = Options::default();
+        o.create_if_missing(true);
+        o.set_max_background_jobs(2);
+        o.set_block_based_table_factory(&table);
+        o.set_write_buffer_manager(&self.buffers);
+        o
+    }
 }
 
 fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> CoreError + 'a {
@@ -63,12 +127,18 @@ fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -
 }
 
 impl RocksDbBackend {
-    /// An empty backend for `range`, with its working copy under `local_root`.
+    /// An empty backend for `range`, with its working copy under `local_root`, in the process's
+    /// default memory budget.
     pub fn new(range: KeyGroupRange, local_root: &Path) -> Result<Self> {
+        Self::new_in(range, local_root, &RocksDbMemory::shared_default())
+    }
+
+    /// An empty backend for `range`, with its working copy under `local_root`, in `memory`.
+    pub fn new_in(range: KeyGroupRange, local_root: &Path, memory: &RocksDbMemory) -> Result<Self> {
         let instance = new_instance();
         let dir = local_root.join(format!("rocksdb-{instance}"));
         crate::private_fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
-        let db = DB::open(&db_options(), dir.join("db"))?;
+        let db = DB::open(&memory.db_options(), dir.join("db"))?;
         Ok(Self::wrap(range, db, dir, instance, HashMap::new()))
     }
 
@@ -105,6 +175,16 @@ impl RocksDbBackend {
         handles: &[(&KeyedStateHandle, &dyn SnapshotReader)],
         local_root: &Path,
     ) -> Result<Self> {
+        Self::restore_in(range, handles, local_root, &RocksDbMemory::shared_default())
+    }
+
+    /// [`RocksDbBackend::restore`] in `memory`.
+    pub fn restore_in(
+        range: KeyGroupRange,
+        handles: &[(&KeyedStateHandle, &dyn SnapshotReader)],
+        local_root: &Path,
+        memory: &RocksDbMemory,
+    ) -> Result<Self> {
         for (h, _) in handles {
             if h.backend != BackendKind::RocksDb {
                 return Err(CoreError::Config(format!(
@@ -131,13 +211,13 @@ impl RocksDbBackend {
                         uploaded.insert(file.local_name.clone(), file.clone());
                     }
                 }
-                let db = DB::open(&db_options(), &db_dir)?;
+                let db = DB::open(&memory.db_options(), &db_dir)?;
                 let mut backend = Self::wrap(range, db, dir, instance, uploaded);
                 backend.encoding = encoding;
                 return Ok(backend);
             }
         }
-        let mut backend = RocksDbBackend::new(range, local_root)?;
+        let mut backend = RocksDbBackend::new_in(range, local_root, memory)?;
         backend.encoding = encoding;
         for (handle, reader) in relevant {
             let tmp = backend.dir.join(format!("import-{}", new_instance()));

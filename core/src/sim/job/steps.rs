@@ -92,6 +92,7 @@ impl World {
         let snapshot = TaskSnapshot {
             operators,
             alignment: Duration::ZERO,
+            written: 0,
         };
         self.run.events.push_back(Event::Ack(task, id, snapshot));
     }
