@@ -256,6 +256,18 @@ enum Command {
         /// Partition counts of the input and output topics (partitions).
         #[arg(long, value_delimiter = ',', default_value = "6,60,600,3000")]
         partitions: Vec<i32>,
+        /// Key counts (state).
+        #[arg(long, value_delimiter = ',', default_value = "1000000,10000000,50000000")]
+        keys: Vec<u64>,
+        /// Records per second of the steady phase (state).
+        #[arg(long, default_value_t = 100_000)]
+        rate: u64,
+        /// RocksDB's memory in MiB (state; default as a job's `memory_mb`).
+        #[arg(long)]
+        rocksdb_memory_mb: Option<u64>,
+        /// Which half of a key count the state-child runs.
+        #[arg(long, hide = true, value_enum)]
+        state_phase: Option<bench::StatePhase>,
         /// Input topic of the plain-loop child.
         #[arg(long, hide = true)]
         input: Option<String>,
@@ -631,6 +643,10 @@ async fn main_inner(cli: Cli, mut loaded: Loaded) -> anyhow::Result<ExitCode> {
             systems,
             peers_dir,
             partitions,
+            keys,
+            rate,
+            state_phase,
+            rocksdb_memory_mb,
             input,
             output,
             json,
@@ -654,6 +670,10 @@ async fn main_inner(cli: Cli, mut loaded: Loaded) -> anyhow::Result<ExitCode> {
                     topics: input.zip(output),
                     partitions,
                     charts: json.clone(),
+                    keys,
+                    rate,
+                    state_phase,
+                    rocksdb_memory_mb,
                 },
             )
             .await?;

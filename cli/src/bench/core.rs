@@ -170,6 +170,7 @@ pub(crate) async fn storage(records: u64, rounds: usize, url: &str, report: &mut
     let dir = tempfile::tempdir()?;
     let rocks = || StateBackendConfig::RocksDb {
         local_dir: Some(dir.path().join("rocksdb")),
+        memory_mb: None,
     };
     let interval = Duration::from_secs(1);
     let (mut local, mut remote) = (Vec::new(), Vec::new());

@@ -12,9 +12,11 @@ mod peers;
 mod postgres;
 mod scale;
 mod source;
+mod state;
 
 pub use k2k::K2kMode;
 pub use peers::Peer;
+pub use state::StatePhase;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -79,6 +81,13 @@ pub enum Which {
     /// loop, Kafka's textbook transactional loop and `exactly run`, each its own process, per
     /// partition count; charts with `--json`.
     Partitions,
+    /// How keyed state's cost grows with its keys (`--keys`): RocksDB checkpoints' duration and
+    /// bytes written while keys are updated, restore time, memory; each key count in its own
+    /// processes; checkpoints in `--checkpoints` (default a local directory); charts with `--json`.
+    State,
+    /// One process of `state`, run as a child by it.
+    #[value(hide = true)]
+    StateChild,
     /// The baseline loop of `peers`, run as a child process by it.
     #[value(hide = true)]
     PlainLoop,
@@ -86,7 +95,7 @@ pub enum Which {
     /// run as a child process by `partitions`.
     #[value(hide = true)]
     PlainTransactionalLoop,
-    /// All of the above but storage.
+    /// core, source, k2k, mysql and postgres.
     All,
 }
 
@@ -125,6 +134,14 @@ pub struct BenchOptions {
     pub partitions: Vec<i32>,
     /// Where charts go (next to this file: the `--json` file), for the benchmarks that draw them.
     pub charts: Option<std::path::PathBuf>,
+    /// Key counts of the state benchmark.
+    pub keys: Vec<u64>,
+    /// Records per second of the state benchmark's steady phase.
+    pub rate: u64,
+    /// Which half a `state-child` runs.
+    pub state_phase: Option<StatePhase>,
+    /// RocksDB's memory of the state benchmark (MiB).
+    pub rocksdb_memory_mb: Option<u64>,
 }
 
 fn need<'a>(v: &'a Option<String>, what: &str, flag: &str, env: &str) -> Result<&'a str> {
@@ -210,6 +227,31 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
             charts: o.charts.as_deref(),
         };
         scale::bench_partitions(&opts, &mut report).await?;
+    }
+    if which == Which::State || which == Which::StateChild {
+        let interval = o
+            .intervals
+            .first()
+            .copied()
+            .unwrap_or(std::time::Duration::from_secs(1));
+        let updates = o.records.unwrap_or(3_000_000);
+        if which == Which::StateChild {
+            let (Some(phase), [keys], Some(at)) = (o.state_phase, o.keys.as_slice(), &o.checkpoints) else {
+                bail!("state-child needs --state-phase, one --keys and --checkpoints");
+            };
+            state::child(phase, *keys, updates, o.rate, interval, at, o.rocksdb_memory_mb).await?;
+        } else {
+            let opts = state::StateOptions {
+                keys: &o.keys,
+                updates,
+                rate: o.rate,
+                interval,
+                checkpoints: o.checkpoints.as_deref(),
+                memory_mb: o.rocksdb_memory_mb,
+                charts: o.charts.as_deref(),
+            };
+            state::bench_state(&opts, &mut report).await?;
+        }
     }
     if which == Which::PlainLoop || which == Which::PlainTransactionalLoop {
         let b = cluster(o, "plain-loop")?;
