@@ -78,8 +78,8 @@ pub struct CheckpointStatus {
     pub p99_ms: Option<u64>,
     /// State size of the latest (bytes).
     pub last_size_bytes: u64,
-    /// Bytes the latest wrote to checkpoint storage (with RocksDB state: what changed since the
-    /// one before).
+    /// Bytes of keyed-state files the latest wrote to checkpoint storage (with RocksDB state:
+    /// what changed since the one before; operator state, inside the metadata, not counted).
     pub last_written_bytes: u64,
     /// Longest alignment of the latest (ms).
     pub last_alignment_ms: u64,
@@ -466,7 +466,7 @@ pub fn prometheus(s: &Status) -> String {
     );
     e.gauge(
         "exactly_checkpoint_last_written_bytes",
-        "Bytes the latest completed checkpoint wrote to checkpoint storage (incremental: what changed since the one before).",
+        "Bytes of keyed-state files the latest completed checkpoint wrote to checkpoint storage (RocksDB: what changed since the one before; operator state, kept in the checkpoint's metadata, not included).",
         one(c.last_written_bytes as f64),
     );
     e.gauge(

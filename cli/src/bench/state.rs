@@ -72,6 +72,8 @@ pub(crate) struct ChildResult {
     /// Restore: sample keys read back, and how many had the count the first process left.
     probed: u64,
     matched: u64,
+    /// Restore: the source position the restored checkpoint held.
+    restored_pos: u64,
 }
 
 /// SplitMix64: the steady phase's key of record `i` (uniform, the same in both processes).
@@ -106,7 +108,8 @@ struct Shared {
     steady_at: AtomicU64,
     /// The position the restore's source resumed from.
     restored_pos: AtomicU64,
-    first_output: Mutex<Option<Instant>>,
+    /// When each sink subtask had its first record after the restore.
+    first_output: Mutex<std::collections::BTreeMap<u32, Instant>>,
     probed: Mutex<Vec<(u64, u64)>>,
     /// The ordinal of the first completed checkpoint of the steady phase (0: not yet).
     first_steady: AtomicU64,
@@ -137,6 +140,8 @@ impl Source<(u64, u64)> for KeyGen {
     async fn poll_next(&mut self, out: &mut Vec<(u64, u64)>) -> exactly_core::Result<SourceStatus> {
         if let Some(keys) = self.probe.take() {
             out.extend(keys.into_iter().map(|k| (k, 0)));
+            // Nothing after the sample: the restored counts are read, not changed.
+            self.end = self.next;
             return Ok(SourceStatus::More);
         }
         if self.next >= self.end {
@@ -191,6 +196,7 @@ impl KeyedProcessFunction<(u64, u64), (u64, u64)> for Count {
 struct Probe {
     shared: Arc<Shared>,
     keep: bool,
+    index: u32,
 }
 impl Sink<(u64, u64)> for Probe {
     async fn write(&mut self, records: Vec<(u64, u64)>) -> exactly_core::Result<()> {
@@ -199,7 +205,8 @@ impl Sink<(u64, u64)> for Probe {
                 .first_output
                 .lock()
                 .expect("not poisoned")
-                .get_or_insert_with(Instant::now);
+                .entry(self.index)
+                .or_insert_with(Instant::now);
             self.shared.probed.lock().expect("not poisoned").extend(records);
         }
         Ok(())
@@ -255,9 +262,10 @@ pub(crate) async fn child(
     })
     .key_by(|(k, _)| k.to_be_bytes().to_vec())
     .process("count", 2, |_| Count(ValueState::new("n")))
-    .sink("out", move |_| Probe {
+    .sink("out", move |info| Probe {
         shared: s2.clone(),
         keep: restore,
+        index: info.index,
     });
     let job = job.build().context("building the job")?;
     let job_start = Instant::now();
@@ -270,10 +278,11 @@ pub(crate) async fn child(
         loop {
             tokio::time::sleep(Duration::from_millis(500)).await;
             if s.steady_at.load(Ordering::SeqCst) > 0 {
-                // The checkpoint under way when the phase began is left out.
+                // Left out: the checkpoint under way when the phase began was seen, and the one
+                // after it (its barrier may follow the last loaded keys by up to an interval).
                 if s.first_steady.load(Ordering::SeqCst) == 0 {
                     s.first_steady
-                        .store(sampler_metrics.checkpoints().completed + 2, Ordering::SeqCst);
+                        .store(sampler_metrics.checkpoints().completed + 3, Ordering::SeqCst);
                 }
                 let high = f64::from_bits(s.rss_steady.load(Ordering::SeqCst)).max(rss_mb().0);
                 s.rss_steady.store(high.to_bits(), Ordering::SeqCst);
@@ -312,8 +321,16 @@ pub(crate) async fn child(
             result.steady_rate = updates as f64 / steady_secs;
         }
         StatePhase::Restore => {
-            let first = shared.first_output.lock().expect("not poisoned").map(|t| t - job_start);
-            result.restore_ms = first.map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0);
+            // The restore is done when every subtask counted (the slowest one's first record).
+            let last = shared
+                .first_output
+                .lock()
+                .expect("not poisoned")
+                .values()
+                .max()
+                .copied();
+            result.restore_ms = last.map_or(f64::NAN, |t| (t - job_start).as_secs_f64() * 1000.0);
+            result.restored_pos = shared.restored_pos.load(Ordering::SeqCst);
             result.restore_job_ms = job_ms;
             let pos = shared.restored_pos.load(Ordering::SeqCst);
             let probed = shared.probed.lock().expect("not poisoned").clone();
@@ -373,6 +390,12 @@ fn quantile(v: &[f64], q: f64) -> f64 {
 }
 
 pub(crate) async fn bench_state(o: &StateOptions<'_>, report: &mut Report) -> Result<()> {
+    if o.keys.is_empty() || o.keys.contains(&0) {
+        bail!("bench state needs key counts of at least 1 (--keys)");
+    }
+    if o.updates == 0 || o.rate == 0 {
+        bail!("bench state needs a steady phase: --records (updates) and --rate of at least 1");
+    }
     let tmp = tempfile::tempdir()?;
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
@@ -380,12 +403,13 @@ pub(crate) async fn bench_state(o: &StateOptions<'_>, report: &mut Report) -> Re
     let where_ = o.checkpoints.unwrap_or("a local directory");
     let memory = o.memory_mb.unwrap_or(exactly_core::state::DEFAULT_ROCKSDB_MEMORY_MB);
     println!(
-        "Keyed state (RocksDB, {memory} MiB of memory, parallelism 2) as the keys grow: each key written once, then {} updates of uniformly chosen keys at {} records/s, checkpoints every {} in {where_}; then a new process restores the latest checkpoint and reads up to 1000 keys back",
+        "Keyed state (RocksDB, {memory} MiB of memory, parallelism 2) as the keys grow: each key written once, then {} updates of uniformly chosen keys at {} records/s, checkpoints every {} in {where_}; then a new process restores the latest checkpoint and reads up to 1000 keys back{}",
         o.updates,
         o.rate,
         humantime::format_duration(o.interval),
+        if o.checkpoints.is_some() { " (the checkpoints are left in the store, under bench-state-<time>/)" } else { "" },
     );
-    println!("load: records/s writing every key once; ckpt p50/p99/max: steady-phase checkpoint durations; written: MB a steady-phase checkpoint wrote to checkpoint storage (median, max) and per update (median B); state: MB of the latest checkpoint; RSS: highest sample in the steady phase and the peak of the process (MiB); restore: job start to the first record counted after the restore (s), the sample keys whose counts match");
+    println!("load: records/s writing every key once; ckpt p50/p99/max: steady-phase checkpoint durations; written: MB a steady-phase checkpoint wrote to checkpoint storage (median, max); B/update: all they wrote ÷ the updates; state: MB of the latest checkpoint; RSS: highest sample in the steady phase and the peak of the process (MiB); restore: job start until every subtask counted its first record after the restore (s), its peak RSS, the sample keys whose counts match");
     println!(
         "{:>10} {:>9} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8} {:>9}",
         "keys",
@@ -410,26 +434,27 @@ pub(crate) async fn bench_state(o: &StateOptions<'_>, report: &mut Report) -> Re
             None => tmp.path().join(format!("keys-{keys}")).to_string_lossy().into_owned(),
         };
         let args = |phase: &str| -> Vec<String> {
-            let mut args: Vec<String> = o
-                .memory_mb
-                .map(|mb| vec!["--rocksdb-memory-mb".into(), mb.to_string()])
-                .unwrap_or_default();
-            args.extend([
-                "bench".into(),
-                "state-child".into(),
-                "--state-phase".into(),
-                phase.into(),
-                "--keys".into(),
-                keys.to_string(),
-                "--records".into(),
-                o.updates.to_string(),
-                "--rate".into(),
-                o.rate.to_string(),
-                "--intervals".into(),
-                humantime::format_duration(o.interval).to_string(),
-                "--checkpoints".into(),
-                location.clone(),
-            ]);
+            let mut args: Vec<String> = [
+                "bench",
+                "state-child",
+                "--state-phase",
+                phase,
+                "--keys",
+                &keys.to_string(),
+                "--records",
+                &o.updates.to_string(),
+                "--rate",
+                &o.rate.to_string(),
+                "--intervals",
+                &humantime::format_duration(o.interval).to_string(),
+                "--checkpoints",
+                &location,
+            ]
+            .map(str::to_owned)
+            .to_vec();
+            if let Some(mb) = o.memory_mb {
+                args.extend(["--rocksdb-memory-mb".to_owned(), mb.to_string()]);
+            }
             args
         };
         let (load, _) = run_child(&args("load"), &tmp.path().join(format!("load-{keys}.log")))?;
@@ -438,8 +463,12 @@ pub(crate) async fn bench_state(o: &StateOptions<'_>, report: &mut Report) -> Re
             let _ = std::fs::remove_dir_all(&location);
         }
         let written_mb: Vec<f64> = load.written.iter().map(|b| *b as f64 / 1e6).collect();
-        let per_interval = load.steady_rate * o.interval.as_secs_f64();
-        let per_update: Vec<f64> = load.written.iter().map(|b| *b as f64 / per_interval.max(1.0)).collect();
+        if load.written.is_empty() {
+            bail!("{keys} keys: no checkpoint completed in the steady phase; give it more updates (--records) or a shorter --intervals");
+        }
+        // Everything the steady phase's checkpoints wrote (compactions' output included) ÷ the
+        // updates: what an update costs in checkpoint storage, whatever the checkpoints' spacing.
+        let per_update = load.written.iter().sum::<u64>() as f64 / o.updates as f64;
         let row = [
             ("keys", keys as f64),
             ("load_records_per_s", load.load_rate),
@@ -449,7 +478,7 @@ pub(crate) async fn bench_state(o: &StateOptions<'_>, report: &mut Report) -> Re
             ("checkpoint_ms_max", quantile(&load.durations_ms, 1.0)),
             ("written_mb_p50", median(written_mb.clone())),
             ("written_mb_max", quantile(&written_mb, 1.0)),
-            ("written_bytes_per_update_p50", median(per_update)),
+            ("written_bytes_per_update", per_update),
             ("steady_records_per_s", load.steady_rate),
             ("state_mb", load.state_bytes as f64 / 1e6),
             ("rss_steady_mb", load.rss_steady_mb),
@@ -470,7 +499,7 @@ pub(crate) async fn bench_state(o: &StateOptions<'_>, report: &mut Report) -> Re
             f("checkpoint_ms_max"),
             f("written_mb_p50"),
             f("written_mb_max"),
-            f("written_bytes_per_update_p50"),
+            f("written_bytes_per_update"),
             f("state_mb"),
             f("rss_steady_mb"),
             f("rss_peak_mb"),
@@ -480,9 +509,12 @@ pub(crate) async fn bench_state(o: &StateOptions<'_>, report: &mut Report) -> Re
             restore.probed
         );
         report.row("state", &format!("{keys} keys"), &row);
-        if restore.matched != restore.probed || restore.probed == 0 {
+        let sample = probes(keys).len() as u64;
+        if restore.restored_pos != keys + o.updates || restore.probed != sample || restore.matched != sample {
             bail!(
-                "the restore of {keys} keys read back {} sample keys, {} with the count the first process left",
+                "the restore of {keys} keys resumed at record {} of {} and read back {} of {sample} sample keys, {} with the count the first process left",
+                restore.restored_pos,
+                keys + o.updates,
                 restore.probed,
                 restore.matched
             );

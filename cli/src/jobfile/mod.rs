@@ -512,6 +512,11 @@ impl Job {
                 return Err(err("checkpoints", e.to_string()));
             }
         }
+        if let Some(b) = &file.state_backend {
+            if let Err(e) = b.validate() {
+                return Err(err("state_backend.memory_mb", e.to_string()));
+            }
+        }
         #[cfg(not(feature = "rocksdb"))]
         if matches!(file.state_backend, Some(StateBackendConfig::RocksDb { .. })) {
             return Err(err(

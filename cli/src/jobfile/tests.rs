@@ -472,3 +472,23 @@ fn a_checkpoint_store_left_out_of_the_build_is_refused_at_the_check() {
     }
     parse(&GOOD.replace("dir = \"/tmp/x\"", "dir = \"s3://bucket/prefix\"")).unwrap();
 }
+
+/// RocksDB's memory out of its bounds is refused by the check, naming the setting and its line
+/// (the job would be refused at its start); within them the file parses.
+#[test]
+fn a_rocksdb_memory_out_of_bounds_is_refused_at_the_check() {
+    let with = |mb: u64| {
+        GOOD.replace(
+            "[source]",
+            &format!("[state_backend]\ntype = \"rocks_db\"\nmemory_mb = {mb}\n\n[source]"),
+        )
+    };
+    for mb in [0, 8, 2 << 20] {
+        let e = parse(&with(mb)).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("state_backend.memory_mb"), "{e}");
+        assert!(e.message.contains(&format!("memory_mb = {mb}")), "{e}");
+        assert!(e.line.is_some(), "{e}");
+    }
+    #[cfg(feature = "rocksdb")]
+    parse(&with(64)).unwrap();
+}

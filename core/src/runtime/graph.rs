@@ -259,17 +259,7 @@ impl JobBuilder {
         if matches!(graph.config.state_backend, super::StateBackendConfig::RocksDb { .. }) {
             return Err(super::rocksdb_missing());
         }
-        if let super::StateBackendConfig::RocksDb {
-            memory_mb: Some(mb), ..
-        } = graph.config.state_backend
-        {
-            // Below this RocksDB's write buffers alone (a few MiB per instance) overrun it.
-            if !(16..=1 << 20).contains(&mb) {
-                return Err(CoreError::Config(format!(
-                    "state_backend.memory_mb = {mb}: RocksDB's memory must be between 16 and 1048576 MiB"
-                )));
-            }
-        }
+        graph.config.state_backend.validate()?;
         if let Some(range) = graph.config.subtasks {
             if graph.shuffles {
                 return Err(CoreError::InvalidJob(format!(

@@ -21,8 +21,9 @@ pub struct CheckpointStats {
     pub last_alignment: Duration,
     /// State size of the latest completed checkpoint (bytes).
     pub last_state_size: u64,
-    /// Bytes the latest completed checkpoint wrote to checkpoint storage: with RocksDB state,
-    /// what changed since the checkpoint before (new SST files), not the whole state.
+    /// Bytes of keyed-state files the latest completed checkpoint wrote to checkpoint storage:
+    /// with RocksDB state, what changed since the checkpoint before (new SST files), not the
+    /// whole state. Operator state (sources' positions), kept inside the metadata, is not counted.
     pub last_written: u64,
     /// Bytes written by each completed checkpoint, as `durations` (the most recent 10 000).
     pub written: Vec<u64>,

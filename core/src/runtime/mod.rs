@@ -50,10 +50,28 @@ pub enum StateBackendConfig {
         #[serde(default)]
         local_dir: Option<PathBuf>,
         /// Memory in MiB that all RocksDB instances of the job in this process share: block
-        /// cache, index and filter blocks and write buffers (default 256, at least 16).
+        /// cache, index and filter blocks and write buffers (default 64, at least 16).
         #[serde(default)]
         memory_mb: Option<u64>,
     },
+}
+
+impl StateBackendConfig {
+    /// Checks the settings: RocksDB's memory between 16 MiB (below it the write buffers alone
+    /// overrun it) and 1 TiB.
+    pub fn validate(&self) -> crate::Result<()> {
+        if let StateBackendConfig::RocksDb {
+            memory_mb: Some(mb), ..
+        } = self
+        {
+            if !(16..=1 << 20).contains(mb) {
+                return Err(crate::CoreError::Config(format!(
+                    "memory_mb = {mb}: RocksDB's memory must be between 16 and 1048576 MiB"
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The error of a RocksDB state backend asked of a build without it.

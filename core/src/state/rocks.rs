@@ -70,8 +70,8 @@ impl std::fmt::Debug for RocksDbMemory {
 }
 
 impl RocksDbMemory {
-    /// A budget of `bytes`: half of it at most for write buffers, all of it (write buffers
-    /// included) for the block cache.
+    /// A budget of `bytes` for the block cache, the write buffers charged to it; the write
+    /// buffers are flushed once they pass half of it (a soft limit: writes never stall on it).
     pub fn new(bytes: u64) -> Self {
         let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
         let cache = Cache::new_lru_cache(bytes);
@@ -226,7 +226,7 @@ impl RocksDbBackend {
                 reader.download(file, &tmp.join(&file.local_name))?;
             }
             {
-                let source = DB::open_for_read_only(&Options::default(), &tmp, false)?;
+                let source = DB::open_for_read_only(&memory.db_options(), &tmp, false)?;
                 for item in source.iterator(IteratorMode::Start) {
                     let (k, v) = item?;
                     if range.contains(entry_key_group(&k)) {
