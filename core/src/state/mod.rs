@@ -17,9 +17,9 @@ pub use rocks::{RocksDbBackend, RocksDbMemory};
 
 /// The default memory (MiB) that the RocksDB instances of a job share in one process
 /// (`StateBackendConfig::RocksDb::memory_mb`). Small on purpose: the process's resident memory
-/// runs well above the budget (glibc keeps what RocksDB frees), and 64 MiB kept it near what
-/// RocksDB's own per-instance defaults used while reads still gained the cached filters
-/// (`exactly bench state`, 10 M keys); jobs with large state raise it.
+/// runs well above the budget (glibc keeps what RocksDB frees). At 10 M keys (`exactly bench
+/// state`) 64 MiB peaked at 284–338 MiB, 256 MiB at 592–699, RocksDB's own per-instance
+/// defaults at 234; jobs with large state raise it.
 pub const DEFAULT_ROCKSDB_MEMORY_MB: u64 = 64;
 
 #[cfg(test)]
