@@ -335,8 +335,13 @@ impl Drop for Guard {
 
 /// Peak resident set size of a process in KiB (`VmHWM` of /proc/PID/status).
 pub(super) fn peak_rss_kb(pid: u32) -> Option<u64> {
+    status_kb(pid, "VmHWM:")
+}
+
+/// A KiB figure of /proc/PID/status (`field` with its colon, e.g. `VmRSS:`).
+pub(super) fn status_kb(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
 

@@ -215,16 +215,8 @@ impl Sink<(u64, u64)> for Probe {
 
 /// Resident memory of this process now and at its peak (MiB).
 fn rss_mb() -> (f64, f64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kb = |name: &str| -> f64 {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (kb("VmRSS:") / 1024.0, kb("VmHWM:") / 1024.0)
+    let mib = |field| super::peers::status_kb(std::process::id(), field).unwrap_or(0) as f64 / 1024.0;
+    (mib("VmRSS:"), mib("VmHWM:"))
 }
 
 /// A child: `phase` of `keys` keys with checkpoints in `location`. Prints `RESULT {json}`.
