@@ -25,7 +25,14 @@ async fn broker_paused_beyond_the_client_timeouts_loses_and_doubles_nothing() ->
     tokio::time::sleep(Duration::from_secs(50)).await;
     env.services("resume-kafka")?;
     run.feed_again(env)?;
-    let (n, after) = wait_for_more_output(env, &run.output, before, &mut run.job, Duration::from_secs(180)).await?;
+    let waited = wait_for_more_output(env, &run.output, before, &mut run.job, Duration::from_secs(180)).await;
+    let (n, after) = match waited {
+        Ok(found) => found,
+        Err(e) => {
+            let feeder = run.feeder_failure().unwrap_or_else(|| "the feeder was still producing".to_owned());
+            return Err(e.context(format!("{feeder}; {}", run.ends(env))));
+        }
+    };
     eprintln!("commits resumed {after:?} after SIGCONT ({n} records)");
     if after > Duration::from_secs(10) {
         // Not a failure (no timing thresholds in tests), but the slow path is worth reading.

@@ -101,6 +101,22 @@ impl ChildJob {
         kept[kept.len().saturating_sub(n)..].join("\n")
     }
 
+    /// [`ChildJob::log`] without the lines of completed checkpoints, which a job checkpointing
+    /// every 200 ms writes so often that they hide what else it said; with how many were left out.
+    pub fn log_but_checkpoints(&self, n: usize) -> String {
+        let lines = self.lines.lock().expect("not poisoned");
+        let checkpoints = lines.iter().filter(|l| l.contains("Checkpoint complete.")).count();
+        let kept: Vec<&str> = lines
+            .iter()
+            .filter(|l| !l.starts_with(' ') && !l.contains("Checkpoint complete."))
+            .map(String::as_str)
+            .collect();
+        format!(
+            "{}\n({checkpoints} 'Checkpoint complete.' lines left out)",
+            kept[kept.len().saturating_sub(n)..].join("\n")
+        )
+    }
+
     /// Waits until the child reports reaching fail point `name`; fails if it exits or the
     /// deadline passes first.
     pub fn wait_for_failpoint(&mut self, name: &str, timeout: Duration) -> Result<()> {

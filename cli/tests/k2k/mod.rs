@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use exactly_integration_tests::{create_topic, read_committed, signal, unique, ChildJob, Feed, TestEnv};
+use exactly_integration_tests::{create_topic, high_watermark, read_committed, signal, unique, ChildJob, Feed, TestEnv};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 
@@ -405,6 +405,36 @@ impl Running {
         Ok(())
     }
 
+    /// Why the feeder stopped on its own (it failed to produce), if it did: a job that commits
+    /// nothing new may simply have been given nothing.
+    pub(crate) fn feeder_failure(&mut self) -> Option<String> {
+        if !self.feeder.as_ref()?.handle.is_finished() {
+            return None;
+        }
+        let feeder = self.feeder.take()?;
+        Some(match feeder.handle.join() {
+            Ok(Ok(sent)) => format!("the feeder ended after {sent} records"),
+            Ok(Err(e)) => format!("the feeder failed: {e:#}"),
+            Err(_) => "the feeder panicked".to_owned(),
+        })
+    }
+
+    /// The high watermarks of the input's and the output's three partitions, for a failure's
+    /// message: an input that grew while the committed output did not means the job (or the
+    /// output's last stable offset) stalled, not the feeder.
+    pub(crate) fn ends(&self, env: &TestEnv) -> String {
+        let ends = |topic: &str| -> String {
+            (0..3)
+                .map(|p| match high_watermark(env, topic, p, Duration::from_secs(10)) {
+                    Ok(end) => end.to_string(),
+                    Err(e) => format!("? ({e:#})"),
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!("input ends [{}], output ends [{}]", ends(&self.input), ends(&self.output))
+    }
+
     /// Feeds the input again after [`Running::stop_feeding`].
     pub(crate) fn feed_again(&mut self, env: &TestEnv) -> Result<()> {
         self.stop_feeding()?;
@@ -523,7 +553,10 @@ pub(crate) async fn wait_for_more_output(
             );
         }
         if start.elapsed() > timeout {
-            bail!("no new output within {timeout:?} ({n} records):\n{}", job.log(40));
+            bail!(
+                "no new output within {timeout:?} ({n} records):\n{}",
+                job.log_but_checkpoints(80)
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
