@@ -29,7 +29,9 @@ async fn broker_paused_beyond_the_client_timeouts_loses_and_doubles_nothing() ->
     let (n, after) = match waited {
         Ok(found) => found,
         Err(e) => {
-            let feeder = run.feeder_failure().unwrap_or_else(|| "the feeder was still producing".to_owned());
+            let feeder = run
+                .feeder_failure()
+                .unwrap_or_else(|| "the feeder was still producing".to_owned());
             return Err(e.context(format!("{feeder}; {}", run.ends(env))));
         }
     };

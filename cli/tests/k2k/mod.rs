@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use exactly_integration_tests::{create_topic, high_watermark, read_committed, signal, unique, ChildJob, Feed, TestEnv};
+use exactly_integration_tests::{
+    create_topic, high_watermark, read_committed, signal, unique, ChildJob, Feed, TestEnv,
+};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 
@@ -432,7 +434,11 @@ impl Running {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        format!("input ends [{}], output ends [{}]", ends(&self.input), ends(&self.output))
+        format!(
+            "input ends [{}], output ends [{}]",
+            ends(&self.input),
+            ends(&self.output)
+        )
     }
 
     /// Feeds the input again after [`Running::stop_feeding`].
