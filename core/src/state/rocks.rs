@@ -141,9 +141,9 @@ impl RocksDbMemory {
         // level-0 file flushed by every checkpoint and keys updated all over their range, rewrote
         // the whole level below at every compaction of the level-0 files: `exactly bench state`
         // at 10 M keys wrote ≈185 B to checkpoint storage per update, and compaction took the CPU
-        // the updates needed (88 k of 100 k a second, checkpoint p50 ≈0.7 s); universally, 66–69 B,
-        // every update kept up with, p50 ≈0.06 s. What it costs: the files of a running job about
-        // 1.5 × those of a fully compacted state (more while a compaction is behind), the
+        // the updates needed, likely (88 k of 100 k a second, checkpoint p50 ≈0.7 s); universally,
+        // 66–69 B, the updates kept up with, p50 ≈0.06 s. What it costs: the files of a running job
+        // up to about 1.5 × those of a fully compacted state (more while a compaction is behind), the
         // checkpoints' stored files briefly more after each full rewrite (retained checkpoints
         // still reference the old ones), and room for the output of a full rewrite while it runs.
         // State written by levels (earlier builds) opens under it, and back.
