@@ -224,14 +224,14 @@ enum Command {
         /// PostgreSQL URL (TLS as its sslmode says).
         #[arg(long, env = "EXACTLY_POSTGRES_URL")]
         postgres: Option<String>,
-        /// Object store location for `bench storage` (`s3://bucket/prefix`; credentials and
+        /// Object store location for `bench storage`, `state` and `processes` (`s3://bucket/prefix`; credentials and
         /// endpoint from AWS_* variables).
         #[arg(long, env = "EXACTLY_BENCH_CHECKPOINTS")]
         checkpoints: Option<String>,
         /// Checkpoint (commit) intervals (k2k, peers).
         #[arg(long, value_delimiter = ',', default_value = "1s,100ms", value_parser = humantime::parse_duration)]
         intervals: Vec<std::time::Duration>,
-        /// Parallelism: subtasks (k2k, peers), stream threads (peers).
+        /// Parallelism: subtasks (k2k, peers, partitions; processes: of the whole job, 1 meaning the largest process count), stream threads (peers).
         #[arg(long, default_value_t = 1)]
         parallelism: u32,
         /// Modes measured after the plain loop, which always runs first as the baseline (k2k).
@@ -256,6 +256,9 @@ enum Command {
         /// Partition counts of the input and output topics (partitions).
         #[arg(long, value_delimiter = ',', default_value = "6,60,600,3000")]
         partitions: Vec<i32>,
+        /// Process counts, the baseline first (processes; at most --parallelism).
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+        processes: Vec<u32>,
         /// Key counts (state).
         #[arg(long, value_delimiter = ',', default_value = "1000000,10000000,50000000")]
         keys: Vec<u64>,
@@ -643,6 +646,7 @@ async fn main_inner(cli: Cli, mut loaded: Loaded) -> anyhow::Result<ExitCode> {
             systems,
             peers_dir,
             partitions,
+            processes,
             keys,
             rate,
             state_phase,
@@ -669,6 +673,7 @@ async fn main_inner(cli: Cli, mut loaded: Loaded) -> anyhow::Result<ExitCode> {
                     peers_dir,
                     topics: input.zip(output),
                     partitions,
+                    processes,
                     charts: json.clone(),
                     keys,
                     rate,

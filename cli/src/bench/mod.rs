@@ -10,6 +10,7 @@ mod kafka;
 mod mysql;
 mod peers;
 mod postgres;
+mod processes;
 mod scale;
 mod source;
 mod state;
@@ -81,6 +82,10 @@ pub enum Which {
     /// loop, Kafka's textbook transactional loop and `exactly run`, each its own process, per
     /// partition count; charts with `--json`.
     Partitions,
+    /// One exactly-once job split over processes (`--processes`, `--subtasks` ranges of
+    /// `--parallelism`): the whole's rate, each process's memory and CPU; checkpoints in
+    /// `--checkpoints` (default a local directory); charts with `--json`.
+    Processes,
     /// How keyed state's cost grows with its keys (`--keys`): RocksDB checkpoints' duration and
     /// bytes written while keys are updated, restore time, memory; each key count in its own
     /// processes; checkpoints in `--checkpoints` (default a local directory); charts with `--json`.
@@ -132,6 +137,8 @@ pub struct BenchOptions {
     pub topics: Option<(String, String)>,
     /// Partition counts of the partitions benchmark.
     pub partitions: Vec<i32>,
+    /// Process counts of the processes benchmark.
+    pub processes: Vec<u32>,
     /// Where charts go (next to this file: the `--json` file), for the benchmarks that draw them.
     pub charts: Option<std::path::PathBuf>,
     /// Key counts of the state benchmark.
@@ -227,6 +234,33 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
             charts: o.charts.as_deref(),
         };
         scale::bench_partitions(&opts, &mut report).await?;
+    }
+    if which == Which::Processes {
+        if o.kafka_config.is_some() {
+            bail!("bench processes runs against a plaintext listener: its child processes do not take --kafka-config");
+        }
+        let b = cluster(o, "processes")?;
+        let opts = processes::ProcessesOptions {
+            cluster: &b,
+            records: o.records.unwrap_or(2_000_000),
+            size: o.sizes.first().copied().unwrap_or(100),
+            counts: &o.processes,
+            interval: o
+                .intervals
+                .first()
+                .copied()
+                .unwrap_or(std::time::Duration::from_secs(1)),
+            // 1 (the flag's default) with more processes: the largest process count.
+            parallelism: if o.parallelism == 1 {
+                o.processes.iter().copied().max().unwrap_or(1)
+            } else {
+                o.parallelism
+            },
+            rounds: o.rounds,
+            checkpoints: o.checkpoints.as_deref(),
+            charts: o.charts.as_deref(),
+        };
+        processes::bench_processes(&opts, &mut report).await?;
     }
     if which == Which::State || which == Which::StateChild {
         let interval = o

@@ -279,12 +279,51 @@ pub(super) async fn time_child(
     cluster: &Cluster,
     output: &str,
     n: u64,
-    mut cmd: Command,
+    cmd: Command,
     log: &Path,
     name: &str,
 ) -> Result<Timed> {
-    let file = std::fs::File::create(log)?;
-    cmd.stdout(Stdio::from(file.try_clone()?)).stderr(Stdio::from(file));
+    let all = time_children(cluster, output, n, vec![(cmd, log.to_owned())], name).await?;
+    let (rss_mb, cpu_us) = all.each[0];
+    Ok(Timed {
+        first: all.first,
+        all: all.all,
+        rss_mb,
+        start: all.start,
+        started: all.started,
+        cpu_us,
+        broker_cpu_us: all.broker_cpu_us,
+    })
+}
+
+/// Processes writing one output, timed together from outside: [`Timed`] with each process's
+/// peak RSS (MB) and CPU per record of the whole output (µs) in `each`, in the order started.
+pub(super) struct TimedAll {
+    pub(super) first: Seen,
+    pub(super) all: Seen,
+    pub(super) start: Instant,
+    pub(super) started: std::time::SystemTime,
+    pub(super) each: Vec<(f64, Option<f64>)>,
+    pub(super) broker_cpu_us: Option<f64>,
+}
+
+/// Starts every command (each with its output and log into its file) and waits until a
+/// read_committed reader has all `n` records of `output`; fails when any process exits first,
+/// with the end of its log.
+pub(super) async fn time_children(
+    cluster: &Cluster,
+    output: &str,
+    n: u64,
+    cmds: Vec<(Command, PathBuf)>,
+    name: &str,
+) -> Result<TimedAll> {
+    // The logs first: nothing to leave running if one cannot be created.
+    let mut logged = Vec::new();
+    for (mut cmd, log) in cmds {
+        let file = std::fs::File::create(&log)?;
+        cmd.stdout(Stdio::from(file.try_clone()?)).stderr(Stdio::from(file));
+        logged.push((cmd, log));
+    }
     let (b1, o1) = (cluster.clone(), output.to_owned());
     let (b2, o2) = (cluster.clone(), output.to_owned());
     // Generous deadlines: a system on a busy machine may take minutes for a large backlog.
@@ -293,32 +332,47 @@ pub(super) async fn time_child(
     let committed = std::thread::spawn(move || verify(&b2, &o2, n, n, true, &AtomicU64::new(0), deadline));
     let (start, started) = (Instant::now(), std::time::SystemTime::now());
     let clock = super::cpu::CpuClock::start(super::kafka::is_local(cluster));
-    let mut child = Guard(cmd.spawn().with_context(|| format!("starting {name}"))?);
+    let mut children = Vec::new();
+    for (i, (mut cmd, log)) in logged.into_iter().enumerate() {
+        let child = Guard(
+            cmd.spawn()
+                .with_context(|| format!("starting {name} (process {})", i + 1))?,
+        );
+        children.push((child, log));
+    }
     let wait = tokio::task::spawn_blocking(move || (uncommitted.join(), committed.join()));
     let mut wait = std::pin::pin!(wait);
     let (first, all) = loop {
         tokio::select! {
             r = &mut wait => break r?,
             _ = tokio::time::sleep(Duration::from_millis(500)) => {
-                if let Some(status) = child.0.try_wait()? {
-                    let text = std::fs::read_to_string(log).unwrap_or_default();
-                    let tail: Vec<&str> = text.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect();
-                    bail!("{name} exited ({status}) before its output was complete:\n{}", tail.join("\n"));
+                for (child, log) in &mut children {
+                    if let Some(status) = child.0.try_wait()? {
+                        let text = std::fs::read_to_string(&log).unwrap_or_default();
+                        let tail: Vec<&str> = text.lines().rev().take(30).collect::<Vec<_>>().into_iter().rev().collect();
+                        bail!("{name} exited ({status}) before its output was complete ({}):\n{}", log.display(), tail.join("\n"));
+                    }
                 }
             }
         }
     };
-    let rss_mb = peak_rss_kb(child.0.id()).unwrap_or(0) as f64 / 1024.0;
-    let cpu_us = super::cpu::child_cpu_secs(child.0.id()).map(|s| s * 1e6 / n.max(1) as f64);
+    let each = children
+        .iter()
+        .map(|(child, _)| {
+            let pid = child.0.id();
+            let rss_mb = peak_rss_kb(pid).unwrap_or(0) as f64 / 1024.0;
+            let cpu_us = super::cpu::child_cpu_secs(pid).map(|s| s * 1e6 / n.max(1) as f64);
+            (rss_mb, cpu_us)
+        })
+        .collect();
     let broker_cpu_us = clock.per_record(n).broker;
-    drop(child);
-    Ok(Timed {
+    drop(children);
+    Ok(TimedAll {
         first: first.map_err(|_| anyhow::anyhow!("reader panicked"))??,
         all: all.map_err(|_| anyhow::anyhow!("reader panicked"))??,
-        rss_mb,
         start,
         started,
-        cpu_us,
+        each,
         broker_cpu_us,
     })
 }

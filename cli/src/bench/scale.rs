@@ -198,7 +198,7 @@ fn medians(rounds: &[Measured]) -> Measured {
 
 /// `n` records of `size` bytes, partition by partition in turn (the bench's usual keys would
 /// reach at most a thousand partitions).
-fn spread_backlog(cluster: &Cluster, topic: &str, partitions: i32, n: u64, size: usize) -> Result<()> {
+pub(super) fn spread_backlog(cluster: &Cluster, topic: &str, partitions: i32, n: u64, size: usize) -> Result<()> {
     use rdkafka::producer::{BaseRecord, Producer};
     let p = producer(cluster)?;
     let value = vec![b'x'; size];
@@ -285,7 +285,7 @@ async fn run_one(o: &ScaleOptions<'_>, system: usize, input: &str, count: i32) -
 
 /// The completed checkpoints in an `exactly run` log: when (the line's time), duration (ms) and
 /// state size (bytes).
-fn checkpoints_in(log: &str) -> Vec<(SystemTime, f64, f64)> {
+pub(super) fn checkpoints_in(log: &str) -> Vec<(SystemTime, f64, f64)> {
     let field = |line: &str, name: &str| -> Option<f64> {
         line.split_whitespace()
             .find_map(|w| w.strip_prefix(name))
