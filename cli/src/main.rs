@@ -205,10 +205,10 @@ enum Command {
         /// Records per run (default depends on the benchmark).
         #[arg(long)]
         records: Option<u64>,
-        /// Record sizes in bytes (k2k).
+        /// Record sizes in bytes (k2k; partitions and processes: the first).
         #[arg(long, value_delimiter = ',', default_value = "100,1024")]
         sizes: Vec<usize>,
-        /// Rounds (core, k2k: modes interleaved within each round; the median is printed).
+        /// Rounds (core, k2k, partitions, processes: cases interleaved within each round; the median is printed).
         #[arg(long, default_value_t = 3)]
         rounds: usize,
         /// Kafka bootstrap servers.
@@ -228,7 +228,7 @@ enum Command {
         /// endpoint from AWS_* variables).
         #[arg(long, env = "EXACTLY_BENCH_CHECKPOINTS")]
         checkpoints: Option<String>,
-        /// Checkpoint (commit) intervals (k2k, peers).
+        /// Checkpoint (commit) intervals (k2k, peers; partitions, processes and state: the first).
         #[arg(long, value_delimiter = ',', default_value = "1s,100ms", value_parser = humantime::parse_duration)]
         intervals: Vec<std::time::Duration>,
         /// Parallelism: subtasks (k2k, peers, partitions; processes: of the whole job, 1 meaning the largest process count), stream threads (peers).
@@ -256,7 +256,7 @@ enum Command {
         /// Partition counts of the input and output topics (partitions).
         #[arg(long, value_delimiter = ',', default_value = "6,60,600,3000")]
         partitions: Vec<i32>,
-        /// Process counts, the baseline first (processes; at most --parallelism).
+        /// Process counts, the baseline first (processes; each must divide --parallelism, which must divide 12).
         #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
         processes: Vec<u32>,
         /// Key counts (state).

@@ -31,7 +31,7 @@ async fn broker_paused_beyond_the_client_timeouts_loses_and_doubles_nothing() ->
         Err(e) => {
             let feeder = run
                 .feeder_failure()
-                .unwrap_or_else(|| "the feeder was still producing".to_owned());
+                .unwrap_or_else(|| "the feeder had not stopped".to_owned());
             return Err(e.context(format!("{feeder}; {}", run.ends(env))));
         }
     };

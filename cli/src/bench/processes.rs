@@ -77,7 +77,7 @@ pub(crate) async fn bench_processes(o: &ProcessesOptions<'_>, report: &mut Repor
             o.parallelism
         );
     }
-    if TOPIC_PARTITIONS % o.parallelism as i32 != 0 {
+    if o.parallelism == 0 || TOPIC_PARTITIONS % o.parallelism as i32 != 0 {
         bail!(
             "--parallelism must divide the topics' {TOPIC_PARTITIONS} partitions (1, 2, 3, 4, 6 or 12): each subtask reads as many"
         );

@@ -415,7 +415,10 @@ impl Running {
         }
         let feeder = self.feeder.take()?;
         Some(match feeder.handle.join() {
-            Ok(Ok(sent)) => format!("the feeder ended after {sent} records"),
+            Ok(Ok(sent)) => {
+                self.fed += sent;
+                format!("the feeder ended after {sent} records")
+            }
             Ok(Err(e)) => format!("the feeder failed: {e:#}"),
             Err(_) => "the feeder panicked".to_owned(),
         })

@@ -81,7 +81,10 @@ impl RocksDbMemory {
         // Every instance in the process shares the default environment's one compaction thread;
         // a universal compaction rewriting an instance's whole state would hold it while the
         // other instances' checkpoints add runs until their writes slow down. Compactions into
-        // the bottom level (those) get a thread of their own.
+        // the bottom level (those) go to a second pool of one thread, for the whole process (the
+        // default environment is one per process; setting it again changes nothing). Each
+        // instance still runs one compaction at a time. Universal compaction also rewrites each
+        // instance's state at least every 30 days (RocksDB's periodic compaction).
         let env = Env::new().ok().map(|mut env| {
             env.set_bottom_priority_background_threads(1);
             env
