@@ -92,11 +92,16 @@ impl ChildJob {
     /// The last `n` lines the child wrote to stderr, without the backtrace lines indented under
     /// an error.
     pub fn log(&self, n: usize) -> String {
+        self.last_lines(n, |_| true)
+    }
+
+    /// The last `n` lines that `keep`, without the backtrace lines indented under an error.
+    fn last_lines(&self, n: usize, keep: impl Fn(&str) -> bool) -> String {
         let lines = self.lines.lock().expect("not poisoned");
         let kept: Vec<&str> = lines
             .iter()
-            .filter(|l| !l.starts_with(' '))
             .map(String::as_str)
+            .filter(|l| !l.starts_with(' ') && keep(l))
             .collect();
         kept[kept.len().saturating_sub(n)..].join("\n")
     }
@@ -104,16 +109,17 @@ impl ChildJob {
     /// [`ChildJob::log`] without the lines of completed checkpoints, which a job checkpointing
     /// every 200 ms writes so often that they hide what else it said; with how many were left out.
     pub fn log_but_checkpoints(&self, n: usize) -> String {
-        let lines = self.lines.lock().expect("not poisoned");
-        let checkpoints = lines.iter().filter(|l| l.contains("Checkpoint complete.")).count();
-        let kept: Vec<&str> = lines
+        let checkpoint = |l: &str| l.contains("Checkpoint complete.");
+        let left_out = self
+            .lines
+            .lock()
+            .expect("not poisoned")
             .iter()
-            .filter(|l| !l.starts_with(' ') && !l.contains("Checkpoint complete."))
-            .map(String::as_str)
-            .collect();
+            .filter(|l| checkpoint(l))
+            .count();
         format!(
-            "{}\n({checkpoints} 'Checkpoint complete.' lines left out)",
-            kept[kept.len().saturating_sub(n)..].join("\n")
+            "{}\n({left_out} 'Checkpoint complete.' lines left out)",
+            self.last_lines(n, |l| !checkpoint(l))
         )
     }
 

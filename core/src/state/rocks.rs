@@ -61,8 +61,6 @@ pub struct RocksDbMemory {
     cache: Cache,
     buffers: WriteBufferManager,
     bytes: usize,
-    /// RocksDB's default environment, given a thread for compactions into the bottom level.
-    env: Option<Env>,
 }
 
 impl std::fmt::Debug for RocksDbMemory {
@@ -78,23 +76,8 @@ impl RocksDbMemory {
         let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
         let cache = Cache::new_lru_cache(bytes);
         let buffers = WriteBufferManager::new_write_buffer_manager_with_cache(bytes / 2, false, cache.clone());
-        // Every instance in the process shares the default environment's one compaction thread;
-        // a universal compaction rewriting an instance's whole state would hold it while the
-        // other instances' checkpoints add runs until their writes slow down. Compactions into
-        // the bottom level (those) go to a second pool of one thread, for the whole process (the
-        // default environment is one per process; setting it again changes nothing). Each
-        // instance still runs one compaction at a time. Universal compaction also rewrites each
-        // instance's state at least every 30 days (RocksDB's periodic compaction).
-        let env = Env::new().ok().map(|mut env| {
-            env.set_bottom_priority_background_threads(1);
-            env
-        });
-        RocksDbMemory {
-            cache,
-            buffers,
-            bytes,
-            env,
-        }
+        bottom_compaction_thread();
+        RocksDbMemory { cache, buffers, bytes }
     }
 
     /// The budget in bytes.
@@ -136,9 +119,6 @@ impl RocksDbMemory {
         o.set_max_background_jobs(2);
         o.set_block_based_table_factory(&table);
         o.set_write_buffer_manager(&self.buffers);
-        if let Some(env) = &self.env {
-            o.set_env(env);
-        }
         // Universal compaction (sorted runs merged by size; all runs rewritten into one once the
         // newer runs' files add up to half the oldest run's). RocksDB's levelled default, with a
         // level-0 file flushed by every checkpoint and keys updated all over their range, rewrote
@@ -156,6 +136,21 @@ impl RocksDbMemory {
         o.set_universal_compaction_options(&universal);
         o
     }
+}
+
+/// Every instance in the process shares RocksDB's default environment (one per process) and its
+/// one compaction thread; a universal compaction rewriting an instance's whole state would hold it
+/// while the other instances' checkpoints add runs until their writes slow down. Compactions into
+/// the bottom level (those) go to a second pool of one thread, set once for the process. Each
+/// instance still runs one compaction at a time. Universal compaction also rewrites each
+/// instance's state at least every 30 days (RocksDB's periodic compaction).
+fn bottom_compaction_thread() {
+    static SET: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    SET.get_or_init(|| {
+        if let Ok(mut env) = Env::new() {
+            env.set_bottom_priority_background_threads(1);
+        }
+    });
 }
 
 fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> CoreError + 'a {
