@@ -262,9 +262,15 @@ enum Command {
         /// Key counts (state).
         #[arg(long, value_delimiter = ',', default_value = "1000000,10000000,50000000")]
         keys: Vec<u64>,
-        /// Records per second of the steady phase (state).
-        #[arg(long, default_value_t = 100_000)]
-        rate: u64,
+        /// Records per second of the steady phase (state: default 100 000) or fed (soak: default 10 000).
+        #[arg(long)]
+        rate: Option<u64>,
+        /// How long the soak runs.
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        duration: std::time::Duration,
+        /// How often the soak SIGKILLs its job and restarts it ("0s": never).
+        #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+        kill_every: std::time::Duration,
         /// RocksDB's memory in MiB (state; default as a job's `memory_mb`).
         #[arg(long)]
         rocksdb_memory_mb: Option<u64>,
@@ -649,6 +655,8 @@ async fn main_inner(cli: Cli, mut loaded: Loaded) -> anyhow::Result<ExitCode> {
             processes,
             keys,
             rate,
+            duration,
+            kill_every,
             state_phase,
             rocksdb_memory_mb,
             input,
@@ -677,6 +685,8 @@ async fn main_inner(cli: Cli, mut loaded: Loaded) -> anyhow::Result<ExitCode> {
                     charts: json.clone(),
                     keys,
                     rate,
+                    duration,
+                    kill_every,
                     state_phase,
                     rocksdb_memory_mb,
                 },

@@ -12,6 +12,7 @@ mod peers;
 mod postgres;
 mod processes;
 mod scale;
+mod soak;
 mod source;
 mod state;
 
@@ -90,6 +91,11 @@ pub enum Which {
     /// bytes written while keys are updated, restore time, memory; each key count in its own
     /// processes; checkpoints in `--checkpoints` (default a local directory); charts with `--json`.
     State,
+    /// An exactly-once job fed at a steady `--rate` for `--duration`, SIGKILLed every
+    /// `--kill-every` and restarted: memory, file descriptors, threads, checkpoints, commit
+    /// latency, transactional ids and the checkpoint directory sampled every 10 s; every record
+    /// read back once at the end; charts with `--json`.
+    Soak,
     /// One process of `state`, run as a child by it.
     #[value(hide = true)]
     StateChild,
@@ -143,8 +149,12 @@ pub struct BenchOptions {
     pub charts: Option<std::path::PathBuf>,
     /// Key counts of the state benchmark.
     pub keys: Vec<u64>,
-    /// Records per second of the state benchmark's steady phase.
-    pub rate: u64,
+    /// Records per second of the state benchmark's steady phase and of the soak.
+    pub rate: Option<u64>,
+    /// How long the soak runs.
+    pub duration: std::time::Duration,
+    /// How often the soak kills its job (zero: never).
+    pub kill_every: std::time::Duration,
     /// Which half a `state-child` runs.
     pub state_phase: Option<StatePhase>,
     /// RocksDB's memory of the state benchmark (MiB).
@@ -262,6 +272,27 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
         };
         processes::bench_processes(&opts, &mut report).await?;
     }
+    if which == Which::Soak {
+        if o.kafka_config.is_some() {
+            bail!("bench soak runs against a plaintext listener: its job does not take --kafka-config");
+        }
+        let b = cluster(o, "soak")?;
+        let opts = soak::SoakOptions {
+            cluster: &b,
+            rate: o.rate.unwrap_or(10_000),
+            size: o.sizes.first().copied().unwrap_or(100),
+            duration: o.duration,
+            kill_every: o.kill_every,
+            interval: o
+                .intervals
+                .first()
+                .copied()
+                .unwrap_or(std::time::Duration::from_secs(1)),
+            parallelism: o.parallelism,
+            charts: o.charts.as_deref(),
+        };
+        soak::bench_soak(&opts, &mut report).await?;
+    }
     if which == Which::State || which == Which::StateChild {
         let interval = o
             .intervals
@@ -273,12 +304,21 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
             let (Some(phase), [keys], Some(at)) = (o.state_phase, o.keys.as_slice(), &o.checkpoints) else {
                 bail!("state-child needs --state-phase, one --keys and --checkpoints");
             };
-            state::child(phase, *keys, updates, o.rate, interval, at, o.rocksdb_memory_mb).await?;
+            state::child(
+                phase,
+                *keys,
+                updates,
+                o.rate.unwrap_or(100_000),
+                interval,
+                at,
+                o.rocksdb_memory_mb,
+            )
+            .await?;
         } else {
             let opts = state::StateOptions {
                 keys: &o.keys,
                 updates,
-                rate: o.rate,
+                rate: o.rate.unwrap_or(100_000),
                 interval,
                 checkpoints: o.checkpoints.as_deref(),
                 memory_mb: o.rocksdb_memory_mb,
