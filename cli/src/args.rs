@@ -261,6 +261,10 @@ pub(crate) enum Command {
         /// How often the soak SIGKILLs its job and restarts it ("0s": never).
         #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
         kill_every: std::time::Duration,
+        /// Judge the samples of an earlier soak's --json file again instead of running one (give
+        /// the flags it ran with; no services needed).
+        #[arg(long)]
+        judge: Option<PathBuf>,
         /// RocksDB's memory in MiB (state; default as a job's `memory_mb`).
         #[arg(long)]
         rocksdb_memory_mb: Option<u64>,

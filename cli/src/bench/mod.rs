@@ -155,6 +155,8 @@ pub struct BenchOptions {
     pub duration: std::time::Duration,
     /// How often the soak kills its job (zero: never).
     pub kill_every: std::time::Duration,
+    /// An earlier soak's JSON whose samples are judged again instead of running one.
+    pub judge: Option<std::path::PathBuf>,
     /// Which half a `state-child` runs.
     pub state_phase: Option<StatePhase>,
     /// RocksDB's memory of the state benchmark (MiB).
@@ -276,7 +278,11 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
         if o.kafka_config.is_some() {
             bail!("bench soak runs against a plaintext listener: its job does not take --kafka-config");
         }
-        let b = cluster(o, "soak")?;
+        // Judging an earlier run's samples needs no broker.
+        let b = match &o.judge {
+            Some(_) => exactly_kafka_client::Cluster::plaintext("unused:9092"),
+            None => cluster(o, "soak")?,
+        };
         let opts = soak::SoakOptions {
             cluster: &b,
             rate: o.rate.unwrap_or(10_000),
@@ -290,6 +296,7 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
                 .unwrap_or(std::time::Duration::from_secs(1)),
             parallelism: o.parallelism,
             charts: o.charts.as_deref(),
+            judge: o.judge.as_deref(),
         };
         soak::bench_soak(&opts, &mut report).await?;
     }
