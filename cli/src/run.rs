@@ -410,7 +410,8 @@ pub async fn run(job: Job, opts: RunOptions) -> Result<JobOutcome> {
         records_in = s.records_in,
         records_out = s.records_out,
         checkpoints = outcome.checkpoints,
-        latest_checkpoint = ?outcome.latest_checkpoint,
+        // A word when there is none, not `None`.
+        latest_checkpoint = %outcome.latest_checkpoint.map_or("none".into(), |c| c.to_string()),
         restarts = outcome.restarts,
         cancelled = outcome.cancelled,
         "Job ended."
@@ -576,7 +577,8 @@ async fn progress(registry: Arc<Registry>, terminal: bool) {
                 records_out = s.records_out,
                 in_per_s = rate_in as u64,
                 out_per_s = rate_out as u64,
-                lag = ?s.lag,
+                // Not yet known (no partition read yet): a word, not `None`.
+                lag = %s.lag.map_or("unknown".into(), |l| l.to_string()),
                 checkpoint = %checkpoint,
                 restarts = s.restarts,
                 "Progress."

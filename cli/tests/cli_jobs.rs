@@ -156,6 +156,13 @@ async fn run_status_savepoint_stop_inspect_and_resume() -> Result<()> {
     assert!(stopped.starts_with(&stop_dir.display().to_string()), "{stopped}");
     wait_exit(&mut job, Duration::from_secs(30))?;
     assert!(job.tail(5).contains("Job ended."), "{}", job.tail(20));
+    // Its last line reads as words and numbers (it said `latest_checkpoint=Some(3)` before).
+    let ended = job.tail(5);
+    let line = ended.lines().find(|l| l.contains("Job ended.")).unwrap_or_default();
+    assert!(
+        line.contains(" latest_checkpoint=") && !line.contains("Some(") && !line.contains("=None"),
+        "{line}"
+    );
 
     // list and inspect what the job left.
     let listed = stdout(cmd().args(["checkpoints", "list"]).arg(dir.path()));

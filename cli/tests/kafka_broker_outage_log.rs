@@ -130,6 +130,18 @@ async fn a_20_second_broker_outage_is_logged_once_per_client_kind() -> Result<()
         "{} lines about one 20 s outage:\n{told:#?}",
         told.len()
     );
+    // Every line of the run reads as words and numbers: no Rust debug text of a value not yet
+    // known (the progress line said `lag=Some(18619)` before).
+    let all = run.job.lines_from(0);
+    let debug: Vec<&String> = all
+        .iter()
+        .filter(|l| l.contains("=Some(") || l.contains("=None"))
+        .collect();
+    assert!(debug.is_empty(), "log lines with Rust debug text: {debug:#?}");
+    assert!(
+        all.iter().any(|l| l.contains(" Progress. ") && l.contains(" lag=")),
+        "no progress line with the lag to check"
+    );
     let (_, out, restarts) = run.finish(env).await?;
     eprintln!("{out} records out, 0 duplicates, 0 missing; {restarts} attempt restarts");
     Ok(())
