@@ -99,7 +99,7 @@ pub(crate) async fn bench_soak(o: &SoakOptions<'_>, report: &mut Report) -> Resu
         if o.charts.is_some_and(|json| json == path) {
             bail!("--json names the file --judge reads: it would be overwritten with the judgement alone");
         }
-        let (samples, processes, settings) = summary::read_json(path)?;
+        let (samples, processes, settings, outcome) = summary::read_json(path)?;
         // The settings the run recorded win over the flags.
         let mut o = o.clone();
         if let Some(f) = settings {
@@ -112,7 +112,9 @@ pub(crate) async fn bench_soak(o: &SoakOptions<'_>, report: &mut Report) -> Resu
         }
         let o = &o;
         println!("The samples of {} ({} of them, {} processes), judged with --rate {} --intervals {} --parallelism {} --duration {}:", path.display(), samples.len(), processes.len(), o.rate, humantime::format_duration(o.interval), o.parallelism, humantime::format_duration(o.duration));
-        return goals(summary::judge(o, &samples, &processes, report));
+        let mut unmet = summary::judge(o, &samples, &processes, report);
+        unmet.extend(outcome);
+        return goals(unmet);
     }
     if o.rate == 0 || o.duration < SAMPLE * 2 {
         bail!("bench soak needs --rate above 0 and a --duration of at least 20s");
@@ -265,6 +267,10 @@ async fn soak(o: &SoakOptions<'_>, input: &str, output: &str, dir: &Path, report
             ("distinct_read", seen.distinct as f64),
             ("duplicates", seen.duplicates as f64),
             ("missing", missing as f64),
+            ("foreign", seen.foreign as f64),
+            ("not_delivered", failed as f64),
+            ("drained", f64::from(u8::from(drained))),
+            ("exited_by_itself", run.unplanned.len() as f64),
         ],
     );
     if in_input != fed || failed > 0 {
@@ -474,6 +480,10 @@ async fn stop_gracefully(job: &mut Job) -> Result<()> {
                     "-- the job stopped on SIGTERM ({status}) in {:.1} s",
                     since.elapsed().as_secs_f64()
                 );
+                // A final checkpoint that failed may leave a transaction the reader never sees.
+                if !status.success() {
+                    bail!("the job ended with {status} on SIGTERM (log: {})", job.log.display());
+                }
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -485,7 +495,7 @@ async fn stop_gracefully(job: &mut Job) -> Result<()> {
     }
     let _ = job.child.0.kill();
     let _ = job.child.0.wait();
-    Ok(())
+    bail!("the job did not stop on SIGTERM (log: {})", job.log.display())
 }
 
 fn start_job(job: &Path, dir: &Path, incarnation: usize) -> Result<Job> {

@@ -101,9 +101,14 @@ pub(super) fn sample_figures(s: &Sample) -> Vec<(&'static str, f64)> {
     f
 }
 
+/// What an earlier run's JSON holds: its samples, its processes, the settings it recorded (runs
+/// before that recorded none) and what its audit of the records found wrong.
+type Earlier = (Vec<Sample>, Vec<Process>, Option<serde_json::Value>, Vec<String>);
+
 /// The samples of an earlier run's JSON (`bench soak --json`), its processes and the settings it
-/// recorded (the figures of its `settings` row; runs before that recorded none).
-pub(super) fn read_json(path: &Path) -> Result<(Vec<Sample>, Vec<Process>, Option<serde_json::Value>)> {
+/// recorded (the figures of its `settings` row), and the goals its records' audit did not meet
+/// (none audited: that too).
+pub(super) fn read_json(path: &Path) -> Result<Earlier> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let v: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
@@ -172,7 +177,36 @@ pub(super) fn read_json(path: &Path) -> Result<(Vec<Sample>, Vec<Process>, Optio
             }
         }
     }
-    Ok((samples, processes, settings))
+    let records = rows
+        .iter()
+        .find(|r| r["bench"] == "soak" && r["case"] == "records")
+        .map(|r| &r["figures"]);
+    let outcome = match records {
+        None => vec!["the run ended before its records were audited".to_owned()],
+        Some(f) => {
+            let n = |k: &str| f[k].as_f64();
+            let mut wrong = Vec::new();
+            for (key, what) in [
+                ("duplicates", "read more than once"),
+                ("missing", "never read"),
+                ("foreign", "not the feeder's"),
+                ("not_delivered", "not delivered by the feeder"),
+                ("exited_by_itself", "times the job exited by itself"),
+            ] {
+                if n(key).is_some_and(|v| v > 0.0) {
+                    wrong.push(format!("{} {what}", n(key).unwrap_or_default()));
+                }
+            }
+            if n("drained") == Some(0.0) {
+                wrong.push("the output did not catch up with the input".to_owned());
+            }
+            if n("in_input") != n("fed") {
+                wrong.push("the input does not hold what the feeder fed".to_owned());
+            }
+            wrong
+        }
+    };
+    Ok((samples, processes, settings, outcome))
 }
 
 /// A figure judged for growth: its name, its JSON key, how a sample gives it, and the change
@@ -319,14 +353,16 @@ pub(super) fn judge(
         "dir kB"
     );
     let mut judged: Vec<(usize, Vec<&Sample>)> = Vec::new();
+    let mut trended = [false; FIGURES.len()];
     for p in processes {
         let (settled, at) = settled(o, samples, p, from_s);
         let in_window = samples.iter().any(|s| s.incarnation == p.n && s.t > from_s);
         let mut cells = Vec::new();
         let mut row: Vec<(String, f64)> = vec![("start_s".into(), p.start_s), ("samples".into(), settled.len() as f64)];
-        for f in &FIGURES {
+        for (i, f) in FIGURES.iter().enumerate() {
             match trend(&points(&settled, f.of)) {
                 Some((a, b)) => {
+                    trended[i] = true;
                     let g = growth(a, b, f.floor);
                     if !g.1 {
                         unmet.push(format!(
@@ -404,8 +440,14 @@ pub(super) fn judge(
             .collect();
         (!v.is_empty()).then(|| median(v))
     };
-    for f in &FIGURES {
-        let within = unmet.iter().any(|u| u.starts_with(f.name));
+    for (i, f) in FIGURES.iter().enumerate() {
+        if !trended[i] {
+            unmet.push(format!(
+                "{} not judged within any process: none had {FEWEST} samples after catching up",
+                f.name
+            ));
+        }
+        let within = unmet.iter().any(|u| u.starts_with(f.name) && u.contains(" grew "));
         let across = ends.and_then(|(a, b)| {
             let (x, y) = (last_third(&a.1, f.of)?, last_third(&b.1, f.of)?);
             Some((a.0, b.0, x, y, growth(x, y, f.floor)))
@@ -564,6 +606,27 @@ mod tests {
         assert!(growth(100.0, 105.0, 0.0).1);
         assert!(!growth(100.0, 106.0, 1.0).1);
         assert!(growth(7.0, 8.5, 2.0).1);
+    }
+
+    #[test]
+    fn a_judged_json_carries_its_records_audit() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |records: &str| {
+            let path = dir.path().join("soak.json");
+            let sample =
+                r#"{"bench":"soak","case":"sample 10","figures":{"t_s":10,"incarnation":1,"rss_mb":70,"lag":5}}"#;
+            std::fs::write(&path, format!(r#"{{"rows":[{sample}{records}]}}"#)).unwrap();
+            read_json(&path).unwrap().3
+        };
+        let clean = r#","fed":9,"in_input":9,"duplicates":0,"missing":0,"foreign":0,"not_delivered":0,"drained":1,"exited_by_itself":0"#;
+        let row = |figures: &str| format!(r#",{{"bench":"soak","case":"records","figures":{{"x":0{figures}}}}}"#);
+        assert!(write(&row(clean)).is_empty());
+        let lost = write(&row(&clean.replace(r#""missing":0"#, r#""missing":2"#)));
+        assert_eq!(lost, vec!["2 never read".to_owned()]);
+        assert_eq!(
+            write(""),
+            vec!["the run ended before its records were audited".to_owned()]
+        );
     }
 
     #[test]
