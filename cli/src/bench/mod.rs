@@ -163,6 +163,16 @@ pub struct BenchOptions {
     pub rocksdb_memory_mb: Option<u64>,
 }
 
+impl BenchOptions {
+    /// The first of `--intervals`, for the benchmarks that use one (1 s without any).
+    fn first_interval(&self) -> std::time::Duration {
+        self.intervals
+            .first()
+            .copied()
+            .unwrap_or(std::time::Duration::from_secs(1))
+    }
+}
+
 fn need<'a>(v: &'a Option<String>, what: &str, flag: &str, env: &str) -> Result<&'a str> {
     match v {
         Some(s) => Ok(s),
@@ -236,11 +246,7 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
             records: o.records.unwrap_or(1_000_000),
             size: o.sizes.first().copied().unwrap_or(100),
             counts: &o.partitions,
-            interval: o
-                .intervals
-                .first()
-                .copied()
-                .unwrap_or(std::time::Duration::from_secs(1)),
+            interval: o.first_interval(),
             parallelism: o.parallelism,
             rounds: o.rounds,
             charts: o.charts.as_deref(),
@@ -257,11 +263,7 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
             records: o.records.unwrap_or(2_000_000),
             size: o.sizes.first().copied().unwrap_or(100),
             counts: &o.processes,
-            interval: o
-                .intervals
-                .first()
-                .copied()
-                .unwrap_or(std::time::Duration::from_secs(1)),
+            interval: o.first_interval(),
             // 1 (the flag's default) with more processes: the largest process count.
             parallelism: if o.parallelism == 1 {
                 o.processes.iter().copied().max().unwrap_or(1)
@@ -289,11 +291,7 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
             size: o.sizes.first().copied().unwrap_or(100),
             duration: o.duration,
             kill_every: o.kill_every,
-            interval: o
-                .intervals
-                .first()
-                .copied()
-                .unwrap_or(std::time::Duration::from_secs(1)),
+            interval: o.first_interval(),
             parallelism: o.parallelism,
             charts: o.charts.as_deref(),
             judge: o.judge.as_deref(),
@@ -301,11 +299,7 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
         soak::bench_soak(&opts, &mut report).await?;
     }
     if which == Which::State || which == Which::StateChild {
-        let interval = o
-            .intervals
-            .first()
-            .copied()
-            .unwrap_or(std::time::Duration::from_secs(1));
+        let interval = o.first_interval();
         let updates = o.records.unwrap_or(3_000_000);
         if which == Which::StateChild {
             let (Some(phase), [keys], Some(at)) = (o.state_phase, o.keys.as_slice(), &o.checkpoints) else {
@@ -339,12 +333,7 @@ pub async fn run(which: Which, o: &BenchOptions) -> Result<Report> {
         let Some((input, output)) = &o.topics else {
             bail!("plain-loop needs --input and --output");
         };
-        let transactions = (which == Which::PlainTransactionalLoop).then(|| {
-            o.intervals
-                .first()
-                .copied()
-                .unwrap_or(std::time::Duration::from_secs(1))
-        });
+        let transactions = (which == Which::PlainTransactionalLoop).then(|| o.first_interval());
         k2k::plain_loop(&b, input, output, o.records.unwrap_or(1_000_000), transactions)?;
         // Like every system `bench peers` measures, the loop is stopped from outside (its peak
         // memory is read before that); should nobody stop it, it ends after 10 minutes.
