@@ -5,6 +5,9 @@
 //! After each fault heals, commits resume (the time is printed) and the read_committed output
 //! ends with every record exactly once, in order per key.
 //!
+//! Also: a job started while the broker's group coordinator is still loading or moving (as right
+//! after a broker restart) waits for it instead of failing its start.
+//!
 //! Also: the job itself paused (SIGSTOP) longer than its transaction timeout — the broker aborts
 //! its open transactions and fences their producers — ends, after SIGCONT, checkpointing again
 //! with the output exactly once, or with a loud "DATA LOST" naming what the broker aborted; never
@@ -19,9 +22,13 @@ use anyhow::{bail, Result};
 use exactly_integration_tests::{create_topic, read_committed, signal, unique, ChildJob, TestEnv};
 use k2k::{drain_and_verify, exactly, feed, wait_for_more_output, Job, Running, KEYS};
 
+/// One proxy at a time: the broker's proxied listener advertises one address.
+static PROXY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn network_partitions_and_resets_lose_and_double_nothing() -> Result<()> {
     let env = TestEnv::get().await?;
+    let _one = PROXY.lock().await;
     let (proxy, via_proxy) = env.kafka_proxy().await?;
     let mut run = Running::on_new_topics(env, "net", |input, output, dir| {
         Job {
@@ -56,6 +63,59 @@ async fn network_partitions_and_resets_lose_and_double_nothing() -> Result<()> {
     let (_, out, _) = run.finish(env).await?;
     assert!(out >= seen);
     eprintln!("{out} records out, 0 duplicates, 0 missing");
+    Ok(())
+}
+
+/// Right after a broker restarts, its group coordinator loads the groups' offsets (seconds with big
+/// logs) and answers a group's offsets with COORDINATOR_LOAD_IN_PROGRESS, or, while it is being
+/// elected or moves, COORDINATOR_NOT_AVAILABLE or NOT_COORDINATOR; librdkafka hands these to the
+/// caller after two tries of its own. A job started then reads two kinds of group offsets at its
+/// start: the sink's record of its commits (first) and the source's group offsets
+/// (`start = group_offsets`). Here the proxy answers such reads with those errors in turn for 20 s,
+/// longer than the job's five start attempts take to fail on them: first only the source's group,
+/// then every group. Each time the job waits for the coordinator, says so in its log, starts, and
+/// its output is every record once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_started_while_the_group_coordinator_loads_waits_for_it() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let _one = PROXY.lock().await;
+    let (proxy, via_proxy) = env.kafka_proxy().await?;
+    for only_the_source in [true, false] {
+        let group = unique("coordinator-group");
+        proxy.coordinator_moving(Duration::from_secs(20), if only_the_source { &group } else { "" });
+        let before = proxy.rewritten();
+        let started = Instant::now();
+        let run = Running::on_new_topics(env, "coordinator", |input, output, dir| {
+            Job {
+                bootstrap: Some(via_proxy.clone()),
+                group: group.clone(),
+                start: Some(r#"{ type = "group_offsets", reset = "earliest" }"#),
+                ..Job::new(input, output)
+            }
+            .write(env, dir, "k2k")
+        })
+        .await?;
+        let (rewritten, first_commit) = (proxy.rewritten() - before, started.elapsed());
+        let which = if only_the_source { "the source's group" } else { "every group" };
+        eprintln!("{which}: first commit {first_commit:?} after the start; {rewritten} answers rewritten");
+        // The fault was there: reads of group offsets were answered with the coordinator's errors.
+        assert!(rewritten >= 3, "{which}: only {rewritten} OffsetFetch answers rewritten");
+        let log = run.job.tail(1_000_000);
+        let waited: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("coordinator is loading or moving") && l.contains("asking again"))
+            .collect();
+        assert!(
+            !waited.is_empty(),
+            "{which}: the job's log does not say it waited for the group coordinator:\n{}",
+            run.job.log(40)
+        );
+        if only_the_source {
+            assert!(waited.iter().all(|l| l.contains(&group)), "{which}: {waited:?}");
+        }
+        let (_, out, _) = run.finish(env).await?;
+        eprintln!("{which}: {out} records out, 0 duplicates, 0 missing");
+    }
     Ok(())
 }
 

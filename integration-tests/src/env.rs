@@ -130,7 +130,7 @@ impl TestEnv {
                  proxied listener that `scripts/services up` configures.\n{HOW_TO_START}"
             );
         };
-        let proxy = crate::Proxy::start(advertised, listener).await?;
+        let proxy = crate::Proxy::start_kafka(advertised, listener).await?;
         Ok((proxy, advertised.clone()))
     }
 

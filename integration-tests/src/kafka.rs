@@ -76,6 +76,7 @@ pub async fn recreate_topic(env: &TestEnv, topic: &str, partitions: i32) -> Resu
 
 /// [`create_topic`] with topic configuration (e.g. `max.message.bytes`).
 pub async fn create_topic_with(env: &TestEnv, topic: &str, partitions: i32, config: &[(&str, &str)]) -> Result<()> {
+    use rdkafka::types::RDKafkaErrorCode as C;
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", &env.kafka_bootstrap)
         .create()
@@ -85,17 +86,31 @@ pub async fn create_topic_with(env: &TestEnv, topic: &str, partitions: i32, conf
         NewTopic::new(topic, partitions, TopicReplication::Fixed(-1)),
         |t, (k, v)| t.set(k, v),
     );
-    let results = admin
-        .create_topics(
-            &[new],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
-        )
-        .await
-        .with_context(|| format!("CreateTopics {topic}"))?;
-    for result in results {
-        result.map_err(|(name, code)| anyhow!("creating topic {name} failed: {code}"))?;
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    // A broker whose controller stalls (seen: 10 s, the broker fencing itself) times the request
+    // out; it is asked again, and a topic the timed-out request created after all is the one asked
+    // for (the names are unique to the test).
+    let timed_out = |code: Option<C>| matches!(code, Some(C::OperationTimedOut | C::RequestTimedOut | C::NotController));
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let results = match admin.create_topics(std::slice::from_ref(&new), &options).await {
+            Ok(results) => results,
+            Err(e) if timed_out(e.rdkafka_error_code()) && tries < 3 => {
+                eprintln!("CreateTopics {topic}: {e}; asking again");
+                continue;
+            }
+            Err(e) => return Err(e).with_context(|| format!("CreateTopics {topic}")),
+        };
+        match results.into_iter().next().context("CreateTopics: no result")? {
+            Ok(_) => return Ok(()),
+            Err((_, C::TopicAlreadyExists)) if tries > 1 => return Ok(()),
+            Err((_, code)) if timed_out(Some(code)) && tries < 3 => {
+                eprintln!("CreateTopics {topic}: {code}; asking again");
+            }
+            Err((name, code)) => bail!("creating topic {name} failed: {code}"),
+        }
     }
-    Ok(())
 }
 
 /// A producer with `transactional.id = id`, transactions initialised.

@@ -5,6 +5,12 @@
 //! Kafka source's start positions (failing would restart the job, or count against its start-up
 //! attempts), the sink's recovery probe and `exactly verify` (failing would end the audit) ask
 //! again. It blocks: call it where blocking is allowed (`block_in_place`, a blocking thread).
+//!
+//! A consumer group's coordinator moves the same way: right after a broker restarts it loads the
+//! groups' offsets (seconds with big logs), and while `__consumer_offsets`' leader is elected or
+//! moves it is not available or elsewhere; librdkafka hands these errors to the caller of a
+//! group's committed offsets after two tries of its own ([`coordinator_moving`]; seen failing a
+//! job's start after a broker restart).
 
 use std::time::{Duration, Instant};
 
@@ -28,6 +34,48 @@ pub fn asking_again<R>(
             r => return r,
         }
     }
+}
+
+/// Calls `ask` until it returns anything but a [`coordinator_moving`] error, or `budget` has
+/// passed (then that error); the first such error is logged (a warning naming `group`), so that
+/// a start that waits says what for.
+pub fn asking_the_coordinator_again<R>(
+    group: &str,
+    budget: Duration,
+    mut ask: impl FnMut() -> Result<R, KafkaError>,
+) -> Result<R, KafkaError> {
+    let until = Instant::now() + budget;
+    let mut said = false;
+    loop {
+        match ask() {
+            Err(e) if coordinator_moving(&e) && Instant::now() < until => {
+                if !said {
+                    tracing::warn!(group, error = %e, budget_s = budget.as_secs(),
+                        "The consumer group's coordinator is loading or moving (as after a broker restart): asking again until it answers.");
+                    said = true;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// An error that says a consumer group's coordinator is loading the groups' offsets, not elected
+/// yet, or on another broker than the one asked.
+pub fn coordinator_moving(e: &KafkaError) -> bool {
+    let code = match e {
+        KafkaError::Transaction(t) => Some(t.code()),
+        other => other.rdkafka_error_code(),
+    };
+    matches!(
+        code,
+        Some(
+            RDKafkaErrorCode::CoordinatorLoadInProgress
+                | RDKafkaErrorCode::CoordinatorNotAvailable
+                | RDKafkaErrorCode::NotCoordinator
+        )
+    )
 }
 
 /// An error that says the partition's leader is moving or not known yet.
@@ -71,5 +119,36 @@ mod tests {
         // A leader that keeps moving: its error once the budget has passed.
         let r: Result<(), _> = asking_again("t/0", Duration::ZERO, || Err(moving()));
         assert!(r.is_err_and(|e| leader_moving(&e)));
+    }
+
+    #[test]
+    fn a_moving_coordinator_is_asked_again_and_only_within_the_budget() {
+        use RDKafkaErrorCode::*;
+        // As librdkafka hands them over: the call's error, and a partition's (OffsetFetch).
+        let errors = [
+            KafkaError::MetadataFetch(CoordinatorNotAvailable),
+            KafkaError::OffsetFetch(NotCoordinator),
+            KafkaError::MetadataFetch(CoordinatorLoadInProgress),
+        ];
+        let mut calls = 0;
+        let r = asking_the_coordinator_again("g", Duration::from_secs(10), || {
+            calls += 1;
+            match errors.get(calls - 1) {
+                Some(e) => Err(e.clone()),
+                None => Ok(calls),
+            }
+        });
+        assert_eq!(r.unwrap(), 4);
+        let mut calls = 0;
+        let r: Result<(), _> = asking_the_coordinator_again("g", Duration::from_secs(10), || {
+            calls += 1;
+            Err(KafkaError::MetadataFetch(GroupAuthorizationFailed))
+        });
+        assert!(r.is_err());
+        assert_eq!(calls, 1, "another error is returned at once");
+        let r: Result<(), _> =
+            asking_the_coordinator_again("g", Duration::ZERO, || Err(KafkaError::OffsetFetch(NotCoordinator)));
+        assert!(r.is_err_and(|e| coordinator_moving(&e)));
+        assert!(!coordinator_moving(&KafkaError::MetadataFetch(OperationTimedOut)));
     }
 }

@@ -25,6 +25,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use exactly_core::CheckpointId;
+use exactly_kafka_client::leader::asking_the_coordinator_again;
 use exactly_kafka_client::Cluster;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
@@ -118,8 +119,9 @@ impl Record<'_> {
     /// The subtasks at or above the parallelism that have a group of the record (blocking).
     fn listed_groups(&self, timeout: Duration) -> Result<Vec<u32>> {
         let consumer = consumer(&self.cluster, &group(self.prefix, self.subtask))?;
-        let list = consumer
-            .fetch_group_list(None, timeout)
+        let list = asking_the_coordinator_again(&group(self.prefix, self.subtask), timeout, || {
+            consumer.fetch_group_list(None, timeout)
+        })
             .map_err(|e| SinkError::kafka("listing the consumer groups of the record", e))?;
         let under = format!("{}-progress-", self.prefix);
         Ok(list
@@ -229,7 +231,8 @@ fn group_error(group: &str, doing: String, e: rdkafka::error::KafkaError) -> Sin
 /// record shows none (set back to 0), `None` when it holds no record. A refusal to find the
 /// group's coordinator (no ACL on the group) reaches the client only as an event, while the read itself waits for a coordinator until it times out: the read is
 /// asked in short tries, the events looked at between them, so a missing ACL fails at once,
-/// saying which.
+/// saying which. A coordinator that is loading or moving (after a broker restart) is asked again
+/// until `timeout`.
 pub(crate) fn committed(
     cluster: &Cluster,
     group: &str,
@@ -239,27 +242,34 @@ pub(crate) fn committed(
     use rdkafka::types::RDKafkaErrorCode as C;
     let doing = || format!("reading the progress group {group}");
     let consumer = consumer(cluster, group)?;
+    let asked = position(topic, None)?;
     let deadline = Instant::now() + timeout;
-    let read = loop {
-        match consumer.committed_offsets(position(topic, None)?, Duration::from_secs(1)) {
-            Ok(read) => break read,
-            Err(e) if e.rdkafka_error_code() == Some(C::OperationTimedOut) && Instant::now() < deadline => {
-                while let Some(event) = consumer.poll(Duration::ZERO) {
-                    if let Err(e) = event {
-                        if e.rdkafka_error_code() == Some(C::GroupAuthorizationFailed) {
-                            return Err(group_error(group, doing(), e));
+    // A coordinator loading or moving (after a broker restart) is waited for, as long as a
+    // coordinator not found at all.
+    let offset = asking_the_coordinator_again(group, timeout, || {
+        let read = loop {
+            match consumer.committed_offsets(asked.clone(), Duration::from_secs(1)) {
+                Ok(read) => break read,
+                Err(e) if e.rdkafka_error_code() == Some(C::OperationTimedOut) && Instant::now() < deadline => {
+                    while let Some(event) = consumer.poll(Duration::ZERO) {
+                        if let Err(e) = event {
+                            if e.rdkafka_error_code() == Some(C::GroupAuthorizationFailed) {
+                                return Err(e);
+                            }
                         }
                     }
                 }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(group_error(group, doing(), e)),
-        }
-    };
-    let elem = read
-        .find_partition(topic, 0)
-        .ok_or_else(|| SinkError::Protocol(format!("{}: no answer for {topic}/0", doing())))?;
-    elem.error().map_err(|e| group_error(group, doing(), e))?;
-    Ok(match elem.offset() {
+        };
+        // The partition's own error, asked again like the call's.
+        read.find_partition(topic, 0)
+            .map(|elem| elem.error().map(|()| elem.offset()))
+            .transpose()
+    })
+    .map_err(|e| group_error(group, doing(), e))?
+    .ok_or_else(|| SinkError::Protocol(format!("{}: no answer for {topic}/0", doing())))?;
+    Ok(match offset {
         Offset::Offset(n) if n > 0 => Some(Some(n as CheckpointId)),
         Offset::Offset(_) => Some(None),
         _ => None,
@@ -267,19 +277,19 @@ pub(crate) fn committed(
 }
 
 /// Sets `group`'s record back to checkpoint `id` (0: none committed), outside any transaction
-/// (blocking). Only when none of the subtask's transactions is open.
+/// (blocking), waiting for a coordinator that loads or moves. Only when none of the subtask's
+/// transactions is open.
 pub(crate) fn forget_after(cluster: &Cluster, group: &str, topic: &str, id: CheckpointId) -> Result<()> {
-    consumer(cluster, group)?
-        .commit(&position(topic, Some(id))?, CommitMode::Sync)
-        .map_err(|e| {
-            group_error(
-                group,
-                format!("setting the progress group {group} back to checkpoint {id}"),
-                e,
-            )
-        })
+    let consumer = consumer(cluster, group)?;
+    let to = position(topic, Some(id))?;
+    asking_the_coordinator_again(group, FAILOVER, || consumer.commit(&to, CommitMode::Sync)).map_err(|e| {
+        group_error(
+            group,
+            format!("setting the progress group {group} back to checkpoint {id}"),
+            e,
+        )
+    })
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;

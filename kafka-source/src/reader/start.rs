@@ -3,7 +3,7 @@
 //! before each snapshot.
 
 use super::*;
-use exactly_kafka_client::leader::{asking_again, leader_moving};
+use exactly_kafka_client::leader::{asking_again, asking_the_coordinator_again, coordinator_moving, leader_moving};
 
 /// The longest one request for the topics' IDs may take before a snapshot (`check_topic_ids`),
 /// and how long the snapshot retries before the attempt fails.
@@ -109,10 +109,16 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
             StartPosition::GroupOffsets { reset } => {
                 let mut tpl = TopicPartitionList::new();
                 tpl.add_partition(&tp.topic, tp.partition);
-                let committed = self
-                    .consumer()
-                    .committed_offsets(tpl, TIMEOUT)
-                    .map_err(|e| SourceError::kafka("committed offsets of the group", e))?;
+                // A coordinator loading or moving (after a broker restart) is waited for.
+                let committed = asking_the_coordinator_again(&self.config.group_id, TIMEOUT, || {
+                    let committed = self.consumer().committed_offsets(tpl.clone(), TIMEOUT)?;
+                    // The partition's own error, asked again like the call's.
+                    match committed.find_partition(&tp.topic, tp.partition).map(|e| e.error()) {
+                        Some(Err(e)) if coordinator_moving(&e) => Err(e),
+                        _ => Ok(committed),
+                    }
+                })
+                .map_err(|e| SourceError::kafka("committed offsets of the group", e))?;
                 match answer(&committed, tp, "the group's committed offset")? {
                     // Kept elsewhere: it may be out of the log's range by now.
                     Offset::Offset(o) => self.position(tp, o, Origin::Group),
