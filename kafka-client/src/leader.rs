@@ -37,26 +37,34 @@ pub fn asking_again<R>(
 }
 
 /// Calls `ask` until it returns anything but a [`coordinator_moving`] error, or `budget` has
-/// passed (then that error); the first such error is logged (a warning naming `group`), so that
-/// a start that waits says what for.
+/// passed (then that error). `what` says what is read and of which group, for the warning logged
+/// at the first such error (a start that waits says what for) and the line when it is answered.
 pub fn asking_the_coordinator_again<R>(
-    group: &str,
+    what: &str,
     budget: Duration,
     mut ask: impl FnMut() -> Result<R, KafkaError>,
 ) -> Result<R, KafkaError> {
-    let until = Instant::now() + budget;
-    let mut said = false;
+    let since = Instant::now();
+    let until = since + budget;
+    let mut waited = false;
     loop {
         match ask() {
             Err(e) if coordinator_moving(&e) && Instant::now() < until => {
-                if !said {
-                    tracing::warn!(group, error = %e, budget_s = budget.as_secs(),
-                        "The consumer group's coordinator is loading or moving (as after a broker restart): asking again until it answers.");
-                    said = true;
+                if !waited {
+                    let code = e.rdkafka_error_code().map_or_else(|| e.to_string(), |c| c.to_string());
+                    tracing::warn!(reading = what, answer = %code, wait_s = budget.as_secs(),
+                        "The consumer group's coordinator is loading or moving (as after a broker restart): asking again for up to wait_s.");
+                    waited = true;
                 }
                 std::thread::sleep(Duration::from_millis(200));
             }
-            r => return r,
+            r => {
+                if waited && r.is_ok() {
+                    tracing::info!(reading = what, waited_ms = since.elapsed().as_millis() as u64,
+                        "The consumer group's coordinator answered.");
+                }
+                return r;
+            }
         }
     }
 }

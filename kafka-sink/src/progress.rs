@@ -119,8 +119,10 @@ impl Record<'_> {
     /// The subtasks at or above the parallelism that have a group of the record (blocking).
     fn listed_groups(&self, timeout: Duration) -> Result<Vec<u32>> {
         let consumer = consumer(&self.cluster, &group(self.prefix, self.subtask))?;
-        let list = asking_the_coordinator_again(&group(self.prefix, self.subtask), timeout, || {
-            consumer.fetch_group_list(None, timeout)
+        let what = format!("the consumer groups of the Kafka sink's record ({}-progress-*)", self.prefix);
+        let deadline = Instant::now() + timeout;
+        let list = asking_the_coordinator_again(&what, timeout, || {
+            consumer.fetch_group_list(None, deadline.saturating_duration_since(Instant::now()))
         })
             .map_err(|e| SinkError::kafka("listing the consumer groups of the record", e))?;
         let under = format!("{}-progress-", self.prefix);
@@ -246,7 +248,8 @@ pub(crate) fn committed(
     let deadline = Instant::now() + timeout;
     // A coordinator loading or moving (after a broker restart) is waited for, as long as a
     // coordinator not found at all.
-    let offset = asking_the_coordinator_again(group, timeout, || {
+    let what = format!("the Kafka sink's record of its commits (consumer group {group})");
+    let offset = asking_the_coordinator_again(&what, timeout, || {
         let read = loop {
             match consumer.committed_offsets(asked.clone(), Duration::from_secs(1)) {
                 Ok(read) => break read,
@@ -277,19 +280,20 @@ pub(crate) fn committed(
 }
 
 /// Sets `group`'s record back to checkpoint `id` (0: none committed), outside any transaction
-/// (blocking), waiting for a coordinator that loads or moves. Only when none of the subtask's
-/// transactions is open.
+/// (blocking). Only when none of the subtask's transactions is open. Tried once, right after the
+/// caller's owner check (librdkafka itself waits for a coordinator that loads or moves).
 pub(crate) fn forget_after(cluster: &Cluster, group: &str, topic: &str, id: CheckpointId) -> Result<()> {
-    let consumer = consumer(cluster, group)?;
-    let to = position(topic, Some(id))?;
-    asking_the_coordinator_again(group, FAILOVER, || consumer.commit(&to, CommitMode::Sync)).map_err(|e| {
-        group_error(
-            group,
-            format!("setting the progress group {group} back to checkpoint {id}"),
-            e,
-        )
-    })
+    consumer(cluster, group)?
+        .commit(&position(topic, Some(id))?, CommitMode::Sync)
+        .map_err(|e| {
+            group_error(
+                group,
+                format!("setting the progress group {group} back to checkpoint {id}"),
+                e,
+            )
+        })
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;

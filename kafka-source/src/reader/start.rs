@@ -110,8 +110,11 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
                 let mut tpl = TopicPartitionList::new();
                 tpl.add_partition(&tp.topic, tp.partition);
                 // A coordinator loading or moving (after a broker restart) is waited for.
-                let committed = asking_the_coordinator_again(&self.config.group_id, TIMEOUT, || {
-                    let committed = self.consumer().committed_offsets(tpl.clone(), TIMEOUT)?;
+                let what = format!("the source's start offsets (consumer group {})", self.config.group_id);
+                let deadline = std::time::Instant::now() + TIMEOUT;
+                let committed = asking_the_coordinator_again(&what, TIMEOUT, || {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    let committed = self.consumer().committed_offsets(tpl.clone(), left)?;
                     // The partition's own error, asked again like the call's.
                     match committed.find_partition(&tp.topic, tp.partition).map(|e| e.error()) {
                         Some(Err(e)) if coordinator_moving(&e) => Err(e),
