@@ -144,8 +144,7 @@ pub(crate) enum Command {
         /// Check the order per key: the key field...
         #[arg(long, requires = "order")]
         key: Option<String>,
-        /// ...and the field whose values must not decrease per key (numbers or strings). The
-        /// check keeps the last value of each distinct key in memory (about 100 bytes a key).
+        /// ...and the field whose values must not decrease per key (numbers or strings).
         #[arg(long, requires = "key")]
         order: Option<String>,
         /// The job file: its transforms decide which input records should appear, and its

@@ -6,13 +6,14 @@
 //! Bounded memory: every record is reduced to a 128-bit hash of its id (xxh3) and where it was
 //! read (24 bytes); runs of at most [`RUN`] entries are sorted and spilled to temporary files,
 //! then merged — input and output side by side — so tens of millions of records take a few tens
-//! of MB of memory and 24 bytes per record of temporary disk. Only the order check keeps
-//! something per key (the last order value of each key).
+//! of MB of memory and 24 bytes per record of temporary disk. The order check sorts its records
+//! on disk the same way (by partition, key and offset: `order.rs`).
 
+mod order;
 mod read;
 mod sorted;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -22,10 +23,15 @@ use serde_json::Value;
 
 use crate::jobfile::{Job, SinkKind, Transform};
 pub use read::{parse_source, Bound, SourceRange};
+use order::OrderCheck;
 use sorted::{Entry, Sorter};
 
 /// Entries per sorted run (24 bytes each: ~24 MB).
 pub const RUN: usize = 1 << 20;
+
+/// Records per sorted run of the order check (with their ids and order values, ~100 bytes each in
+/// memory: ~25 MB).
+const ORDER_RUN: usize = 1 << 18;
 
 /// Where the output is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -396,8 +402,10 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
     // The output.
     let mut output = Sorter::new(&spill, RUN)?;
     let mut order_examples = Vec::new();
+    let mut order_runs = 0;
     match &args.output {
         Output::Topic(topic) => {
+            let topic_name = topic.clone();
             let (c, topic, id) = (cluster.clone(), topic.clone(), args.id.clone());
             let g = group.clone();
             let (key_field, order_field) = (args.key.clone(), args.order.clone());
@@ -407,11 +415,13 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
                 from: Bound::Start,
                 to: Bound::End,
             };
-            let (sorter, counts, examples) =
-                tokio::task::spawn_blocking(move || -> Result<(Sorter, [u64; 3], Vec<Example>)> {
-                    let mut counts = [0u64; 3]; // read, unreadable, out of order
-                    let mut last: HashMap<(u32, u64), (OrderValue, u64)> = HashMap::new();
-                    let mut examples = Vec::new();
+            let mut order = match args.key {
+                Some(_) => Some(OrderCheck::new(&spill, ORDER_RUN)?),
+                None => None,
+            };
+            let (sorter, order, counts) =
+                tokio::task::spawn_blocking(move || -> Result<(Sorter, Option<OrderCheck>, [u64; 2])> {
+                    let mut counts = [0u64; 2]; // read, unreadable
                     read::read_topic(&c, &g, &topic, &all, "output", stall, |loc, key, value| {
                         counts[0] += 1;
                         let (record_id, v) = match read_id(&id, key, value, &[]) {
@@ -425,21 +435,9 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
                             (None, Some(_)) => value.and_then(|b| serde_json::from_slice::<Value>(b).ok()),
                             (v, _) => v,
                         };
-                        if let (Some(kf), Some(of), Some(v)) = (&key_field, &order_field, &v) {
+                        if let (Some(order), Some(kf), Some(of), Some(v)) = (&mut order, &key_field, &order_field, &v) {
                             if let (Some(k), Some(o)) = (field(v, kf), field(v, of).and_then(OrderValue::of)) {
-                                let slot = ((loc >> 48) as u32, xxhash_rust::xxh3::xxh3_64(id_text(k).as_bytes()));
-                                if let Some((prev, prev_loc)) = last.get(&slot) {
-                                    if o < *prev {
-                                        counts[2] += 1;
-                                        if examples.len() < max_examples {
-                                            examples.push(Example {
-                                                id: record_id.clone(),
-                                                at: vec![read::place(&topic, *prev_loc), read::place(&topic, loc)],
-                                            });
-                                        }
-                                    }
-                                }
-                                last.insert(slot, (o, loc));
+                                order.push(loc, &record_id, &id_text(k), o)?;
                             }
                         }
                         output.push(Entry {
@@ -447,16 +445,26 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
                             loc,
                         })
                     })?;
-                    Ok((output, counts, examples))
+                    Ok((output, order, counts))
                 })
                 .await??;
             output = sorter;
             report.output_records = counts[0];
             report.output_unreadable = counts[1];
-            if report.out_of_order.is_some() {
-                report.out_of_order = Some(counts[2]);
+            if let Some(order) = order {
+                order_runs = order.spilled();
+                let topic = topic_name.clone();
+                let found = tokio::task::spawn_blocking(move || order.finish(max_examples)).await??;
+                report.out_of_order = Some(found.count);
+                order_examples = found
+                    .examples
+                    .into_iter()
+                    .map(|(id, before, this)| Example {
+                        id,
+                        at: vec![read::place(&topic, before), read::place(&topic, this)],
+                    })
+                    .collect();
             }
-            order_examples = examples;
         }
         Output::Table(db, table) => {
             let (url, password_file) = db_server(&args, &job, *db)?;
@@ -473,7 +481,7 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
     }
 
     // Input and output side by side, id by id.
-    report.spilled_runs = input.spilled() + output.spilled();
+    report.spilled_runs = input.spilled() + output.spilled() + order_runs;
     let mut lost = Vec::new();
     let mut duplicated = Vec::new();
     let mut outside = Vec::new();

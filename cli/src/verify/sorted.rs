@@ -1,5 +1,6 @@
 //! Sorting more entries than memory should hold: runs of a bounded size are sorted and spilled
-//! to temporary files, then merged (k-way, one buffered reader per run).
+//! to temporary files, then merged (k-way, one buffered reader per run). Entries are the ids'
+//! hashes and places ([`Entry`]), or anything else that writes and reads itself ([`Spilled`]).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -18,7 +19,30 @@ pub(super) struct Entry {
     pub(super) loc: u64,
 }
 
+/// What a sorted run holds: written one after another, read back in the same order.
+pub(super) trait Spilled: Ord + Sized {
+    /// Writes the entry.
+    fn write(&self, w: &mut impl Write) -> std::io::Result<()>;
+    /// Reads an entry; `None` at the end of the run.
+    fn read(r: &mut impl Read) -> std::io::Result<Option<Self>>;
+}
+
 const SIZE: usize = 24;
+
+impl Spilled for Entry {
+    fn write(&self, w: &mut impl Write) -> std::io::Result<()> {
+        w.write_all(&self.to_bytes())
+    }
+
+    fn read(r: &mut impl Read) -> std::io::Result<Option<Entry>> {
+        let mut b = [0u8; SIZE];
+        match r.read_exact(&mut b) {
+            Ok(()) => Ok(Some(Entry::from_bytes(&b))),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
 
 impl Entry {
     fn to_bytes(self) -> [u8; SIZE] {
@@ -37,16 +61,16 @@ impl Entry {
 }
 
 /// Collects entries; sorted runs beyond `limit` go to temporary files.
-pub(super) struct Sorter {
+pub(super) struct Sorter<T = Entry> {
     dir: PathBuf,
     limit: usize,
-    buf: Vec<Entry>,
+    buf: Vec<T>,
     runs: Vec<tempfile::NamedTempFile>,
 }
 
-impl Sorter {
+impl<T: Spilled> Sorter<T> {
     /// A sorter spilling into `dir`.
-    pub(super) fn new(dir: &Path, limit: usize) -> Result<Sorter> {
+    pub(super) fn new(dir: &Path, limit: usize) -> Result<Sorter<T>> {
         if !dir.is_dir() {
             anyhow::bail!("{}: not a directory (where sorted runs are spilled)", dir.display());
         }
@@ -59,7 +83,7 @@ impl Sorter {
     }
 
     /// Adds an entry (spilling a sorted run when the buffer is full).
-    pub(super) fn push(&mut self, e: Entry) -> Result<()> {
+    pub(super) fn push(&mut self, e: T) -> Result<()> {
         self.buf.push(e);
         if self.buf.len() >= self.limit {
             self.spill()?;
@@ -80,7 +104,7 @@ impl Sorter {
             .with_context(|| format!("creating a temporary file in {}", self.dir.display()))?;
         let mut w = BufWriter::with_capacity(1 << 16, file.as_file());
         for e in self.buf.drain(..) {
-            w.write_all(&e.to_bytes())
+            e.write(&mut w)
                 .with_context(|| format!("writing a sorted run to {}", file.path().display()))?;
         }
         w.flush()
@@ -91,7 +115,7 @@ impl Sorter {
     }
 
     /// Every entry, in order.
-    pub(super) fn finish(mut self) -> Result<Merged> {
+    pub(super) fn finish(mut self) -> Result<Merged<T>> {
         if self.runs.is_empty() {
             self.buf.sort_unstable();
             return Ok(Merged {
@@ -123,27 +147,22 @@ impl Sorter {
     }
 }
 
-fn read_entry(r: &mut impl Read) -> Result<Option<Entry>> {
-    let mut b = [0u8; SIZE];
-    match r.read_exact(&mut b) {
-        Ok(()) => Ok(Some(Entry::from_bytes(&b))),
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
-        Err(e) => Err(e).context("reading a sorted run"),
-    }
+fn read_entry<T: Spilled>(r: &mut impl Read) -> Result<Option<T>> {
+    T::read(r).context("reading a sorted run")
 }
 
 /// The merged, sorted entries (the temporary files go with it).
-pub(super) struct Merged {
-    memory: std::vec::IntoIter<Entry>,
+pub(super) struct Merged<T = Entry> {
+    memory: std::vec::IntoIter<T>,
     readers: Vec<BufReader<File>>,
-    heap: BinaryHeap<Reverse<(Entry, usize)>>,
+    heap: BinaryHeap<Reverse<(T, usize)>>,
     _runs: Vec<tempfile::NamedTempFile>,
 }
 
-impl Iterator for Merged {
-    type Item = Result<Entry>;
+impl<T: Spilled> Iterator for Merged<T> {
+    type Item = Result<T>;
 
-    fn next(&mut self) -> Option<Result<Entry>> {
+    fn next(&mut self) -> Option<Result<T>> {
         if self.readers.is_empty() {
             return self.memory.next().map(Ok);
         }
@@ -164,7 +183,7 @@ mod tests {
     #[test]
     fn spilled_runs_merge_into_one_sorted_sequence() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = Sorter::new(dir.path(), 7).unwrap();
+        let mut s: Sorter = Sorter::new(dir.path(), 7).unwrap();
         let mut all = Vec::new();
         for i in 0..100u64 {
             let e = Entry {
@@ -179,7 +198,7 @@ mod tests {
         all.sort_unstable();
         assert_eq!(merged, all);
         // Under the limit: no file at all.
-        let mut s = Sorter::new(dir.path(), 1000).unwrap();
+        let mut s: Sorter = Sorter::new(dir.path(), 1000).unwrap();
         s.push(Entry { hash: 2, loc: 0 }).unwrap();
         s.push(Entry { hash: 1, loc: 1 }).unwrap();
         assert_eq!(s.spilled(), 0);
