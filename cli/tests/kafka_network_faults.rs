@@ -98,10 +98,17 @@ async fn a_job_started_while_the_group_coordinator_loads_waits_for_it() -> Resul
         })
         .await?;
         let (rewritten, first_commit) = (proxy.rewritten() - before, started.elapsed());
-        let which = if only_the_source { "the source's group" } else { "every group" };
+        let which = if only_the_source {
+            "the source's group"
+        } else {
+            "every group"
+        };
         eprintln!("{which}: first commit {first_commit:?} after the start; {rewritten} answers rewritten");
         // The fault was there: reads of group offsets were answered with the coordinator's errors.
-        assert!(rewritten >= 3, "{which}: only {rewritten} OffsetFetch answers rewritten");
+        assert!(
+            rewritten >= 3,
+            "{which}: only {rewritten} OffsetFetch answers rewritten"
+        );
         let log = run.job.tail(1_000_000);
         let waited: Vec<&str> = log
             .lines()
@@ -113,10 +120,18 @@ async fn a_job_started_while_the_group_coordinator_loads_waits_for_it() -> Resul
             run.job.log(40)
         );
         // Each read that waited says which.
-        let source = waited.iter().any(|l| l.contains("the source's start offsets") && l.contains(&group));
-        let sink = waited.iter().any(|l| l.contains("the Kafka sink's record of its commits"));
+        let source = waited
+            .iter()
+            .any(|l| l.contains("the source's start offsets") && l.contains(&group));
+        let sink = waited
+            .iter()
+            .any(|l| l.contains("the Kafka sink's record of its commits"));
         // (With every group answered so, the sink reads first and waits the 20 s out.)
-        assert_eq!((source, sink), (only_the_source, !only_the_source), "{which}: {waited:?}");
+        assert_eq!(
+            (source, sink),
+            (only_the_source, !only_the_source),
+            "{which}: {waited:?}"
+        );
         let (_, out, _) = run.finish(env).await?;
         eprintln!("{which}: {out} records out, 0 duplicates, 0 missing");
     }

@@ -90,7 +90,8 @@ pub async fn create_topic_with(env: &TestEnv, topic: &str, partitions: i32, conf
     // A broker whose controller stalls (seen: 10 s, the broker fencing itself) times the request
     // out; it is asked again, and a topic the timed-out request created after all is the one asked
     // for (the names are unique to the test).
-    let timed_out = |code: Option<C>| matches!(code, Some(C::OperationTimedOut | C::RequestTimedOut | C::NotController));
+    let timed_out =
+        |code: Option<C>| matches!(code, Some(C::OperationTimedOut | C::RequestTimedOut | C::NotController));
     let mut tries = 0;
     loop {
         tries += 1;

@@ -123,7 +123,10 @@ impl Proxy {
                     // The requests whose answers are rewritten, by correlation id: their version.
                     let asked = Arc::new(Mutex::new(HashMap::new()));
                     let (requests, responses) = if kafka {
-                        (Frames::Requests(asked.clone(), answers.clone()), Frames::Responses(asked, answers))
+                        (
+                            Frames::Requests(asked.clone(), answers.clone()),
+                            Frames::Responses(asked, answers),
+                        )
                     } else {
                         (Frames::Bytes, Frames::Bytes)
                     };
@@ -262,7 +265,9 @@ fn offset_fetch_failed(message: &[u8], version: i16, code: i16) -> Result<Vec<u8
         }
     }
     let mut out = BytesMut::new();
-    header.encode(&mut out, header_version).context("OffsetFetch response header")?;
+    header
+        .encode(&mut out, header_version)
+        .context("OffsetFetch response header")?;
     response.encode(&mut out, version).context("OffsetFetch response")?;
     Ok(out.to_vec())
 }
@@ -366,11 +371,11 @@ mod tests {
 
     /// An OffsetFetch request of `group` and the broker's answer to it: offset 42 of t/0.
     fn offset_fetch(version: i16, id: i32, group: &'static str) -> (Vec<u8>, Vec<u8>) {
+        use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestGroup;
         use kafka_protocol::messages::offset_fetch_response::{
             OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
             OffsetFetchResponseTopic, OffsetFetchResponseTopics,
         };
-        use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestGroup;
         use kafka_protocol::messages::{GroupId, TopicName};
         use kafka_protocol::protocol::StrBytes;
         let group_id = GroupId(StrBytes::from_static_str(group));
@@ -395,7 +400,9 @@ mod tests {
                 .with_group_id(group_id)
                 .with_topics(vec![OffsetFetchResponseTopics::default()
                     .with_name(topic)
-                    .with_partitions(vec![OffsetFetchResponsePartitions::default().with_committed_offset(42)])])];
+                    .with_partitions(vec![
+                        OffsetFetchResponsePartitions::default().with_committed_offset(42)
+                    ])])];
         } else {
             response.topics = vec![OffsetFetchResponseTopic::default()
                 .with_name(topic)
@@ -421,7 +428,13 @@ mod tests {
             .iter()
             .flat_map(|t| &t.partitions)
             .map(|p| (p.error_code, p.committed_offset))
-            .chain(r.groups.iter().flat_map(|g| &g.topics).flat_map(|t| &t.partitions).map(|p| (p.error_code, p.committed_offset)))
+            .chain(
+                r.groups
+                    .iter()
+                    .flat_map(|g| &g.topics)
+                    .flat_map(|t| &t.partitions)
+                    .map(|p| (p.error_code, p.committed_offset)),
+            )
             .collect::<Vec<_>>();
         let error = match version {
             8.. => r.groups[0].error_code,
@@ -475,7 +488,10 @@ mod tests {
         let (request, answer) = offset_fetch(8, 7, "g-1");
         requests.forward(&mut BytesMut::from(&request[..]));
         *answers.coordinator_moving.lock().unwrap() = Some((Instant::now(), "g-".into()));
-        assert_eq!(offset_fetch_error(&responses.forward(&mut BytesMut::from(&answer[..])), 8).0, 16);
+        assert_eq!(
+            offset_fetch_error(&responses.forward(&mut BytesMut::from(&answer[..])), 8).0,
+            16
+        );
         let (request, answer) = offset_fetch(8, 8, "g-1");
         requests.forward(&mut BytesMut::from(&request[..]));
         assert_eq!(responses.forward(&mut BytesMut::from(&answer[..])), answer);

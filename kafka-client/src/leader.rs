@@ -60,8 +60,11 @@ pub fn asking_the_coordinator_again<R>(
             }
             r => {
                 if waited && r.is_ok() {
-                    tracing::info!(reading = what, waited_ms = since.elapsed().as_millis() as u64,
-                        "The consumer group's coordinator answered.");
+                    tracing::info!(
+                        reading = what,
+                        waited_ms = since.elapsed().as_millis() as u64,
+                        "The consumer group's coordinator answered."
+                    );
                 }
                 return r;
             }

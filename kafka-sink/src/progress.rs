@@ -119,12 +119,15 @@ impl Record<'_> {
     /// The subtasks at or above the parallelism that have a group of the record (blocking).
     fn listed_groups(&self, timeout: Duration) -> Result<Vec<u32>> {
         let consumer = consumer(&self.cluster, &group(self.prefix, self.subtask))?;
-        let what = format!("the consumer groups of the Kafka sink's record ({}-progress-*)", self.prefix);
+        let what = format!(
+            "the consumer groups of the Kafka sink's record ({}-progress-*)",
+            self.prefix
+        );
         let deadline = Instant::now() + timeout;
         let list = asking_the_coordinator_again(&what, timeout, || {
             consumer.fetch_group_list(None, deadline.saturating_duration_since(Instant::now()))
         })
-            .map_err(|e| SinkError::kafka("listing the consumer groups of the record", e))?;
+        .map_err(|e| SinkError::kafka("listing the consumer groups of the record", e))?;
         let under = format!("{}-progress-", self.prefix);
         Ok(list
             .groups()

@@ -22,8 +22,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::jobfile::{Job, SinkKind, Transform};
-pub use read::{parse_source, Bound, SourceRange};
 use order::OrderCheck;
+pub use read::{parse_source, Bound, SourceRange};
 use sorted::{Entry, Sorter};
 
 /// Entries per sorted run (24 bytes each: ~24 MB).

@@ -206,8 +206,10 @@ mod tests {
             next[p as usize] += 1;
             records.push((loc, format!("id-{i}"), key, value));
         }
-        let borrowed: Vec<(u64, &str, &str, OrderValue)> =
-            records.iter().map(|(l, id, k, v)| (*l, id.as_str(), *k, v.clone())).collect();
+        let borrowed: Vec<(u64, &str, &str, OrderValue)> = records
+            .iter()
+            .map(|(l, id, k, v)| (*l, id.as_str(), *k, v.clone()))
+            .collect();
         let (count, mut examples) = in_memory(&borrowed);
         assert!(count > 100, "the data has records out of order: {count}");
 
