@@ -244,8 +244,7 @@ fn invalid_parameters_are_refused_with_the_field_named() {
 
 #[test]
 fn strategies_parse_from_human_durations() {
-    let parsed: RestartStrategy =
-        serde_json::from_str(r#"{"type":"fixed_delay","attempts":3,"delay":"2s"}"#).unwrap();
+    let parsed: RestartStrategy = serde_json::from_str(r#"{"type":"fixed_delay","attempts":3,"delay":"2s"}"#).unwrap();
     assert_eq!(
         parsed,
         RestartStrategy::FixedDelay {
