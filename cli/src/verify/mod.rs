@@ -9,21 +9,23 @@
 //! of MB of memory and 24 bytes per record of temporary disk. The order check sorts its records
 //! on disk the same way (by partition, key and offset: `order.rs`).
 
+mod args;
 mod order;
 mod read;
+mod report;
 mod sorted;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
 use serde_json::Value;
 
 use crate::jobfile::{Job, SinkKind, Transform};
+pub use args::{parse_output, Database, Output, VerifyArgs};
 use order::OrderCheck;
 pub use read::{parse_source, Bound, SourceRange};
+pub use report::{print, Example, Report};
 use sorted::{Entry, Sorter};
 
 /// Entries per sorted run (24 bytes each: ~24 MB).
@@ -32,145 +34,6 @@ pub const RUN: usize = 1 << 20;
 /// Records per sorted run of the order check (with their ids and order values, ~100 bytes each in
 /// memory: ~25 MB).
 const ORDER_RUN: usize = 1 << 18;
-
-/// Where the output is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Output {
-    /// A Kafka topic (read with isolation.level=read_committed).
-    Topic(String),
-    /// A table of a database.
-    Table(Database, String),
-}
-
-/// The database of a table output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Database {
-    /// MySQL or MariaDB (`--mysql-url`, or the job's MySQL sink).
-    Mysql,
-    /// PostgreSQL (`--postgres-url`, or the job's PostgreSQL sink).
-    Postgres,
-}
-
-impl std::fmt::Display for Output {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Output::Topic(t) => write!(f, "topic {t}"),
-            Output::Table(Database::Mysql, t) => write!(f, "table {t}"),
-            Output::Table(Database::Postgres, t) => write!(f, "postgres table {t}"),
-        }
-    }
-}
-
-/// Parses `topic:NAME`, `mysql:TABLE`, `postgres:TABLE` (or `postgres:SCHEMA.TABLE`) or a bare
-/// topic name.
-pub fn parse_output(s: &str) -> Result<Output, String> {
-    let out = match s.split_once(':') {
-        Some(("topic", t)) => Output::Topic(t.to_owned()),
-        Some(("mysql", t)) => Output::Table(Database::Mysql, t.to_owned()),
-        Some(("postgres", t)) => Output::Table(Database::Postgres, t.to_owned()),
-        Some(_) => {
-            return Err(format!(
-                "{s:?}: expected topic:NAME, mysql:TABLE, postgres:TABLE or a topic name"
-            ))
-        }
-        None => Output::Topic(s.to_owned()),
-    };
-    match &out {
-        Output::Topic(t) | Output::Table(_, t) if t.is_empty() => Err(format!("{s:?}: the name is empty")),
-        _ => Ok(out),
-    }
-}
-
-/// What `exactly verify` is asked.
-#[derive(Debug, Clone)]
-pub struct VerifyArgs {
-    /// Input topic and range.
-    pub source: SourceRange,
-    /// The output.
-    pub output: Output,
-    /// The id field (dots for nested fields; for a table, the column).
-    pub id: String,
-    /// Key field of the order check.
-    pub key: Option<String>,
-    /// Order field of the order check (numbers or strings, non-decreasing per key).
-    pub order: Option<String>,
-    /// Apply this job's transforms to the input to know which records should appear.
-    pub job: Option<Job>,
-    /// The job's sink the output belongs to (when the job has several).
-    pub sink: Option<String>,
-    /// Kafka bootstrap servers (default: the job's source).
-    pub bootstrap: Option<String>,
-    /// Kafka security settings (`--kafka-config`: a `[kafka]` table, or a job file's).
-    pub kafka_config: Option<exactly_kafka_client::KafkaSecurity>,
-    /// MySQL URL (default: the job's MySQL sink).
-    pub mysql_url: Option<String>,
-    /// PostgreSQL URL (default: the job's PostgreSQL sink).
-    pub postgres_url: Option<String>,
-    /// A file holding the password of `mysql_url` / `postgres_url` (so it is not on the command
-    /// line, which `ps` shows); those URLs may also reference the environment (`${NAME}`).
-    pub db_password_file: Option<PathBuf>,
-    /// Examples per kind of problem.
-    pub examples: usize,
-    /// Where sorted runs are spilled (default: the system's temporary directory).
-    pub spill_dir: Option<PathBuf>,
-    /// Give up when a read makes no progress for this long.
-    pub stall_timeout: Duration,
-}
-
-/// One example of a problem.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct Example {
-    /// The id, as read.
-    pub id: String,
-    /// Where it was read: `topic-partition@offset` (for the input or a topic), or `table` with
-    /// the count of rows.
-    pub at: Vec<String>,
-}
-
-/// The report.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct Report {
-    /// The input read ("orders", "orders:100..200").
-    pub source: String,
-    /// The output read.
-    pub output: String,
-    /// Input records read in the range.
-    pub input_records: u64,
-    /// Input records the output should hold (read, minus filtered and unreadable).
-    pub expected: u64,
-    /// Input records the job's transforms drop.
-    pub filtered: u64,
-    /// Input records without a value, not JSON, or without the id field (not expected).
-    pub input_unreadable: u64,
-    /// Ids that occur more than once in the input (each must then occur as often in the
-    /// output).
-    pub input_repeated_ids: u64,
-    /// Output records (or rows) read.
-    pub output_records: u64,
-    /// Output records without a readable id.
-    pub output_unreadable: u64,
-    /// Expected records missing from the output.
-    pub lost: u64,
-    /// Output records beyond the expected count of their id.
-    pub duplicated: u64,
-    /// Output records whose id is not in the input range (only a failure when the whole topic
-    /// was read: with a range, the output also holds what lies outside it).
-    pub outside_input: u64,
-    /// Output records whose order value is below that of an earlier record of the same key.
-    pub out_of_order: Option<u64>,
-    /// Sorted runs spilled to disk.
-    pub spilled_runs: usize,
-    /// Whether the output holds every expected record exactly once (and in order, if asked).
-    pub exactly_once: bool,
-    /// Examples of lost records.
-    pub lost_examples: Vec<Example>,
-    /// Examples of duplicated records.
-    pub duplicated_examples: Vec<Example>,
-    /// Examples of records outside the input.
-    pub outside_examples: Vec<Example>,
-    /// Examples of out-of-order records (the earlier record's place, then this one's).
-    pub out_of_order_examples: Vec<Example>,
-}
 
 /// The canonical text of an id: strings as they are, anything else as JSON.
 pub fn id_text(v: &Value) -> String {
@@ -673,51 +536,6 @@ impl OrderValue {
             Value::String(s) => Some(OrderValue::Text(s.clone())),
             _ => None,
         }
-    }
-}
-
-/// The report for people.
-pub fn print(r: &Report) {
-    println!("exactly verify: {} -> {}", r.source, r.output);
-    println!(
-        "  input:  {} records read, {} expected in the output ({} filtered by the job, {} without a readable id)",
-        r.input_records, r.expected, r.filtered, r.input_unreadable
-    );
-    if r.input_repeated_ids > 0 {
-        println!(
-            "          {} ids occur more than once in the input (each is expected as often in the output)",
-            r.input_repeated_ids
-        );
-    }
-    println!(
-        "  output: {} records read ({} without a readable id)",
-        r.output_records, r.output_unreadable
-    );
-    println!("  lost:         {}", r.lost);
-    println!("  duplicated:   {}", r.duplicated);
-    println!("  not in input: {}", r.outside_input);
-    if let Some(n) = r.out_of_order {
-        println!("  out of order: {n}");
-    }
-    let show = |title: &str, list: &[Example]| {
-        if !list.is_empty() {
-            println!("  {title}:");
-            for e in list {
-                println!("    id {} at {}", e.id, e.at.join(", "));
-            }
-        }
-    };
-    show("lost, for example", &r.lost_examples);
-    show("duplicated, for example", &r.duplicated_examples);
-    show("not in input, for example", &r.outside_examples);
-    show(
-        "out of order, for example (earlier record, then this one)",
-        &r.out_of_order_examples,
-    );
-    if r.exactly_once {
-        println!("EXACTLY ONCE: every expected record is in the output once.");
-    } else {
-        println!("NOT EXACTLY ONCE.");
     }
 }
 
