@@ -31,9 +31,8 @@ use sorted::{Entry, Sorter};
 /// Entries per sorted run (24 bytes each: ~24 MB).
 pub const RUN: usize = 1 << 20;
 
-/// Records per sorted run of the order check (with their ids and order values, ~100 bytes each in
-/// memory: ~25 MB).
-const ORDER_RUN: usize = 1 << 18;
+/// The memory of one sorted run of the order check (records with their order values): ~64 MB.
+const ORDER_RUN_BYTES: usize = 64 << 20;
 
 /// The canonical text of an id: strings as they are, anything else as JSON.
 pub fn id_text(v: &Value) -> String {
@@ -279,7 +278,7 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
                 to: Bound::End,
             };
             let mut order = match args.key {
-                Some(_) => Some(OrderCheck::new(&spill, ORDER_RUN)?),
+                Some(_) => Some(OrderCheck::new(&spill, RUN, ORDER_RUN_BYTES)?),
                 None => None,
             };
             let (sorter, order, counts) =
@@ -300,7 +299,7 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
                         };
                         if let (Some(order), Some(kf), Some(of), Some(v)) = (&mut order, &key_field, &order_field, &v) {
                             if let (Some(k), Some(o)) = (field(v, kf), field(v, of).and_then(OrderValue::of)) {
-                                order.push(loc, &record_id, &id_text(k), o)?;
+                                order.push(loc, &id_text(k), o)?;
                             }
                         }
                         output.push(Entry {
@@ -316,17 +315,14 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
             report.output_unreadable = counts[1];
             if let Some(order) = order {
                 order_runs = order.spilled();
-                let topic = topic_name.clone();
                 let found = tokio::task::spawn_blocking(move || order.finish(max_examples)).await??;
                 report.out_of_order = Some(found.count);
-                order_examples = found
-                    .examples
-                    .into_iter()
-                    .map(|(id, before, this)| Example {
-                        id,
-                        at: vec![read::place(&topic, before), read::place(&topic, this)],
-                    })
-                    .collect();
+                // Each example's id read again at its place; then the key's record before it.
+                let list = found.examples.iter().map(|(_, this)| (0, vec![*this])).collect();
+                order_examples = read::resolve(&cluster, &group, &topic_name, &args.id, &[], list).await?;
+                for (e, (before, _)) in order_examples.iter_mut().zip(&found.examples) {
+                    e.at.insert(0, read::place(&topic_name, *before));
+                }
             }
         }
         Output::Table(db, table) => {

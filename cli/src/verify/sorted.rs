@@ -5,7 +5,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufReader, BufWriter, Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -23,8 +23,28 @@ pub(super) struct Entry {
 pub(super) trait Spilled: Ord + Sized {
     /// Writes the entry.
     fn write(&self, w: &mut impl Write) -> std::io::Result<()>;
-    /// Reads an entry; `None` at the end of the run.
+    /// Reads an entry; `None` at the end of the run (between entries: [`read_start`]).
     fn read(r: &mut impl Read) -> std::io::Result<Option<Self>>;
+    /// The memory the entry holds while its run fills.
+    fn bytes(&self) -> usize {
+        std::mem::size_of::<Self>()
+    }
+}
+
+/// Fills `b` from `r`: `false` when `r` ends before its first byte (the end of a run), an error
+/// when it ends within `b` (a run cut short).
+pub(super) fn read_start(r: &mut impl Read, b: &mut [u8]) -> std::io::Result<bool> {
+    let mut at = 0;
+    while at < b.len() {
+        match r.read(&mut b[at..]) {
+            Ok(0) if at == 0 => return Ok(false),
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
 }
 
 const SIZE: usize = 24;
@@ -36,11 +56,7 @@ impl Spilled for Entry {
 
     fn read(r: &mut impl Read) -> std::io::Result<Option<Entry>> {
         let mut b = [0u8; SIZE];
-        match r.read_exact(&mut b) {
-            Ok(()) => Ok(Some(Entry::from_bytes(&b))),
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
-            Err(e) => Err(e),
-        }
+        Ok(read_start(r, &mut b)?.then(|| Entry::from_bytes(&b)))
     }
 }
 
@@ -60,12 +76,16 @@ impl Entry {
     }
 }
 
-/// Collects entries; sorted runs beyond `limit` go to temporary files.
+/// Collects entries; sorted runs beyond `limit` entries (or the byte limit) go to temporary
+/// files.
 pub(super) struct Sorter<T = Entry> {
     dir: PathBuf,
     limit: usize,
+    byte_limit: usize,
+    bytes: usize,
     buf: Vec<T>,
-    runs: Vec<tempfile::NamedTempFile>,
+    /// Each run and how many entries it holds.
+    runs: Vec<(tempfile::NamedTempFile, u64)>,
 }
 
 impl<T: Spilled> Sorter<T> {
@@ -77,15 +97,24 @@ impl<T: Spilled> Sorter<T> {
         Ok(Sorter {
             dir: dir.to_owned(),
             limit: limit.max(1),
+            byte_limit: usize::MAX,
+            bytes: 0,
             buf: Vec::new(),
             runs: Vec::new(),
         })
     }
 
+    /// Spills a run also once its entries hold `bytes` of memory ([`Spilled::bytes`]).
+    pub(super) fn with_byte_limit(mut self, bytes: usize) -> Sorter<T> {
+        self.byte_limit = bytes;
+        self
+    }
+
     /// Adds an entry (spilling a sorted run when the buffer is full).
     pub(super) fn push(&mut self, e: T) -> Result<()> {
+        self.bytes += e.bytes();
         self.buf.push(e);
-        if self.buf.len() >= self.limit {
+        if self.buf.len() >= self.limit || self.bytes >= self.byte_limit {
             self.spill()?;
         }
         Ok(())
@@ -103,6 +132,8 @@ impl<T: Spilled> Sorter<T> {
             .tempfile_in(&self.dir)
             .with_context(|| format!("creating a temporary file in {}", self.dir.display()))?;
         let mut w = BufWriter::with_capacity(1 << 16, file.as_file());
+        let n = self.buf.len() as u64;
+        self.bytes = 0;
         for e in self.buf.drain(..) {
             e.write(&mut w)
                 .with_context(|| format!("writing a sorted run to {}", file.path().display()))?;
@@ -110,7 +141,7 @@ impl<T: Spilled> Sorter<T> {
         w.flush()
             .with_context(|| format!("writing a sorted run to {}", file.path().display()))?;
         drop(w);
-        self.runs.push(file);
+        self.runs.push((file, n));
         Ok(())
     }
 
@@ -121,6 +152,8 @@ impl<T: Spilled> Sorter<T> {
             return Ok(Merged {
                 memory: self.buf.into_iter(),
                 readers: Vec::new(),
+                read: Vec::new(),
+                expected: Vec::new(),
                 heap: BinaryHeap::new(),
                 _runs: Vec::new(),
             });
@@ -130,19 +163,28 @@ impl<T: Spilled> Sorter<T> {
         }
         let mut readers = Vec::new();
         let mut heap = BinaryHeap::new();
-        for (i, run) in self.runs.iter().enumerate() {
-            let f = File::open(run.path()).with_context(|| format!("opening {}", run.path().display()))?;
+        let (mut expected, mut paths) = (Vec::new(), Vec::new());
+        // Each run read through the handle it was written with (one open file a run).
+        for (i, (run, n)) in self.runs.into_iter().enumerate() {
+            let (mut f, path) = run.into_parts();
+            f.rewind().with_context(|| format!("reading {}", path.display()))?;
             let mut r = BufReader::with_capacity(1 << 16, f);
-            if let Some(e) = read_entry(&mut r)? {
-                heap.push(Reverse((e, i)));
+            match read_entry(&mut r)? {
+                Some(e) => heap.push(Reverse((e, i))),
+                None => anyhow::bail!("{}: a sorted run of {n} entries is empty", path.display()),
             }
             readers.push(r);
+            expected.push(n);
+            paths.push(path);
         }
         Ok(Merged {
             memory: Vec::new().into_iter(),
+            // The first entry of each run is in the heap.
+            read: vec![1; readers.len()],
             readers,
+            expected,
             heap,
-            _runs: self.runs,
+            _runs: paths,
         })
     }
 }
@@ -155,8 +197,12 @@ fn read_entry<T: Spilled>(r: &mut impl Read) -> Result<Option<T>> {
 pub(super) struct Merged<T = Entry> {
     memory: std::vec::IntoIter<T>,
     readers: Vec<BufReader<File>>,
+    /// Entries taken from each run so far, and how many it holds: a run that ends early (its
+    /// file changed under the audit) is an error, not fewer records.
+    read: Vec<u64>,
+    expected: Vec<u64>,
     heap: BinaryHeap<Reverse<(T, usize)>>,
-    _runs: Vec<tempfile::NamedTempFile>,
+    _runs: Vec<tempfile::TempPath>,
 }
 
 impl<T: Spilled> Iterator for Merged<T> {
@@ -168,8 +214,18 @@ impl<T: Spilled> Iterator for Merged<T> {
         }
         let Reverse((e, i)) = self.heap.pop()?;
         match read_entry(&mut self.readers[i]) {
-            Ok(Some(n)) => self.heap.push(Reverse((n, i))),
-            Ok(None) => {}
+            Ok(Some(n)) => {
+                self.read[i] += 1;
+                self.heap.push(Reverse((n, i)));
+            }
+            Ok(None) if self.read[i] == self.expected[i] => {}
+            Ok(None) => {
+                return Some(Err(anyhow::anyhow!(
+                    "a sorted run ended after {} of its {} entries (its temporary file changed during the audit)",
+                    self.read[i],
+                    self.expected[i]
+                )))
+            }
             Err(err) => return Some(Err(err)),
         }
         Some(Ok(e))
@@ -204,5 +260,44 @@ mod tests {
         assert_eq!(s.spilled(), 0);
         let merged: Vec<u128> = s.finish().unwrap().map(|e| e.unwrap().hash).collect();
         assert_eq!(merged, [1, 2]);
+    }
+
+    #[test]
+    fn a_run_cut_short_is_an_error_not_fewer_entries() {
+        // Cut at an entry's end (no partial entry to see) and within one.
+        for keep in [3 * SIZE as u64, 3 * SIZE as u64 + 5] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut s: Sorter = Sorter::new(dir.path(), 10).unwrap();
+            for i in 0..20u64 {
+                s.push(Entry {
+                    hash: u128::from(i),
+                    loc: i,
+                })
+                .unwrap();
+            }
+            assert_eq!(s.spilled(), 2);
+            s.runs[0].0.as_file().set_len(keep).unwrap();
+            let read: Result<Vec<Entry>> = s.finish().unwrap().collect();
+            let e = read.expect_err("a cut run must fail the merge");
+            assert!(format!("{e:#}").contains("sorted run"), "{e:#}");
+        }
+    }
+
+    #[test]
+    fn a_byte_limit_spills_runs_before_the_entry_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s: Sorter = Sorter::new(dir.path(), 1_000)
+            .unwrap()
+            .with_byte_limit(10 * std::mem::size_of::<Entry>());
+        for i in 0..35u64 {
+            s.push(Entry {
+                hash: u128::from(35 - i),
+                loc: i,
+            })
+            .unwrap();
+        }
+        assert_eq!(s.spilled(), 3);
+        let merged: Vec<u128> = s.finish().unwrap().map(|e| e.unwrap().hash).collect();
+        assert_eq!(merged, (1..=35).collect::<Vec<u128>>());
     }
 }
