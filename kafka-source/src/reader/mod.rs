@@ -48,10 +48,10 @@ struct Position {
 
 /// Receives librdkafka's statistics and commit results.
 pub struct SourceContext {
-    metrics: Arc<KafkaSourceMetrics>,
+    pub(super) metrics: Arc<KafkaSourceMetrics>,
     /// An offset commit is on its way (its result not served yet). One at a time: a later
     /// commit never overtakes an earlier one, so the group's offsets never go back.
-    committing: AtomicBool,
+    pub(super) committing: AtomicBool,
 }
 
 const BROKER_LOG: BrokerLog = BrokerLog::new(ClientKind::Source);
@@ -711,28 +711,28 @@ impl<T, D> KafkaSource<T, D> {
     /// answering would hold them for the whole request timeout, a minute: every checkpoint of
     /// the job timed out meanwhile). A commit still on its way defers this one, merged with any
     /// deferred before it, until its result is served (`send_deferred_commit`).
-    fn commit_to_group(&mut self, offsets: &BTreeMap<TopicPartition, i64>) {
+    pub(super) fn commit_to_group(&mut self, offsets: &BTreeMap<TopicPartition, i64>) {
         self.deferred_commit
             .extend(offsets.iter().map(|(tp, o)| (tp.clone(), *o)));
         self.send_deferred_commit();
     }
 
     /// Whether a commit is on its way (its result not served yet).
-    fn commit_on_its_way(&self) -> bool {
+    pub(super) fn commit_on_its_way(&self) -> bool {
         self.consumer
             .as_ref()
             .is_some_and(|c| c.context().committing.load(Ordering::Acquire))
     }
 
     /// Sends the deferred commit, unless one is on its way.
-    fn send_deferred_commit(&mut self) {
+    pub(super) fn send_deferred_commit(&mut self) {
         if !self.commit_on_its_way() {
             self.send_commit();
         }
     }
 
     /// Sends the deferred commit, if any.
-    fn send_commit(&mut self) {
+    pub(super) fn send_commit(&mut self) {
         let Some(consumer) = self.consumer.as_ref() else {
             return;
         };
@@ -786,7 +786,7 @@ fn find_position(positions: &[Position], topic: &[u8], partition: i32, hint: &mu
 }
 
 /// librdkafka properties the source sets unless `client` sets them, each for a measured reason.
-const CLIENT_DEFAULTS: &[(&str, &str)] = &[
+pub(super) const CLIENT_DEFAULTS: &[(&str, &str)] = &[
     // Consumer lag and fetch figures for the metrics; the end of a broker outage for the log.
     (
         "statistics.interval.ms",
@@ -805,7 +805,7 @@ const CLIENT_DEFAULTS: &[(&str, &str)] = &[
 
 /// The consumer's configuration: TLS/SASL, [`CLIENT_DEFAULTS`], the job's `client` properties
 /// (which win over the defaults), then the keys the source owns.
-fn consumer_config(config: &KafkaSourceConfig) -> Result<ClientConfig> {
+pub(super) fn consumer_config(config: &KafkaSourceConfig) -> Result<ClientConfig> {
     let mut c = exactly_kafka_client::client_config(&config.bootstrap_servers, &config.security)
         .map_err(SourceError::Config)?;
     for (k, v) in CLIENT_DEFAULTS {
