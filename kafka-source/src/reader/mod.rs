@@ -31,7 +31,14 @@ use crate::metrics::KafkaSourceMetrics;
 use crate::offsets::{resume, OffsetEntry, PendingOffsets, Resume, TopicPartition};
 use crate::watermarks::{combine, PartitionClock};
 
+mod client;
+mod group_commit;
+mod operator;
 mod start;
+use client::consumer_config;
+pub use client::SourceContext;
+#[cfg(test)]
+use client::CLIENT_DEFAULTS;
 use start::{wire_error, Origin};
 
 const STATE: &str = "kafka-source-offsets";
@@ -44,80 +51,6 @@ struct Position {
     topic: Arc<str>,
     next: i64,
     clock: PartitionClock,
-}
-
-/// Receives librdkafka's statistics and commit results.
-pub struct SourceContext {
-    pub(super) metrics: Arc<KafkaSourceMetrics>,
-    /// An offset commit is on its way (its result not served yet). One at a time: a later
-    /// commit never overtakes an earlier one, so the group's offsets never go back.
-    pub(super) committing: AtomicBool,
-}
-
-const BROKER_LOG: BrokerLog = BrokerLog::new(ClientKind::Source);
-
-impl ClientContext for SourceContext {
-    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
-        BROKER_LOG.log(level, fac, message);
-    }
-
-    fn error(&self, error: KafkaError, reason: &str) {
-        BROKER_LOG.error(&error, reason);
-    }
-
-    fn stats(&self, stats: Statistics) {
-        BROKER_LOG.brokers(
-            stats.time,
-            stats
-                .brokers
-                .values()
-                .map(|b| (b.nodename.as_str(), b.state.as_str(), b.stateage)),
-        );
-        self.metrics.with_partitions(|parts| {
-            for (topic, t) in &stats.topics {
-                for (p, ps) in &t.partitions {
-                    let tp = TopicPartition {
-                        topic: topic.clone(),
-                        partition: *p,
-                    };
-                    if let Some(m) = parts.get_mut(&tp) {
-                        m.lag = (ps.consumer_lag >= 0).then_some(ps.consumer_lag);
-                    }
-                }
-            }
-        });
-    }
-}
-
-impl ConsumerContext for SourceContext {
-    /// The result of `commit_to_group`'s commit, served on the source's task by
-    /// `serve_consumer_queue`: counted, and the offsets the group now holds recorded.
-    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
-        match result {
-            Ok(()) => {
-                self.metrics.commits_succeeded.fetch_add(1, Ordering::Relaxed);
-                self.metrics.with_partitions(|parts| {
-                    for e in offsets.elements() {
-                        let (Ok(()), Offset::Offset(o)) = (e.error(), e.offset()) else {
-                            continue;
-                        };
-                        let tp = TopicPartition {
-                            topic: e.topic().to_owned(),
-                            partition: e.partition(),
-                        };
-                        if let Some(m) = parts.get_mut(&tp) {
-                            m.committed = Some(o);
-                        }
-                    }
-                });
-            }
-            Err(error) => {
-                self.metrics.commits_failed.fetch_add(1, Ordering::Relaxed);
-                warn!(%error, "Committing offsets to the consumer group failed (monitoring only; the checkpoint holds the offsets).");
-            }
-        }
-        self.committing.store(false, Ordering::Release);
-    }
 }
 
 /// A Kafka source subtask: reads the partitions the assignment rule gives it, from the offsets
@@ -571,202 +504,6 @@ impl<T: Send + 'static, D: Deserializer<T>> KafkaSource<T, D> {
     }
 }
 
-impl<T: Send + 'static, D: Deserializer<T>> Source<T> for KafkaSource<T, D> {
-    async fn initialize_state(&mut self, ctx: &InitContext<'_>) -> exactly_core::Result<()> {
-        Ok(self.init(ctx).await?)
-    }
-
-    /// A start at the end as it is now (`latest`, a `latest` reset, a timestamp past the last
-    /// record) is checkpointed before the first record is read: a restart before the job's first
-    /// checkpoint — a new process included — then restores it instead of resolving `latest`
-    /// again, later, which would skip the records the failed run read and never committed.
-    fn reads_after_first_checkpoint(&self) -> bool {
-        self.start_is_a_moment
-    }
-
-    /// As the deserializer weighs its records (the payload bytes, for [`crate::RawBytes`]).
-    fn record_size(record: &T) -> usize {
-        D::record_size(record)
-    }
-
-    async fn poll_next(&mut self, out: &mut Vec<T>) -> exactly_core::Result<SourceStatus> {
-        let now = Instant::now();
-        if let (Some(at), Some(interval)) = (self.next_discovery, self.config.discovery_interval) {
-            if now >= at {
-                self.discover().await?;
-                self.next_discovery = Some(now + interval);
-            }
-        }
-        let commit_every = match self.config.offset_commit {
-            OffsetCommitMode::Periodic { interval } => {
-                self.next_periodic_commit.filter(|at| now >= *at).map(|_| interval)
-            }
-            _ => None,
-        };
-        // Without checkpoints no snapshot asks: a topic recreated under the job would be read on
-        // from the old position (`check_topic_ids`). The attempt fails instead, and the next
-        // starts where the start position says (the group's offsets went with the old topic).
-        // Before a periodic commit too: positions of a recreated topic must not go to the group
-        // as the old one's, so a commit whose check got no answer waits for the next turn's. One
-        // check when both are due.
-        let mut checked = false;
-        if commit_every.is_some() || self.next_id_check.is_some_and(|at| now >= at) {
-            checked = self.check_topic_ids(false).await?;
-            if self.next_id_check.is_some() {
-                self.next_id_check = Some(Instant::now() + start::ID_CHECK_EVERY);
-            }
-        }
-        if let Some(interval) = commit_every {
-            // Sent only right after the check it follows (a topic recreated since would be
-            // committed as the old one's): while the last commit is on its way, the next turn
-            // checks again.
-            if checked && !self.commit_on_its_way() {
-                let offsets = self.position_map();
-                self.commit_to_group(&offsets);
-                self.next_periodic_commit = Some(now + interval);
-            } else {
-                self.next_periodic_commit = Some(now + start::ID_CHECK_EVERY.min(interval));
-            }
-        }
-        if self.positions.is_empty() {
-            self.serve_consumer_queue()?;
-            if !std::mem::take(&mut self.waited) {
-                tokio::time::sleep(IDLE_WAIT).await;
-            }
-            return Ok(SourceStatus::Idle);
-        }
-        let status = self.poll_batch(out).await?;
-        Ok(if out.is_empty() { SourceStatus::Idle } else { status })
-    }
-
-    /// Waits until librdkafka has queued fetched records, at most `IDLE_WAIT` (cancel-safe: a
-    /// notification that came while nobody waited is kept for the next wait).
-    async fn available(&mut self) {
-        match &self.fetch {
-            Some(fetch) if !self.positions.is_empty() => {
-                let _ = tokio::time::timeout(IDLE_WAIT, fetch.readable()).await;
-            }
-            _ => tokio::time::sleep(IDLE_WAIT).await,
-        }
-        self.waited = true;
-    }
-
-    async fn snapshot_state(&mut self, ctx: &mut SnapshotContext) -> exactly_core::Result<()> {
-        self.check_topic_ids(true).await?;
-        ctx.put_union_state(
-            STATE,
-            self.positions
-                .iter()
-                .map(|p| OffsetEntry::encode(&p.tp, p.next, self.topic_ids.get(&p.tp.topic).map(String::as_str)))
-                .chain(
-                    self.unseen
-                        .values()
-                        .map(|e| OffsetEntry::encode(&e.tp, e.next_offset, e.topic_id.as_deref())),
-                )
-                .collect(),
-        );
-        let positions = self.position_map();
-        self.pending.insert(ctx.checkpoint_id, positions.clone());
-        self.metrics.with_partitions(|parts| {
-            for (tp, o) in positions {
-                parts.entry(tp).or_default().position = o;
-            }
-        });
-        if let (Some(d), PoisonPolicy::DeadLetter { topic }) =
-            (&self.dead_letters, &self.config.on_deserialization_error)
-        {
-            // Dead letters before this barrier must be durable before the checkpoint is.
-            d.flush(topic, TIMEOUT)?;
-        }
-        Ok(())
-    }
-
-    fn watermark(&mut self) -> Option<SourceWatermark> {
-        if self.positions.is_empty() {
-            // No partition: idle (downstream does not wait for this subtask's watermark).
-            return Some(SourceWatermark::Idle);
-        }
-        let config = self.config.watermarks.as_ref()?;
-        let w = combine(config, Instant::now(), self.positions.iter().map(|p| &p.clock));
-        if let Some(SourceWatermark::At(w)) = w {
-            self.metrics.watermark.store(w.0, Ordering::Relaxed);
-        }
-        w
-    }
-
-    async fn notify_checkpoint_complete(&mut self, id: CheckpointId) -> exactly_core::Result<()> {
-        if let Some(offsets) = self.pending.complete(id) {
-            if self.config.offset_commit == OffsetCommitMode::OnCheckpoints {
-                self.commit_to_group(&offsets);
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The group commit: needs nothing of the records' type (the source's `Drop` sends too).
-impl<T, D> KafkaSource<T, D> {
-    /// Commits `offsets` to the group, in the background: the commit's round trip to the group
-    /// coordinator never holds the records and barriers behind it (a coordinator that stops
-    /// answering would hold them for the whole request timeout, a minute: every checkpoint of
-    /// the job timed out meanwhile). A commit still on its way defers this one, merged with any
-    /// deferred before it, until its result is served (`send_deferred_commit`).
-    pub(super) fn commit_to_group(&mut self, offsets: &BTreeMap<TopicPartition, i64>) {
-        self.deferred_commit
-            .extend(offsets.iter().map(|(tp, o)| (tp.clone(), *o)));
-        self.send_deferred_commit();
-    }
-
-    /// Whether a commit is on its way (its result not served yet).
-    pub(super) fn commit_on_its_way(&self) -> bool {
-        self.consumer
-            .as_ref()
-            .is_some_and(|c| c.context().committing.load(Ordering::Acquire))
-    }
-
-    /// Sends the deferred commit, unless one is on its way.
-    pub(super) fn send_deferred_commit(&mut self) {
-        if !self.commit_on_its_way() {
-            self.send_commit();
-        }
-    }
-
-    /// Sends the deferred commit, if any.
-    pub(super) fn send_commit(&mut self) {
-        let Some(consumer) = self.consumer.as_ref() else {
-            return;
-        };
-        if self.deferred_commit.is_empty() {
-            return;
-        }
-        let mut tpl = TopicPartitionList::new();
-        for (tp, o) in std::mem::take(&mut self.deferred_commit) {
-            if tpl
-                .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(o))
-                .is_err()
-            {
-                return;
-            }
-        }
-        consumer.context().committing.store(true, Ordering::Release);
-        if let Err(code) = crate::fetch::commit_without_waiting(consumer, &tpl) {
-            consumer.context().committing.store(false, Ordering::Release);
-            let error = rdkafka::error::KafkaError::ConsumerCommit(code);
-            self.metrics.commits_failed.fetch_add(1, Ordering::Relaxed);
-            warn!(%error, "Committing offsets to the consumer group failed (monitoring only; the checkpoint holds the offsets).");
-        }
-    }
-}
-
-impl<T, D> Drop for KafkaSource<T, D> {
-    fn drop(&mut self) {
-        // Offsets of a completed checkpoint still waiting for the commit on its way (the job
-        // stopping right after its final checkpoint): sent now, after it. The consumer, closed
-        // next, waits for both, so a stopped job's group holds its last checkpoint's offsets.
-        self.send_commit();
-    }
-}
-
 /// Where `m`'s partition is in `positions`, if it is owned. The fetch queue hands on a
 /// partition's records in runs (a fetched batch at a time): `hint`, where the previous record's
 /// partition was, is tried first, and a scan (without allocating) finds the others; a run's
@@ -783,54 +520,6 @@ fn find_position(positions: &[Position], topic: &[u8], partition: i32, hint: &mu
     let at = positions.iter().position(is)?;
     *hint = at;
     Some(at)
-}
-
-/// librdkafka properties the source sets unless `client` sets them, each for a measured reason.
-pub(super) const CLIENT_DEFAULTS: &[(&str, &str)] = &[
-    // Consumer lag and fetch figures for the metrics; the end of a broker outage for the log.
-    (
-        "statistics.interval.ms",
-        exactly_kafka_client::outage::STATISTICS_INTERVAL_MS,
-    ),
-    // librdkafka's default (1 s) stalls a partition for a second whenever its prefetch queue is
-    // over the threshold, which a batch-consuming reader hits all the time: measured: 185 k
-    // instead of 1.3 M records/s.
-    ("fetch.queue.backoff.ms", "10"),
-    // librdkafka prefetches until each partition holds 100 000 records (or 64 MiB): at 100 B,
-    // ≈ 30 MB more peak memory for a subtask of three partitions than 50 000, which measured no
-    // slower in `bench source`; 20 000 saves ≈ 15 MB more and did not slow the pipeline, but
-    // slowed the source alone by a fifth (measured: see ARCHITECTURE.md).
-    ("queued.min.messages", "50000"),
-];
-
-/// The consumer's configuration: TLS/SASL, [`CLIENT_DEFAULTS`], the job's `client` properties
-/// (which win over the defaults), then the keys the source owns.
-pub(super) fn consumer_config(config: &KafkaSourceConfig) -> Result<ClientConfig> {
-    let mut c = exactly_kafka_client::client_config(&config.bootstrap_servers, &config.security)
-        .map_err(SourceError::Config)?;
-    for (k, v) in CLIENT_DEFAULTS {
-        c.set(*k, *v);
-    }
-    for (k, v) in &config.client {
-        c.set(k, v);
-    }
-    c.set("bootstrap.servers", &config.bootstrap_servers)
-        .set("group.id", &config.group_id)
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("enable.partition.eof", "false")
-        // Offsets are always concrete and checked against the log's range when assigned
-        // (`position`); one that leaves it later (retention overtaking a lagging job) comes back
-        // as an error that restarts the attempt, never as a silent jump.
-        .set("auto.offset.reset", "error")
-        .set(
-            "isolation.level",
-            match config.isolation_level {
-                IsolationLevel::ReadCommitted => "read_committed",
-                IsolationLevel::ReadUncommitted => "read_uncommitted",
-            },
-        );
-    Ok(c)
 }
 
 #[cfg(test)]

@@ -1,0 +1,126 @@
+//! The source's librdkafka client: its context (statistics, broker log, commit results) and its
+//! configuration.
+
+use super::*;
+
+/// Receives librdkafka's statistics and commit results.
+pub struct SourceContext {
+    pub(super) metrics: Arc<KafkaSourceMetrics>,
+    /// An offset commit is on its way (its result not served yet). One at a time: a later
+    /// commit never overtakes an earlier one, so the group's offsets never go back.
+    pub(super) committing: AtomicBool,
+}
+
+const BROKER_LOG: BrokerLog = BrokerLog::new(ClientKind::Source);
+
+impl ClientContext for SourceContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        BROKER_LOG.log(level, fac, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        BROKER_LOG.error(&error, reason);
+    }
+
+    fn stats(&self, stats: Statistics) {
+        BROKER_LOG.brokers(
+            stats.time,
+            stats
+                .brokers
+                .values()
+                .map(|b| (b.nodename.as_str(), b.state.as_str(), b.stateage)),
+        );
+        self.metrics.with_partitions(|parts| {
+            for (topic, t) in &stats.topics {
+                for (p, ps) in &t.partitions {
+                    let tp = TopicPartition {
+                        topic: topic.clone(),
+                        partition: *p,
+                    };
+                    if let Some(m) = parts.get_mut(&tp) {
+                        m.lag = (ps.consumer_lag >= 0).then_some(ps.consumer_lag);
+                    }
+                }
+            }
+        });
+    }
+}
+
+impl ConsumerContext for SourceContext {
+    /// The result of `commit_to_group`'s commit, served on the source's task by
+    /// `serve_consumer_queue`: counted, and the offsets the group now holds recorded.
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        match result {
+            Ok(()) => {
+                self.metrics.commits_succeeded.fetch_add(1, Ordering::Relaxed);
+                self.metrics.with_partitions(|parts| {
+                    for e in offsets.elements() {
+                        let (Ok(()), Offset::Offset(o)) = (e.error(), e.offset()) else {
+                            continue;
+                        };
+                        let tp = TopicPartition {
+                            topic: e.topic().to_owned(),
+                            partition: e.partition(),
+                        };
+                        if let Some(m) = parts.get_mut(&tp) {
+                            m.committed = Some(o);
+                        }
+                    }
+                });
+            }
+            Err(error) => {
+                self.metrics.commits_failed.fetch_add(1, Ordering::Relaxed);
+                warn!(%error, "Committing offsets to the consumer group failed (monitoring only; the checkpoint holds the offsets).");
+            }
+        }
+        self.committing.store(false, Ordering::Release);
+    }
+}
+
+/// librdkafka properties the source sets unless `client` sets them, each for a measured reason.
+pub(super) const CLIENT_DEFAULTS: &[(&str, &str)] = &[
+    // Consumer lag and fetch figures for the metrics; the end of a broker outage for the log.
+    (
+        "statistics.interval.ms",
+        exactly_kafka_client::outage::STATISTICS_INTERVAL_MS,
+    ),
+    // librdkafka's default (1 s) stalls a partition for a second whenever its prefetch queue is
+    // over the threshold, which a batch-consuming reader hits all the time: measured: 185 k
+    // instead of 1.3 M records/s.
+    ("fetch.queue.backoff.ms", "10"),
+    // librdkafka prefetches until each partition holds 100 000 records (or 64 MiB): at 100 B,
+    // ≈ 30 MB more peak memory for a subtask of three partitions than 50 000, which measured no
+    // slower in `bench source`; 20 000 saves ≈ 15 MB more and did not slow the pipeline, but
+    // slowed the source alone by a fifth (measured: see ARCHITECTURE.md).
+    ("queued.min.messages", "50000"),
+];
+
+/// The consumer's configuration: TLS/SASL, [`CLIENT_DEFAULTS`], the job's `client` properties
+/// (which win over the defaults), then the keys the source owns.
+pub(super) fn consumer_config(config: &KafkaSourceConfig) -> Result<ClientConfig> {
+    let mut c = exactly_kafka_client::client_config(&config.bootstrap_servers, &config.security)
+        .map_err(SourceError::Config)?;
+    for (k, v) in CLIENT_DEFAULTS {
+        c.set(*k, *v);
+    }
+    for (k, v) in &config.client {
+        c.set(k, v);
+    }
+    c.set("bootstrap.servers", &config.bootstrap_servers)
+        .set("group.id", &config.group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "false")
+        // Offsets are always concrete and checked against the log's range when assigned
+        // (`position`); one that leaves it later (retention overtaking a lagging job) comes back
+        // as an error that restarts the attempt, never as a silent jump.
+        .set("auto.offset.reset", "error")
+        .set(
+            "isolation.level",
+            match config.isolation_level {
+                IsolationLevel::ReadCommitted => "read_committed",
+                IsolationLevel::ReadUncommitted => "read_uncommitted",
+            },
+        );
+    Ok(c)
+}
