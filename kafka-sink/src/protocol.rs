@@ -48,7 +48,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 const VOTE_GRACE: Duration = Duration::from_millis(500);
 
 pub(crate) mod code;
+mod listing;
 mod offsets;
+mod txn;
 pub(crate) use offsets::TxnOffset;
 
 /// EndTxn version used for recovery. librdkafka speaks transaction version 1, whose EndTxn
@@ -410,106 +412,6 @@ impl Wire {
         )))
     }
 
-    /// Describes `transactional_id` at its coordinator; an id the coordinator does not know is
-    /// an error (use [`Wire::describe_known`] where that is an answer).
-    pub(crate) async fn describe(&self, transactional_id: &str) -> Result<TxnDescription> {
-        self.describe_known(transactional_id).await?.ok_or_else(|| {
-            SinkError::Protocol(format!(
-                "DescribeTransactions of {transactional_id}: the coordinator does not know this id"
-            ))
-        })
-    }
-
-    /// Describes `transactional_id`, whose producer has a transaction open (pre-commit): an answer
-    /// that the coordinator does not know the id contradicts that, and comes from a node that no
-    /// longer coordinates it — back from a stall, answering from its old view of the cluster
-    /// (seen on the three-node cluster right after a SIGSTOPped node resumed: the attempt
-    /// restarted). Asked again, as while a coordinator moves, for up to [`FAILOVER`].
-    pub(crate) async fn describe_open(&self, transactional_id: &str) -> Result<TxnDescription> {
-        let mut failover = Failover::new();
-        loop {
-            if let Some(d) = self.describe_known(transactional_id).await? {
-                return Ok(d);
-            }
-            failover
-                .pause(
-                    "the coordinator does not know this id".into(),
-                    || format!("DescribeTransactions of {transactional_id} (a transaction open): every answer said the id is unknown"),
-                    |failure| warn!(transactional_id, error = %failure, "The coordinator does not know the id of an open transaction (a node back from a stall, answering from an old view?); asking again for up to {FAILOVER:?}."),
-                )
-                .await?;
-        }
-    }
-
-    /// Describes `transactional_id` at its coordinator; `None` when the coordinator does not know
-    /// the id (never used, or expired after `transactional.id.expiration.ms`).
-    pub(crate) async fn describe_known(&self, transactional_id: &str) -> Result<Option<TxnDescription>> {
-        let req = DescribeTransactionsRequest::default().with_transactional_ids(vec![TransactionalId(
-            StrBytes::from_string(transactional_id.to_owned()),
-        )]);
-        let resp = self
-            .at_coordinator(
-                transactional_id,
-                "DescribeTransactions",
-                &req,
-                DESCRIBE_TRANSACTIONS_VERSION,
-                true,
-                |r| r.transaction_states.first().map_or(code::NONE, |s| s.error_code),
-            )
-            .await?;
-        let s =
-            resp.transaction_states.into_iter().next().ok_or_else(|| {
-                SinkError::Protocol(format!("DescribeTransactions of {transactional_id}: empty answer"))
-            })?;
-        if s.error_code == code::TRANSACTIONAL_ID_NOT_FOUND {
-            return Ok(None);
-        }
-        if s.error_code != code::NONE {
-            return Err(SinkError::Protocol(format!(
-                "DescribeTransactions of {transactional_id}: error code {}",
-                s.error_code
-            )));
-        }
-        Ok(Some(TxnDescription {
-            state: s.transaction_state.as_str().to_owned(),
-            producer_id: s.producer_id.0,
-            producer_epoch: s.producer_epoch,
-            timeout_ms: s.transaction_timeout_ms,
-            start_time_ms: s.transaction_start_time_ms,
-            partitions: s.topics.iter().map(|t| t.partitions.len()).sum(),
-            topic_partitions: s
-                .topics
-                .iter()
-                .flat_map(|t| t.partitions.iter().map(move |p| format!("{}-{p}", t.topic.as_str())))
-                .collect(),
-        }))
-    }
-
-    /// Sends EndTxn (commit or abort) for the given producer id and epoch; returns the error code.
-    /// Sent again only while it cannot have left: an answer that the coordinator moved or is
-    /// loading is returned like any other (it may follow a transaction-log append that was
-    /// written), and a lost answer is an error; either way, describe the transaction before
-    /// sending another.
-    pub(crate) async fn end_txn(
-        &self,
-        transactional_id: &str,
-        producer_id: i64,
-        epoch: i16,
-        commit: bool,
-    ) -> Result<i16> {
-        let req = EndTxnRequest::default()
-            .with_transactional_id(TransactionalId(StrBytes::from_string(transactional_id.to_owned())))
-            .with_producer_id(ProducerId(producer_id))
-            .with_producer_epoch(epoch)
-            .with_committed(commit);
-        Ok(self
-            .at_coordinator(transactional_id, "EndTxn", &req, END_TXN_VERSION, false, |r| {
-                r.error_code
-            })
-            .await?
-            .error_code)
-    }
-
     /// Sends `req` to the coordinator of `transactional_id`, finding it again and retrying while it
     /// is unreachable or answers that it moved or is loading (`error_code` of the answer), for up
     /// to [`FAILOVER`]. Other answers, and configuration errors (credentials, certificates), are
@@ -573,80 +475,6 @@ impl Wire {
                 })
                 .await?;
         }
-    }
-
-    /// `host:port` of every broker the cluster lists now (Metadata without topics), from the
-    /// first bootstrap server that answers.
-    pub(crate) async fn live_brokers(&self) -> Result<Vec<String>> {
-        let req = MetadataRequest::default().with_topics(Some(Vec::new()));
-        let mut last = String::from("no bootstrap server");
-        for (i, addr) in self.bootstrap_servers() {
-            match self.send(addr, &req, METADATA_VERSION).await {
-                Ok(r) => {
-                    self.answered(i);
-                    return Ok(r
-                        .brokers
-                        .iter()
-                        .map(|b| format!("{}:{}", b.host.as_str(), b.port))
-                        .collect());
-                }
-                Err(e @ SinkError::Config(_)) => return Err(e),
-                Err(e) => last = e.to_string(),
-            }
-        }
-        Err(SinkError::Protocol(format!("asking for the cluster's brokers: {last}")))
-    }
-
-    /// Every transaction every broker of the cluster coordinates, starting from `brokers`. While a
-    /// broker does not answer (or is still loading its transactions), the listing starts again
-    /// after a pause at the brokers the cluster's metadata lists then — a dead broker drops out of
-    /// it once fenced, and the one that took over its transactions is listed afresh — for up to
-    /// [`FAILOVER`].
-    pub(crate) async fn list(&self, brokers: &[String]) -> Result<Vec<ListedTxn>> {
-        let mut failover = Failover::new();
-        let mut brokers = brokers.to_vec();
-        loop {
-            let failure = match self.list_once(&brokers).await {
-                Ok(listed) => return Ok(listed),
-                Err((SinkError::Protocol(e), true)) => e,
-                Err((e, _)) => return Err(e),
-            };
-            failover
-                .pause(failure, || "listing transactions: not every broker answered".to_owned(), |failure| {
-                    warn!(error = %failure, "Listing the brokers' transactions failed; listing again at the brokers the cluster lists now (a broker failing over?) for up to {FAILOVER:?}.")
-                })
-                .await?;
-            match self.live_brokers().await {
-                Ok(now) if !now.is_empty() => brokers = now,
-                Ok(_) => {}
-                Err(e @ SinkError::Config(_)) => return Err(e),
-                Err(_) => {}
-            }
-        }
-    }
-
-    /// One ListTransactions at each of `brokers`; a failure says whether trying again may help
-    /// (an unreachable broker, one loading its transactions).
-    async fn list_once(&self, brokers: &[String]) -> std::result::Result<Vec<ListedTxn>, (SinkError, bool)> {
-        let mut out = Vec::new();
-        for addr in brokers {
-            let resp = self
-                .send(addr, &ListTransactionsRequest::default(), LIST_TRANSACTIONS_VERSION)
-                .await
-                .map_err(|e| (e, true))?;
-            if resp.error_code != code::NONE {
-                return Err((
-                    SinkError::Protocol(format!("ListTransactions at {addr}: error code {}", resp.error_code)),
-                    code::coordinator_moving(resp.error_code),
-                ));
-            }
-            out.extend(resp.transaction_states.into_iter().map(|s| ListedTxn {
-                transactional_id: s.transactional_id.0.as_str().to_owned(),
-                producer_id: s.producer_id.0,
-                state: s.transaction_state.as_str().to_owned(),
-            }));
-        }
-        Ok(out)
     }
 }
 
