@@ -53,6 +53,7 @@
 //! `/etc/krb5.conf` or `$KRB5_CONFIG`. The brokers' principal is `SERVICE/HOST@REALM` for the host
 //! name a client connects to (the bootstrap address, then the brokers' advertised ones).
 
+mod error;
 pub mod https;
 mod kerberos;
 pub mod leader;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 
-use crate::wire::WireError;
+use crate::error::WireError;
 use crate::KafkaSecurity;
 
 /// How long one token request may take.
