@@ -528,7 +528,7 @@ fn tail(log: &Path) -> String {
 /// `to`], the reader's latencies since the last sample, the broker's transactional ids, the
 /// checkpoint directory.
 #[allow(clippy::too_many_arguments)]
-async fn sample(
+pub(super) async fn sample(
     cluster: &Cluster,
     job: &mut Job,
     incarnation: usize,
