@@ -549,7 +549,7 @@ pub(super) fn judge(
 }
 
 /// The samples over time as SVG charts next to `json`: `<stem>-<figure>.svg`.
-fn charts(json: &Path, samples: &[Sample]) -> Result<Vec<PathBuf>> {
+pub(super) fn charts(json: &Path, samples: &[Sample]) -> Result<Vec<PathBuf>> {
     let stem = json.file_stem().and_then(|s| s.to_str()).unwrap_or("bench");
     let dir = json.parent().unwrap_or(Path::new("."));
     let xs = |f: &dyn Fn(&Sample) -> Option<f64>| -> Vec<(f64, f64)> {
