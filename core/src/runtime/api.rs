@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
+use super::output::{DeferredSnapshot, DeferredState};
 use crate::error::Result;
 use crate::message::{CheckpointId, SnapshotKind, Watermark};
 use crate::state::{KeyedContext, RestoredState};
@@ -314,39 +314,6 @@ impl std::fmt::Debug for SnapshotContext {
     }
 }
 
-/// The part of an operator's snapshot that finishes after `snapshot_state` returned (see
-/// [`SnapshotContext::defer`]).
-pub type DeferredSnapshot = Pin<Box<dyn Future<Output = Result<DeferredState>> + Send + 'static>>;
-
-/// State a deferred part of a snapshot adds when it ends (entries of the same name replace what
-/// `snapshot_state` put).
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct DeferredState {
-    pub(crate) list_state: BTreeMap<String, Vec<Vec<u8>>>,
-    pub(crate) union_state: BTreeMap<String, Vec<Vec<u8>>>,
-}
-
-impl DeferredState {
-    /// Stores list state `name` (as [`SnapshotContext::put_list_state`]).
-    pub fn put_list_state(&mut self, name: impl Into<String>, entries: Vec<Vec<u8>>) {
-        self.list_state.insert(name.into(), entries);
-    }
-
-    /// Stores union list state `name` (as [`SnapshotContext::put_union_state`]).
-    pub fn put_union_state(&mut self, name: impl Into<String>, entries: Vec<Vec<u8>>) {
-        self.union_state.insert(name.into(), entries);
-    }
-
-    pub(crate) fn add_to(
-        self,
-        list_state: &mut BTreeMap<String, Vec<Vec<u8>>>,
-        union_state: &mut BTreeMap<String, Vec<Vec<u8>>>,
-    ) {
-        list_state.extend(self.list_state);
-        union_state.extend(self.union_state);
-    }
-}
-
 impl SnapshotContext {
     /// A context for checkpoint `checkpoint_id` (the runtime builds these; public for tests of
     /// user functions).
@@ -444,7 +411,7 @@ pub trait CheckpointListener {
 
 /// Where an operator emits its output.
 pub struct Collector<'a, T> {
-    pub(crate) out: &'a mut dyn super::chain::Output<T>,
+    pub(crate) out: &'a mut dyn super::output::Output<T>,
 }
 
 impl<T> Collector<'_, T> {

@@ -2,24 +2,19 @@
 //! into the next node; the chain ends in a sink or in the channels to the next stage. Barriers,
 //! notifications and end of input travel the same path, so every operator snapshots in order.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
 use super::api::{
-    CheckpointListener, CheckpointedFunction, Collector, DeferredSnapshot, InitContext, KeyedProcessFunction,
-    ProcessFunction, Sink, SnapshotContext, SubtaskInfo,
+    CheckpointListener, CheckpointedFunction, Collector, InitContext, KeyedProcessFunction, ProcessFunction, Sink,
+    SnapshotContext, SubtaskInfo,
 };
-use super::graph::Partitioner;
-use crate::coordinator::{OperatorSubtaskState, TaskSnapshot};
+use super::output::{BarrierCtx, BoxFut, Notification, Output};
+use crate::coordinator::OperatorSubtaskState;
 use crate::error::{CoreError, Result};
 use crate::message::{CheckpointBarrier, CheckpointId, Message, Watermark};
 use crate::state::{key_group, KeyedContext, KeyedStateBackend, RestoredState};
-use crate::storage::CheckpointStorage;
-
-pub(crate) type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// A stateless operator body: one input record, zero or more outputs.
 pub(crate) type EmitFn<I, O> = Arc<dyn Fn(I, &mut Collector<'_, O>) -> Result<()> + Send + Sync>;
@@ -27,50 +22,39 @@ pub(crate) type EmitFn<I, O> = Arc<dyn Fn(I, &mut Collector<'_, O>) -> Result<()
 /// Extracts the key bytes of a record.
 pub(crate) type KeyFn<T> = Arc<dyn Fn(&T) -> Vec<u8> + Send + Sync>;
 
+/// How records are routed from one stage to the next.
+pub(crate) enum Partitioner<T> {
+    /// Subtask i to subtask i.
+    Forward,
+    /// Round robin over every downstream subtask.
+    Rebalance,
+    /// By key group of the key.
+    Hash { key: KeyFn<T>, max_parallelism: u32 },
+    /// A copy to every target (one per branch of a fan-out, each the same subtask index).
+    Copy { clone: CloneFn<T> },
+}
+
+/// Copies a record (for the branches of a fan-out).
+pub(crate) type CloneFn<T> = Arc<dyn Fn(&T) -> T + Send + Sync>;
+
+impl<T> Clone for Partitioner<T> {
+    fn clone(&self) -> Self {
+        match self {
+            Partitioner::Forward => Partitioner::Forward,
+            Partitioner::Rebalance => Partitioner::Rebalance,
+            Partitioner::Hash { key, max_parallelism } => Partitioner::Hash {
+                key: key.clone(),
+                max_parallelism: *max_parallelism,
+            },
+            Partitioner::Copy { clone } => Partitioner::Copy { clone: clone.clone() },
+        }
+    }
+}
+
 /// What travels on a channel between stages: which input of the receiver it is, and the message.
 pub(crate) struct Envelope<T> {
     pub(crate) input: usize,
     pub(crate) msg: Message<Vec<T>>,
-}
-
-/// A checkpoint outcome delivered to every operator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Notification {
-    Complete(CheckpointId),
-    Aborted(CheckpointId),
-}
-
-/// What a checkpoint barrier carries through a chain.
-pub(crate) struct BarrierCtx<'a> {
-    pub(crate) barrier: CheckpointBarrier,
-    pub(crate) snapshot: &'a mut TaskSnapshot,
-    pub(crate) storage: Option<&'a Arc<dyn CheckpointStorage>>,
-    /// False for a task that already ended: snapshot, but nothing downstream listens.
-    pub(crate) forward: bool,
-    /// Parts of operators' snapshots still running (see `SnapshotContext::defer`), with the
-    /// index of their operator's entry in `snapshot`.
-    pub(crate) deferred: &'a mut Vec<(usize, DeferredSnapshot)>,
-}
-
-/// One node of a chain, receiving records of type `T`.
-pub(crate) trait Output<T>: Send {
-    /// Initialises the node and the rest of the chain (restored state is applied here).
-    fn open(&mut self) -> BoxFut<'_, Result<()>>;
-    fn record(&mut self, record: T) -> Result<()>;
-    fn watermark(&mut self, watermark: Watermark) -> Result<()>;
-    /// This subtask is idle (no watermark from it until it sends records or watermarks again).
-    fn idle(&mut self) -> Result<()>;
-    /// Sends or writes what the chain buffered.
-    fn flush(&mut self) -> BoxFut<'_, Result<()>>;
-    fn barrier<'a>(&'a mut self, ctx: BarrierCtx<'a>) -> BoxFut<'a, Result<()>>;
-    fn cancel(&mut self, id: CheckpointId) -> BoxFut<'_, Result<()>>;
-    fn notify(&mut self, n: Notification) -> BoxFut<'_, Result<()>>;
-    /// End of input.
-    fn end(&mut self) -> BoxFut<'_, Result<()>>;
-    /// Graceful shutdown: release what is open.
-    fn close(&mut self) -> BoxFut<'_, Result<()>> {
-        Box::pin(async { Ok(()) })
-    }
 }
 
 pub(crate) fn user_error(uid: &str, e: CoreError) -> CoreError {

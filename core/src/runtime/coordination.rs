@@ -11,8 +11,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use super::chain::Notification;
 use super::executor::{now_ms, Command, Job, RunEnd, Spawner};
+use super::output::Notification;
 use super::restore::RestorePlan;
 use super::task::{CaughtUp, Control, TaskEvent};
 use crate::coordinator::{Acknowledged, CheckpointConfig, CheckpointCoordinator, PendingCheckpoint, WhenCaughtUp};

@@ -11,39 +11,11 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
 use super::api::{Collector, KeyedProcessFunction, ProcessFunction, Sink, Source, SubtaskInfo};
-use super::chain::{ChannelOut, EmitFn, Envelope, KeyFn, KeyedNode, Output, ProcessNode, SinkNode, Stateless};
-use super::task::{input_task, source_task, TaskBody, TaskContext};
+use super::chain::{ChannelOut, EmitFn, Envelope, KeyFn, KeyedNode, Partitioner, ProcessNode, SinkNode, Stateless};
+use super::output::Output;
+use super::task::{input_task, source_task, RecordSize, TaskBody, TaskContext};
 use super::{Job, JobConfig};
 use crate::error::{CoreError, Result};
-
-/// How records are routed from one stage to the next.
-pub(crate) enum Partitioner<T> {
-    /// Subtask i to subtask i.
-    Forward,
-    /// Round robin over every downstream subtask.
-    Rebalance,
-    /// By key group of the key.
-    Hash { key: KeyFn<T>, max_parallelism: u32 },
-    /// A copy to every target (one per branch of a fan-out, each the same subtask index).
-    Copy { clone: CloneFn<T> },
-}
-
-/// Copies a record (for the branches of a fan-out).
-pub(crate) type CloneFn<T> = Arc<dyn Fn(&T) -> T + Send + Sync>;
-
-impl<T> Clone for Partitioner<T> {
-    fn clone(&self) -> Self {
-        match self {
-            Partitioner::Forward => Partitioner::Forward,
-            Partitioner::Rebalance => Partitioner::Rebalance,
-            Partitioner::Hash { key, max_parallelism } => Partitioner::Hash {
-                key: key.clone(),
-                max_parallelism: *max_parallelism,
-            },
-            Partitioner::Copy { clone } => Partitioner::Copy { clone: clone.clone() },
-        }
-    }
-}
 
 /// Builds the chain of one subtask: given the rest of the chain, returns the task.
 type Attach<T> = Arc<dyn Fn(&mut TaskContext, Box<dyn Output<T>>) -> Result<TaskBody> + Send + Sync>;
@@ -170,9 +142,6 @@ struct Graph {
 pub struct JobBuilder {
     graph: Rc<RefCell<Graph>>,
 }
-
-/// How many bytes a record occupies (heap included), for the alignment buffer's byte limit.
-pub(crate) type RecordSize<T> = Arc<dyn Fn(&T) -> usize + Send + Sync>;
 
 /// A stream of `T` whose chain is still open for more operators.
 pub struct Stream<T> {

@@ -12,6 +12,7 @@ mod coordination;
 mod executor;
 mod graph;
 mod metrics;
+mod output;
 mod region;
 mod restore;
 #[cfg(test)]
@@ -24,12 +25,13 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use api::{
-    CheckpointListener, CheckpointedFunction, Collector, DeferredSnapshot, DeferredState, InitContext,
-    KeyedProcessFunction, ProcessFunction, Sink, SnapshotContext, Source, SourceStatus, SourceWatermark, SubtaskInfo,
+    CheckpointListener, CheckpointedFunction, Collector, InitContext, KeyedProcessFunction, ProcessFunction, Sink,
+    SnapshotContext, Source, SourceStatus, SourceWatermark, SubtaskInfo,
 };
 pub use executor::{Job, JobControl, JobHandle, JobOutcome};
 pub use graph::{JobBuilder, KeyedStream, Stream};
 pub use metrics::{CheckpointStats, JobMetrics};
+pub use output::{DeferredSnapshot, DeferredState};
 
 use crate::coordinator::CheckpointConfig;
 use crate::error::{CoreError, Result};

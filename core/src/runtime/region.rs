@@ -8,9 +8,9 @@ use std::sync::Arc;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
-use super::chain::Notification;
 use super::coordination::Run;
 use super::executor::RunEnd;
+use super::output::Notification;
 use super::task::Control;
 use crate::error::{CoreError, ErrorClass, Result};
 use crate::message::CheckpointId;

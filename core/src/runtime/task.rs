@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::api::{DeferredState, InitContext, SnapshotContext, Source, SourceStatus, SourceWatermark, SubtaskInfo};
-use super::chain::{user_error, BackendFactory, BarrierCtx, Envelope, Notification, Output};
+use super::api::{InitContext, SnapshotContext, Source, SourceStatus, SourceWatermark, SubtaskInfo};
+use super::chain::{user_error, BackendFactory, Envelope};
+use super::output::{BarrierCtx, DeferredState, Notification, Output};
 use crate::checkpoint::{AlignerEvent, AlignmentMode, BarrierAligner, SubtaskSnapshot};
 use crate::coordinator::{OperatorSubtaskState, TaskSnapshot};
 use crate::error::{CoreError, Result};
@@ -19,6 +20,9 @@ use crate::storage::{CheckpointStorage, Snapshot};
 
 /// A task's whole life as one future.
 pub(crate) type TaskBody = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
+
+/// How many bytes a record occupies (heap included), for the alignment buffer's byte limit.
+pub(crate) type RecordSize<T> = Arc<dyn Fn(&T) -> usize + Send + Sync>;
 
 /// What the coordinator tells a task.
 #[derive(Debug, Clone, Copy)]
@@ -556,7 +560,7 @@ pub(crate) fn input_task<T: Send + 'static>(
     mut input: mpsc::Receiver<Envelope<T>>,
     inputs: usize,
     mut chain: Box<dyn Output<T>>,
-    size: super::graph::RecordSize<T>,
+    size: RecordSize<T>,
 ) -> TaskBody {
     let mut parts = ctx.parts();
     // Messages carry batches: a batch weighs what its records weigh.
