@@ -54,7 +54,7 @@ pub(crate) trait Output<T>: Send {
 }
 
 /// The part of an operator's snapshot that finishes after `snapshot_state` returned (see
-/// [`SnapshotContext::defer`]).
+/// [`SnapshotContext::defer`](super::SnapshotContext::defer)).
 pub type DeferredSnapshot = Pin<Box<dyn Future<Output = Result<DeferredState>> + Send + 'static>>;
 
 /// State a deferred part of a snapshot adds when it ends (entries of the same name replace what
@@ -66,12 +66,12 @@ pub struct DeferredState {
 }
 
 impl DeferredState {
-    /// Stores list state `name` (as [`SnapshotContext::put_list_state`]).
+    /// Stores list state `name` (as [`SnapshotContext::put_list_state`](super::SnapshotContext::put_list_state)).
     pub fn put_list_state(&mut self, name: impl Into<String>, entries: Vec<Vec<u8>>) {
         self.list_state.insert(name.into(), entries);
     }
 
-    /// Stores union list state `name` (as [`SnapshotContext::put_union_state`]).
+    /// Stores union list state `name` (as [`SnapshotContext::put_union_state`](super::SnapshotContext::put_union_state)).
     pub fn put_union_state(&mut self, name: impl Into<String>, entries: Vec<Vec<u8>>) {
         self.union_state.insert(name.into(), entries);
     }
