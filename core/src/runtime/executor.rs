@@ -32,7 +32,7 @@ pub struct Job {
     pub(super) config: JobConfig,
     pub(super) vertices: Vec<Vertex>,
     pub(super) inputs: Vec<Arc<dyn PrepareInputs>>,
-    uids: BTreeSet<String>,
+    pub(super) uids: BTreeSet<String>,
     pub(super) metrics: Arc<JobMetrics>,
     /// Region failover applies: subtask i of every stage is region i.
     pub(super) regions: bool,
