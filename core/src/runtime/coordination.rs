@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use super::executor::{now_ms, Command, Job, RunEnd, Spawner};
+use super::job::{now_ms, Command, Job, RunEnd, Spawner};
 use super::output::Notification;
 use super::restore::RestorePlan;
 use super::task::{CaughtUp, Control, TaskEvent};

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
@@ -13,10 +13,9 @@ use tracing::{error, info, warn};
 
 use super::chain::BackendFactory;
 use super::coordination::Run;
-use super::graph::{PrepareInputs, Vertex};
+use super::job::{Command, Job, PrepareInputs, RunEnd, Spawner, Vertex};
 use super::metrics::JobMetrics;
 use super::restore::RestorePlan;
-use super::task::{Control, TaskContext, TaskEvent};
 use super::{FailoverStrategy, JobConfig, StateBackendConfig};
 use crate::coordinator::CheckpointCoordinator;
 use crate::error::{CoreError, ErrorClass, Result};
@@ -25,22 +24,7 @@ use crate::restart::{FailedWhile, RestartDecision, RestartTracker};
 #[cfg(feature = "rocksdb")]
 use crate::state::RocksDbBackend;
 use crate::state::{KeyGroupRange, KeyedStateBackend, MemoryBackend};
-use crate::storage::{CheckpointStorage, Retention, Snapshot, Storage};
-
-/// A built job, ready to run.
-pub struct Job {
-    pub(super) config: JobConfig,
-    pub(super) vertices: Vec<Vertex>,
-    pub(super) inputs: Vec<Arc<dyn PrepareInputs>>,
-    pub(super) uids: BTreeSet<String>,
-    pub(super) metrics: Arc<JobMetrics>,
-    /// Region failover applies: subtask i of every stage is region i.
-    pub(super) regions: bool,
-    /// The memory every RocksDB instance of the job in this process shares (all subtasks, all
-    /// runs), made on first use.
-    #[cfg(feature = "rocksdb")]
-    pub(super) rocksdb_memory: std::sync::OnceLock<crate::state::RocksDbMemory>,
-}
+use crate::storage::{Retention, Snapshot, Storage};
 
 /// How a job ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,15 +37,6 @@ pub struct JobOutcome {
     pub latest_checkpoint: Option<CheckpointId>,
     /// Whether it was cancelled (rather than finishing its input or stopping with a savepoint).
     pub cancelled: bool,
-}
-
-pub(super) enum Command {
-    Savepoint {
-        dir: Option<PathBuf>,
-        stop: bool,
-        reply: oneshot::Sender<Result<PathBuf>>,
-    },
-    Cancel,
 }
 
 /// Controls a started job.
@@ -139,19 +114,6 @@ impl JobHandle {
             }),
         }
     }
-}
-
-pub(super) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-pub(super) enum RunEnd {
-    Finished,
-    Cancelled,
-    Failed(CoreError),
 }
 
 impl Job {
@@ -612,60 +574,3 @@ impl Job {
 
 /// How long tasks aborted at a stop may take to end before they are left behind.
 pub(super) const STUCK_TASK_GRACE: Duration = Duration::from_secs(10);
-
-/// Creates tasks: all of them at the start of a run, a region's again after its failure.
-pub(super) struct Spawner<'a> {
-    pub(super) job: &'a Job,
-    pub(super) storage: Option<Arc<Storage>>,
-    pub(super) events: mpsc::UnboundedSender<TaskEvent>,
-    /// The run's restore past unreadable checkpoints, which its sinks must prove safe.
-    pub(super) proof: Option<Arc<super::api::RestoreProof>>,
-}
-
-impl Spawner<'_> {
-    /// Spawns subtask `index` of vertex `vi` as task `id`; returns its control sender.
-    pub(super) fn spawn(
-        &self,
-        set: &mut JoinSet<(usize, Result<()>)>,
-        vi: usize,
-        index: u32,
-        id: usize,
-        (attempt, starting): (u32, bool),
-        restore: Option<Arc<Snapshot>>,
-    ) -> Result<(mpsc::UnboundedSender<Control>, tokio::task::Id)> {
-        let job = self.job;
-        let v = &job.vertices[vi];
-        let (alignment, max_alignment_buffer, max_alignment_bytes) = job.config.checkpointing.as_ref().map_or(
-            (crate::checkpoint::AlignmentMode::ExactlyOnce, usize::MAX, usize::MAX),
-            |c| (c.mode.alignment(), c.max_alignment_buffer, c.max_alignment_buffer_bytes),
-        );
-        let (ctl_tx, ctl_rx) = mpsc::unbounded_channel();
-        let mut ctx = TaskContext {
-            task_id: id,
-            name: v.name.clone(),
-            index,
-            parallelism: v.parallelism,
-            max_parallelism: job.config.max_parallelism,
-            attempt,
-            starting,
-            commit_window: job
-                .config
-                .checkpointing
-                .as_ref()
-                .map(|c| c.timeout + job.config.restart.longest_delay()),
-            accept_replay: job.config.accept_replay,
-            backend: job.backend_factory(restore.clone()),
-            restore,
-            storage: self.storage.clone().map(|s| s as Arc<dyn CheckpointStorage>),
-            alignment,
-            max_alignment_buffer,
-            max_alignment_bytes,
-            control: Some(ctl_rx),
-            events: self.events.clone(),
-            proof: self.proof.clone(),
-        };
-        let body = (v.make)(&mut ctx)?;
-        let handle = set.spawn(async move { (id, body.await) });
-        Ok((ctl_tx, handle.id()))
-    }
-}

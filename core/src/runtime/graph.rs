@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 
 use super::api::{Collector, KeyedProcessFunction, ProcessFunction, Sink, Source, SubtaskInfo};
 use super::chain::{ChannelOut, EmitFn, Envelope, KeyFn, KeyedNode, Partitioner, ProcessNode, SinkNode, Stateless};
+use super::job::{MakeTask, PrepareInputs, Vertex};
 use super::output::Output;
 use super::task::{input_task, source_task, RecordSize, TaskBody, TaskContext};
 use super::{Job, JobConfig};
@@ -19,24 +20,6 @@ use crate::error::{CoreError, Result};
 
 /// Builds the chain of one subtask: given the rest of the chain, returns the task.
 type Attach<T> = Arc<dyn Fn(&mut TaskContext, Box<dyn Output<T>>) -> Result<TaskBody> + Send + Sync>;
-
-/// Creates one subtask's task (the whole chain, head to terminal).
-pub(crate) type MakeTask = Box<dyn Fn(&mut TaskContext) -> Result<TaskBody> + Send + Sync>;
-
-/// A stage: `parallelism` subtasks running the same chain.
-pub(crate) struct Vertex {
-    pub(crate) name: String,
-    pub(crate) parallelism: u32,
-    pub(crate) is_source: bool,
-    pub(crate) make: MakeTask,
-}
-
-/// Fresh channels for a run of the job.
-pub(crate) trait PrepareInputs: Send + Sync {
-    fn prepare(&self, capacity: usize);
-    /// Fresh channel of subtask `index` only (its region restarts; forward edges only).
-    fn prepare_one(&self, capacity: usize, index: u32);
-}
 
 /// The input channels of one stage: a receiver per subtask, and the senders upstream stages use.
 pub(crate) struct InputSlots<T> {

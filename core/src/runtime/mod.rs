@@ -11,6 +11,7 @@ mod chain;
 mod coordination;
 mod executor;
 mod graph;
+mod job;
 mod metrics;
 mod output;
 mod region;
@@ -28,8 +29,9 @@ pub use api::{
     CheckpointListener, CheckpointedFunction, Collector, InitContext, KeyedProcessFunction, ProcessFunction, Sink,
     SnapshotContext, Source, SourceStatus, SourceWatermark, SubtaskInfo,
 };
-pub use executor::{Job, JobControl, JobHandle, JobOutcome};
+pub use executor::{JobControl, JobHandle, JobOutcome};
 pub use graph::{JobBuilder, KeyedStream, Stream};
+pub use job::Job;
 pub use metrics::{CheckpointStats, JobMetrics};
 pub use output::{DeferredSnapshot, DeferredState};
 

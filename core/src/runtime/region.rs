@@ -9,7 +9,7 @@ use tokio::task::JoinSet;
 use tracing::{info, warn};
 
 use super::coordination::Run;
-use super::executor::RunEnd;
+use super::job::RunEnd;
 use super::output::Notification;
 use super::task::Control;
 use crate::error::{CoreError, ErrorClass, Result};
