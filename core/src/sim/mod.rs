@@ -1163,7 +1163,7 @@ pub(crate) fn run_paths(seed: u64) -> std::result::Result<(u64, Paths), String> 
 }
 
 /// The end of a seed: the last process's verdict, then the trace's hash and the paths taken.
-fn finish(
+pub(super) fn finish(
     world: &Arc<Mutex<World>>,
     seed: u64,
     last: std::result::Result<Outcome, String>,
@@ -1197,7 +1197,7 @@ pub(crate) fn run_seeds(first: u64, seeds: u64, m: Mutant) -> (Option<String>, C
 
 /// Runs `run` for `seeds` seeds from `first` with `m` active: the first violation, and the paths
 /// taken.
-fn sweep(
+pub(super) fn sweep(
     first: u64,
     seeds: u64,
     m: Mutant,
@@ -1219,7 +1219,7 @@ fn sweep(
 /// The seed budget of a test run: `default` seeds from 0, or EXACTLY_SIM_SEEDS from
 /// EXACTLY_SIM_FIRST (e.g. a seed a failure printed).
 #[cfg(test)]
-fn budget(default: u64) -> (u64, u64) {
+pub(super) fn budget(default: u64) -> (u64, u64) {
     let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
     (
         var("EXACTLY_SIM_FIRST").unwrap_or(0),
