@@ -629,7 +629,7 @@ impl Blobs for Sim {
 
 /// A local file with the content of shared file `name` (a name always has the same content, as
 /// an SST file's does), for an upload: one scratch file per thread, rewritten each time.
-fn shared_source(name: &str) -> PathBuf {
+pub(in crate::sim) fn shared_source(name: &str) -> PathBuf {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     // In memory where there is a tmpfs: the simulation's speed is its reach.
     let dir = DIR.get_or_init(|| {
@@ -646,7 +646,7 @@ fn shared_source(name: &str) -> PathBuf {
 
 /// Checkpoint `id`'s metadata as process `me` writes it (the writer in its timestamps: an id
 /// may be begun again by a later process when an earlier one left nothing of it listed).
-fn metadata(id: CheckpointId, me: u32, files: Vec<FileHandle>) -> CheckpointMetadata {
+pub(in crate::sim) fn metadata(id: CheckpointId, me: u32, files: Vec<FileHandle>) -> CheckpointMetadata {
     let mut operators = BTreeMap::new();
     operators.insert(
         "op".to_owned(),
@@ -677,31 +677,31 @@ fn metadata(id: CheckpointId, me: u32, files: Vec<FileHandle>) -> CheckpointMeta
 
 /// What the job knows and what the sinks did, by the model's truth.
 #[derive(Default)]
-struct Truth {
+pub(in crate::sim) struct Truth {
     /// The newest checkpoint whose commit was answered: the sinks committed its transactions.
-    acked: CheckpointId,
+    pub(in crate::sim) acked: CheckpointId,
     /// Every checkpoint whose commit was answered: its id and the process.
-    committed: BTreeSet<(CheckpointId, u32)>,
+    pub(in crate::sim) committed: BTreeSet<(CheckpointId, u32)>,
     /// Every checkpoint a process began: its id and the process.
-    started: BTreeSet<(CheckpointId, u32)>,
+    pub(in crate::sim) started: BTreeSet<(CheckpointId, u32)>,
     /// Checkpoints a restart went past (restoring an older one): their transactions aborted.
-    abandoned: BTreeSet<(CheckpointId, u32)>,
+    pub(in crate::sim) abandoned: BTreeSet<(CheckpointId, u32)>,
     /// Checkpoints completed since the last restore, and in all.
-    done: u64,
+    pub(in crate::sim) done: u64,
     /// The last checkpoint id a process used: an attempt of the job that starts again in the
     /// same process goes on past it (the executor keeps it), never begins an id again.
-    last_used: BTreeMap<u32, CheckpointId>,
+    pub(in crate::sim) last_used: BTreeMap<u32, CheckpointId>,
     /// Per process, the checkpoint (id, writer) its output goes on from: the one it restored,
     /// then each it committed.
-    base: BTreeMap<u32, (CheckpointId, u32)>,
+    pub(in crate::sim) base: BTreeMap<u32, (CheckpointId, u32)>,
     /// Each committed checkpoint by the one it went on from. Two on the same one: the output
     /// between was committed twice.
-    child: BTreeMap<(CheckpointId, u32), (CheckpointId, u32)>,
+    pub(in crate::sim) child: BTreeMap<(CheckpointId, u32), (CheckpointId, u32)>,
 }
 
 impl Truth {
     /// Process `me`'s commit of checkpoint `id` was answered: the sinks commit its transactions.
-    fn committed(&mut self, me: u32, id: CheckpointId) -> std::result::Result<(), String> {
+    pub(in crate::sim) fn committed(&mut self, me: u32, id: CheckpointId) -> std::result::Result<(), String> {
         if self.abandoned.contains(&(id, me)) {
             return Err(format!(
                 "DATA LOST: checkpoint {id} of process {me} committed, but a restore elsewhere had gone on from an older one and aborted its transactions"
@@ -725,28 +725,28 @@ impl Truth {
 }
 
 /// A model process: the world, the truth, who it is, what it reaches the store through.
-struct Proc<'a> {
-    world: &'a Arc<Mutex<World>>,
-    truth: &'a Mutex<Truth>,
-    me: u32,
-    baton: Option<Arc<copies::Baton>>,
+pub(in crate::sim) struct Proc<'a> {
+    pub(in crate::sim) world: &'a Arc<Mutex<World>>,
+    pub(in crate::sim) truth: &'a Mutex<Truth>,
+    pub(in crate::sim) me: u32,
+    pub(in crate::sim) baton: Option<Arc<copies::Baton>>,
     /// The machine it runs on (two copies may run on two).
-    host: String,
+    pub(in crate::sim) host: String,
     /// Its storage, when kept across attempts (two copies).
-    storage: Option<Storage>,
+    pub(in crate::sim) storage: Option<Storage>,
 }
 
 impl Proc<'_> {
-    fn truth(&self) -> MutexGuard<'_, Truth> {
+    pub(in crate::sim) fn truth(&self) -> MutexGuard<'_, Truth> {
         self.truth.lock().expect("not poisoned")
     }
 
-    fn gone(&self) -> bool {
+    pub(in crate::sim) fn gone(&self) -> bool {
         !self.world.lock().expect("not poisoned").alive.contains(&self.me)
     }
 
     /// A storage for this process on the model store and machine.
-    fn new_storage(&self) -> Storage {
+    pub(in crate::sim) fn new_storage(&self) -> Storage {
         let machine = Arc::new(SimMachine {
             world: self.world.clone(),
             baton: self.baton.clone(),
@@ -767,7 +767,7 @@ impl Proc<'_> {
 }
 
 /// Why a seed fails: the violation, then the trace's last lines.
-fn violation(world: &Arc<Mutex<World>>, seed: u64, what: String) -> String {
+pub(in crate::sim) fn violation(world: &Arc<Mutex<World>>, seed: u64, what: String) -> String {
     let w = world.lock().expect("not poisoned");
     let lines: Vec<&str> = w.lines.iter().map(String::as_str).collect();
     format!(
@@ -777,7 +777,7 @@ fn violation(world: &Arc<Mutex<World>>, seed: u64, what: String) -> String {
     )
 }
 
-enum Outcome {
+pub(in crate::sim) enum Outcome {
     /// The process is gone (crashed, or stopped): a new one starts.
     Gone,
     /// The job reached its target.
@@ -788,7 +788,7 @@ enum Outcome {
 /// the run going on from it does: `None` when the process is gone meanwhile (or an outage
 /// stopped the reads: the attempt restarts), else the restored id and the shared files its
 /// model RocksDB holds.
-fn went_on(
+pub(in crate::sim) fn went_on(
     p: &Proc<'_>,
     storage: &Storage,
     snapshot: Option<&crate::storage::Snapshot>,
@@ -883,7 +883,7 @@ fn went_on(
 /// Process `me` stopped, naming another run: with one copy of the job, an earlier process whose
 /// write of the owner record landed late; with two, the other copy. The operator (or the
 /// supervisor) starts it again.
-fn stopped(world: &Arc<Mutex<World>>, me: u32, e: &CoreError) -> Outcome {
+pub(in crate::sim) fn stopped(world: &Arc<Mutex<World>>, me: u32, e: &CoreError) -> Outcome {
     let mut w = world.lock().expect("not poisoned");
     if w.sched.is_some() {
         w.paths.owner_stops += 1;
@@ -902,7 +902,7 @@ fn stopped(world: &Arc<Mutex<World>>, me: u32, e: &CoreError) -> Outcome {
 }
 
 /// The lease of a claim: with one copy, never lapsing; with two, 20 s (200 steps).
-fn lease(two: bool) -> Duration {
+pub(in crate::sim) fn lease(two: bool) -> Duration {
     if two {
         copies::LEASE
     } else {
@@ -911,7 +911,7 @@ fn lease(two: bool) -> Duration {
 }
 
 /// One process: claims, restores, checks, then checkpoints until it crashes or the job is done.
-fn process(p: &Proc<'_>, target: u64, last: bool) -> std::result::Result<Outcome, String> {
+pub(in crate::sim) fn process(p: &Proc<'_>, target: u64, last: bool) -> std::result::Result<Outcome, String> {
     let (world, me) = (p.world, p.me);
     let two = p.baton.is_some();
     let machine = Arc::new(SimMachine {
