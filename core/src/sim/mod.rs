@@ -47,7 +47,7 @@ use crate::storage::{after_failed_commit, CheckpointStorage, FailedCommit, Stora
 
 mod process;
 mod sweep;
-use process::{lease, process, violation, Outcome, Proc, Truth};
+use process::{process, violation, Outcome, Proc, Truth};
 use sweep::{budget, finish, run, run_seeds, sweep};
 
 mod copies;
