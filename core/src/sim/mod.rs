@@ -117,7 +117,7 @@ pub(crate) fn mutant() -> Mutant {
 }
 
 /// Runs `f` with `m` active on this thread (and on the threads it starts that ask for it).
-fn with_mutant<T>(m: Mutant, f: impl FnOnce() -> T) -> T {
+pub(super) fn with_mutant<T>(m: Mutant, f: impl FnOnce() -> T) -> T {
     MUTANT.with(|c| c.set(m));
     let r = f();
     MUTANT.with(|c| c.set(Mutant::None));
