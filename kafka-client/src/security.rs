@@ -4,9 +4,7 @@
 use exactly_core::secret::Secret;
 use rdkafka::ClientConfig;
 
-use crate::{
-    https, kerberos, kerberos_principal, KafkaSecurity, SaslMechanism, SecurityProtocol, DEFAULT_KERBEROS_SERVICE,
-};
+use crate::{kerberos, kerberos_principal, KafkaSecurity, SaslMechanism, SecurityProtocol, DEFAULT_KERBEROS_SERVICE};
 
 impl KafkaSecurity {
     /// Plaintext.

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+#[cfg(not(feature = "rocksdb"))]
 use exactly_core::runtime::StateBackendConfig;
 use exactly_kafka_client::KafkaSecurity;
 use exactly_kafka_sink::{DeliveryGuarantee, KafkaSinkConfig};

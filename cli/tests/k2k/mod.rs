@@ -19,6 +19,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 
 mod running;
+// (Not every test binary runs a job under a feeder.)
+#[allow(unused_imports)]
 pub(crate) use running::Running;
 
 pub(crate) const KEYS: usize = 20;

@@ -24,7 +24,7 @@ use crate::restart::{FailedWhile, RestartDecision, RestartTracker};
 #[cfg(feature = "rocksdb")]
 use crate::state::RocksDbBackend;
 use crate::state::{KeyGroupRange, KeyedStateBackend, MemoryBackend};
-use crate::storage::{Retention, Snapshot, Storage};
+use crate::storage::{CheckpointStorage, Retention, Snapshot, Storage};
 
 /// How a job ended.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -37,7 +37,7 @@ pub(crate) fn run_paths(seed: u64) -> Result<(u64, Paths), String> {
     let mut requests = 0u32;
     let mut outcome = Outcome::Undecided;
     // What the EndTxns of the earlier tries did, kept as the sink keeps it.
-    let mut tried = super::Sent::default();
+    let mut tried = super::super::Sent::default();
     'attempts: for _attempt in 0..20 {
         let mut steps = CommitSteps::resume(&c, tried.clone());
         let mut next = Next::Describe;
