@@ -28,7 +28,7 @@ pub use read::{parse_source, Bound, SourceRange};
 pub use report::{print, Example, Report};
 use sorted::{Entry, Sorter};
 
-/// Entries per sorted run (24 bytes each: ~24 MB).
+/// Entries per sorted run (24 bytes each on disk, 32 in memory: ~32 MB).
 pub const RUN: usize = 1 << 20;
 
 /// The memory of one sorted run of the order check (records with their order values): ~64 MB.
