@@ -22,18 +22,11 @@ use rdkafka::types::RDKafkaErrorCode;
 pub fn asking_again<R>(
     what: &str,
     budget: Duration,
-    mut ask: impl FnMut() -> Result<R, KafkaError>,
+    ask: impl FnMut() -> Result<R, KafkaError>,
 ) -> Result<R, KafkaError> {
-    let until = Instant::now() + budget;
-    loop {
-        match ask() {
-            Err(e) if leader_moving(&e) && Instant::now() < until => {
-                tracing::debug!(partition = what, error = %e, "The partition's leader is moving: asking again.");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            r => return r,
-        }
-    }
+    asking_while(leader_moving, budget, Duration::from_millis(100), ask, |e| {
+        tracing::debug!(partition = what, error = %e, "The partition's leader is moving: asking again.");
+    })
 }
 
 /// Calls `ask` until it returns anything but a [`coordinator_moving`] error, or `budget` has
@@ -42,32 +35,45 @@ pub fn asking_again<R>(
 pub fn asking_the_coordinator_again<R>(
     what: &str,
     budget: Duration,
-    mut ask: impl FnMut() -> Result<R, KafkaError>,
+    ask: impl FnMut() -> Result<R, KafkaError>,
 ) -> Result<R, KafkaError> {
     let since = Instant::now();
-    let until = since + budget;
     let mut waited = false;
+    let r = asking_while(coordinator_moving, budget, Duration::from_millis(200), ask, |e| {
+        if !waited {
+            let code = crate::error_code(e).map_or_else(|| e.to_string(), |c| c.to_string());
+            tracing::warn!(reading = what, answer = %code, wait_s = budget.as_secs(),
+                "The consumer group's coordinator is loading or moving (as after a broker restart): asking again for up to wait_s.");
+            waited = true;
+        }
+    });
+    if waited && r.is_ok() {
+        tracing::info!(
+            reading = what,
+            waited_ms = since.elapsed().as_millis() as u64,
+            "The consumer group's coordinator answered."
+        );
+    }
+    r
+}
+
+/// Calls `ask` until it returns anything but an error `passing` accepts, or `budget` has passed
+/// (then that error); `asking_again` is told each error asked again after, `pause` before it.
+fn asking_while<R>(
+    passing: fn(&KafkaError) -> bool,
+    budget: Duration,
+    pause: Duration,
+    mut ask: impl FnMut() -> Result<R, KafkaError>,
+    mut asking_again: impl FnMut(&KafkaError),
+) -> Result<R, KafkaError> {
+    let until = Instant::now() + budget;
     loop {
         match ask() {
-            Err(e) if coordinator_moving(&e) && Instant::now() < until => {
-                if !waited {
-                    let code = e.rdkafka_error_code().map_or_else(|| e.to_string(), |c| c.to_string());
-                    tracing::warn!(reading = what, answer = %code, wait_s = budget.as_secs(),
-                        "The consumer group's coordinator is loading or moving (as after a broker restart): asking again for up to wait_s.");
-                    waited = true;
-                }
-                std::thread::sleep(Duration::from_millis(200));
+            Err(e) if passing(&e) && Instant::now() < until => {
+                asking_again(&e);
+                std::thread::sleep(pause);
             }
-            r => {
-                if waited && r.is_ok() {
-                    tracing::info!(
-                        reading = what,
-                        waited_ms = since.elapsed().as_millis() as u64,
-                        "The consumer group's coordinator answered."
-                    );
-                }
-                return r;
-            }
+            r => return r,
         }
     }
 }
@@ -75,12 +81,8 @@ pub fn asking_the_coordinator_again<R>(
 /// An error that says a consumer group's coordinator is loading the groups' offsets, not elected
 /// yet, or on another broker than the one asked.
 pub fn coordinator_moving(e: &KafkaError) -> bool {
-    let code = match e {
-        KafkaError::Transaction(t) => Some(t.code()),
-        other => other.rdkafka_error_code(),
-    };
     matches!(
-        code,
+        crate::error_code(e),
         Some(
             RDKafkaErrorCode::CoordinatorLoadInProgress
                 | RDKafkaErrorCode::CoordinatorNotAvailable

@@ -421,6 +421,14 @@ fn kerberos_principal(p: &str) -> bool {
     }
 }
 
+/// The broker's or librdkafka's error code of `e`, a transactional API's error included.
+pub fn error_code(e: &rdkafka::error::KafkaError) -> Option<rdkafka::types::RDKafkaErrorCode> {
+    match e {
+        rdkafka::error::KafkaError::Transaction(t) => Some(t.code()),
+        other => other.rdkafka_error_code(),
+    }
+}
+
 /// Whether a Kafka client error says the cluster cannot be reached *now* — brokers down, a
 /// connection refused or lost, a request timed out, a coordinator or leader moving — rather than
 /// that something is wrong with the job (an address that does not resolve, refused credentials,
@@ -433,12 +441,8 @@ pub fn unreachable(e: &rdkafka::error::KafkaError) -> bool {
             return true;
         }
     }
-    let code = match e {
-        rdkafka::error::KafkaError::Transaction(t) => Some(t.code()),
-        other => other.rdkafka_error_code(),
-    };
     matches!(
-        code,
+        error_code(e),
         Some(
             C::AllBrokersDown
                 | C::BrokerTransportFailure

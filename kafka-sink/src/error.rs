@@ -63,12 +63,8 @@ impl SinkError {
 /// error name, e.g. TransactionalIdAuthorizationFailed, and the context says for what).
 fn authorization(e: &rdkafka::error::KafkaError) -> bool {
     use rdkafka::types::RDKafkaErrorCode as C;
-    let code = match e {
-        rdkafka::error::KafkaError::Transaction(t) => Some(t.code()),
-        other => other.rdkafka_error_code(),
-    };
     matches!(
-        code,
+        exactly_kafka_client::error_code(e),
         Some(
             C::TopicAuthorizationFailed
                 | C::GroupAuthorizationFailed

@@ -218,11 +218,7 @@ fn consumer(cluster: &Cluster, group: &str) -> Result<BaseConsumer> {
 /// A failure of reaching `group`; a refusal says which ACL is missing.
 fn group_error(group: &str, doing: String, e: rdkafka::error::KafkaError) -> SinkError {
     use rdkafka::types::RDKafkaErrorCode as C;
-    let code = match &e {
-        rdkafka::error::KafkaError::Transaction(t) => Some(t.code()),
-        other => other.rdkafka_error_code(),
-    };
-    if code == Some(C::GroupAuthorizationFailed) {
+    if exactly_kafka_client::error_code(&e) == Some(C::GroupAuthorizationFailed) {
         let prefix = group.rsplit_once("-progress-").map_or(group, |(p, _)| p);
         return SinkError::Config(format!(
             "{doing}: the job's principal may not Read consumer group {group:?}, where the sink records what it committed: grant Read on groups prefixed {:?} (docs/security.md lists the ACLs)",
