@@ -63,6 +63,7 @@ async fn network_partitions_and_resets_lose_and_double_nothing() -> Result<()> {
     let (_, out, _) = run.finish(env).await?;
     assert!(out >= seen);
     eprintln!("{out} records out, 0 duplicates, 0 missing");
+    proxy.stop().await;
     Ok(())
 }
 
@@ -135,6 +136,7 @@ async fn a_job_started_while_the_group_coordinator_loads_waits_for_it() -> Resul
         let (_, out, _) = run.finish(env).await?;
         eprintln!("{which}: {out} records out, 0 duplicates, 0 missing");
     }
+    proxy.stop().await;
     Ok(())
 }
 

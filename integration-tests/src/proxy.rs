@@ -78,7 +78,28 @@ fn offset_fetch_groups(message: &[u8], version: i16) -> Result<Vec<String>> {
 pub struct Proxy {
     state: watch::Sender<State>,
     answers: Arc<Answers>,
-    task: tokio::task::JoinHandle<()>,
+    /// Accepts and forwards; None once [`Proxy::stop`] took it.
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Binds `listen`. A proxy dropped just before (a test that failed, on another runtime) closes
+/// its listener only when its runtime next runs its task: an address in use is tried again for a
+/// while before it is an error.
+async fn bind(listen: &str) -> Result<TcpListener> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match TcpListener::bind(listen).await {
+            Ok(l) => return Ok(l),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e).with_context(|| {
+                format!(
+                    "binding the test proxy to {listen} (tried for 30 s: is another proxy or program listening there?)"
+                )
+            }),
+        }
+    }
 }
 
 impl Proxy {
@@ -94,9 +115,7 @@ impl Proxy {
     }
 
     async fn start_with(listen: &str, upstream: &str, kafka: bool) -> Result<Self> {
-        let listener = TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("binding the test proxy to {listen}"))?;
+        let listener = bind(listen).await?;
         let upstream: SocketAddr = upstream.parse().context("upstream address")?;
         let (state, watch) = watch::channel(State::Open);
         let answers = Arc::new(Answers::default());
@@ -138,7 +157,11 @@ impl Proxy {
                 });
             }
         });
-        Ok(Proxy { state, answers, task })
+        Ok(Proxy {
+            state,
+            answers,
+            task: Some(task),
+        })
     }
 
     /// For `length` from now, every OffsetFetch (a consumer group's committed offsets) of a group
@@ -171,10 +194,24 @@ impl Proxy {
     }
 }
 
+impl Proxy {
+    /// Stops: closes every connection and the listener, which is closed when this returns (so
+    /// that the next proxy can listen on the same address at once).
+    pub async fn stop(mut self) {
+        self.reset();
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
+
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.reset();
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
     }
 }
 
@@ -545,5 +582,30 @@ mod tests {
             roundtrip(&mut again, b"three", Duration::from_secs(5)).await.as_deref(),
             Some(&b"three"[..])
         );
+    }
+
+    /// The broker's proxied listener advertises one address, so a test starts its proxy where the
+    /// one before it listened, right after that one was dropped (a test that failed) or stopped.
+    /// Dropping a proxy closes its listener only when the runtime next runs its task; the next
+    /// proxy waits for that instead of failing with "address already in use". (A current-thread
+    /// runtime runs nothing else until the test yields, so without the wait this fails every time.)
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_proxy_starts_where_the_one_dropped_just_before_it_listened() {
+        let upstream = echo_server().await;
+        let listen = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().to_string()
+        };
+        let first = Proxy::start(&listen, &upstream).await.unwrap();
+        drop(first);
+        let second = Proxy::start(&listen, &upstream).await.unwrap();
+        let mut s = TcpStream::connect(&listen).await.unwrap();
+        assert_eq!(
+            roundtrip(&mut s, b"again", Duration::from_secs(5)).await.as_deref(),
+            Some(&b"again"[..])
+        );
+        second.stop().await;
+        let third = Proxy::start(&listen, &upstream).await.unwrap();
+        drop(third);
     }
 }
