@@ -13,7 +13,7 @@ use exactly_cli::jobfile::Job;
 use exactly_cli::logging::{self, LogFormat};
 use exactly_cli::run::{self, RunOptions};
 use exactly_cli::{admin, checkpoints, txn};
-use exactly_kafka_client::KafkaSecurity;
+use exactly_kafka_client::{Cluster, KafkaSecurity};
 
 /// Records are small owned buffers allocated and freed at high rates; mimalloc handles that
 /// better than the system allocator (measured with `exactly bench source`).
@@ -246,7 +246,7 @@ async fn main_inner(cli: Cli, mut loaded: Loaded) -> anyhow::Result<ExitCode> {
                 checkpoints,
                 json,
             } => {
-                let cluster = txn::cluster(&bootstrap, loaded.kafka_config()?.as_ref());
+                let cluster = Cluster::with_security(&bootstrap, loaded.kafka_config()?.as_ref());
                 let l = txn::list(&cluster, &prefix, checkpoints.as_deref()).await?;
                 if json {
                     print_json(&l)?;
@@ -263,7 +263,7 @@ async fn main_inner(cli: Cli, mut loaded: Loaded) -> anyhow::Result<ExitCode> {
                 dry_run,
                 json,
             } => {
-                let cluster = txn::cluster(&bootstrap, loaded.kafka_config()?.as_ref());
+                let cluster = Cluster::with_security(&bootstrap, loaded.kafka_config()?.as_ref());
                 let results = txn::abort(&cluster, &prefix, checkpoints.as_deref(), force, dry_run).await?;
                 if json {
                     print_json(&results)?;
@@ -289,7 +289,7 @@ async fn main_inner(cli: Cli, mut loaded: Loaded) -> anyhow::Result<ExitCode> {
             bootstrap,
             kafka_config: _,
         } => {
-            let cluster = txn::cluster(&bootstrap, loaded.kafka_config()?.as_ref());
+            let cluster = Cluster::with_security(&bootstrap, loaded.kafka_config()?.as_ref());
             for t in &create {
                 exactly_cli::datagen::ensure_topic(&cluster, t, partitions).await?;
             }

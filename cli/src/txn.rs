@@ -108,15 +108,6 @@ pub fn kafka_config(path: &Path) -> Result<KafkaSecurity> {
     Ok(security)
 }
 
-/// The cluster at `bootstrap`, secured as `security` (from `--kafka-config`, [`kafka_config`])
-/// says; plaintext without.
-pub fn cluster(bootstrap: &str, security: Option<&KafkaSecurity>) -> Cluster {
-    match security {
-        Some(s) => Cluster::new(bootstrap, s.clone()),
-        None => Cluster::plaintext(bootstrap),
-    }
-}
-
 /// Lists the transactions of `prefix`; `checkpoints` marks those a stored snapshot needs.
 pub async fn list(cluster: &Cluster, prefix: &str, checkpoints: Option<&Path>) -> Result<Vec<Listed>> {
     if prefix.is_empty() {

@@ -387,6 +387,11 @@ impl Cluster {
         Self::new(bootstrap, KafkaSecurity::default())
     }
 
+    /// `bootstrap` secured as `security` says (a `--kafka-config` file, say); plaintext without.
+    pub fn with_security(bootstrap: impl Into<String>, security: Option<&KafkaSecurity>) -> Self {
+        Self::new(bootstrap, security.cloned().unwrap_or_default())
+    }
+
     /// The bootstrap addresses as `host:port` (a scheme such as `SASL_SSL://` dropped).
     pub fn addresses(&self) -> impl Iterator<Item = &str> {
         self.bootstrap

@@ -45,6 +45,7 @@ use crate::metrics::{prometheus, Registry};
 mod serve;
 mod tls;
 
+pub use crate::jobfile::{check_token, MIN_TOKEN_BYTES};
 pub use tls::{server_tls, ClientAuth};
 
 struct AdminState {
@@ -113,27 +114,6 @@ pub fn savepoint_target(root: &Path, asked: &Path) -> std::result::Result<PathBu
 #[derive(Debug, Clone, Copy)]
 struct Peer {
     certified: bool,
-}
-
-/// The shortest admin token accepted (bytes).
-pub const MIN_TOKEN_BYTES: usize = 16;
-
-/// Refuses a token too short to protect anything: an empty one (a variable set but empty, an
-/// empty Secret file) would otherwise compare equal to an empty `Authorization` and serve
-/// everyone.
-pub fn check_token(token: &Secret) -> std::result::Result<(), String> {
-    let t = token.expose();
-    if t.trim().len() < MIN_TOKEN_BYTES {
-        return Err(format!(
-            "the admin token is {} (from {token:?}): it must be at least {MIN_TOKEN_BYTES} bytes, e.g. `openssl rand -hex 16`",
-            if t.trim().is_empty() {
-                "empty".to_owned()
-            } else {
-                format!("{} bytes", t.trim().len())
-            }
-        ));
-    }
-    Ok(())
 }
 
 /// Whether `host` (a `Host` header: name or address, with or without a port) names this endpoint

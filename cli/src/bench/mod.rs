@@ -186,7 +186,7 @@ fn need<'a>(v: &'a Option<String>, what: &str, flag: &str, env: &str) -> Result<
 /// TLS and SASL settings when given.
 fn cluster(o: &BenchOptions, what: &str) -> Result<Cluster> {
     let b = need(&o.bootstrap, what, "--bootstrap", "EXACTLY_KAFKA_BOOTSTRAP")?;
-    Ok(crate::txn::cluster(b, o.kafka_config.as_ref()))
+    Ok(Cluster::with_security(b, o.kafka_config.as_ref()))
 }
 
 /// Runs `which`, printing as it goes.

@@ -124,7 +124,7 @@ impl Job {
             (None, None) => return Ok(None),
         };
         // Checked again here: a file's content may have changed since the job file was checked.
-        crate::admin::check_token(&token).map_err(|m| anyhow::anyhow!("job.admin_token: {m}"))?;
+        check_token(&token).map_err(|m| anyhow::anyhow!("job.admin_token: {m}"))?;
         Ok(Some(token))
     }
 
@@ -291,14 +291,14 @@ impl Job {
             match exactly_core::secret::Secret::from_file(f) {
                 Err(m) => return Err(err("job.admin_token_file", m)),
                 Ok(t) => {
-                    if let Err(m) = crate::admin::check_token(&t) {
+                    if let Err(m) = check_token(&t) {
                         return Err(err("job.admin_token_file", m));
                     }
                 }
             }
         }
         if let Some(t) = &j.admin_token {
-            if let Err(m) = crate::admin::check_token(t) {
+            if let Err(m) = check_token(t) {
                 return Err(err("job.admin_token", m));
             }
         }
@@ -558,6 +558,27 @@ impl Job {
     pub fn needs_json(&self) -> bool {
         !self.file.transforms.is_empty() || self.sinks.iter().any(|s| !s.transforms.is_empty())
     }
+}
+
+/// The shortest admin token accepted (bytes).
+pub const MIN_TOKEN_BYTES: usize = 16;
+
+/// Refuses a token too short to protect anything: an empty one (a variable set but empty, an
+/// empty Secret file) would otherwise compare equal to an empty `Authorization` and serve
+/// everyone.
+pub fn check_token(token: &exactly_core::secret::Secret) -> std::result::Result<(), String> {
+    let t = token.expose();
+    if t.trim().len() < MIN_TOKEN_BYTES {
+        return Err(format!(
+            "the admin token is {} (from {token:?}): it must be at least {MIN_TOKEN_BYTES} bytes, e.g. `openssl rand -hex 16`",
+            if t.trim().is_empty() {
+                "empty".to_owned()
+            } else {
+                format!("{} bytes", t.trim().len())
+            }
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

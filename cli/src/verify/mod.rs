@@ -180,7 +180,7 @@ pub async fn verify(args: VerifyArgs) -> Result<Report> {
         .clone()
         .or(job.bootstrap.clone())
         .context("--bootstrap-servers is required (or --job, whose source names them)")?;
-    let cluster = crate::txn::cluster(
+    let cluster = exactly_kafka_client::Cluster::with_security(
         &bootstrap,
         kafka_security(args.kafka_config.as_ref(), args.bootstrap.as_deref(), args.job.as_ref()),
     );
