@@ -43,10 +43,9 @@ use tracing::{info, warn};
 use crate::metrics::{prometheus, Registry};
 
 mod serve;
-mod tls;
 
 pub use crate::jobfile::{check_token, MIN_TOKEN_BYTES};
-pub use tls::{server_tls, ClientAuth};
+pub use exactly_jobs::admin_tls::{server_tls, ClientAuth};
 
 struct AdminState {
     registry: Arc<Registry>,

@@ -11,6 +11,8 @@ use exactly_kafka_sink::{DeliveryGuarantee, KafkaSinkConfig};
 use exactly_mysql_sink::{Mode, MysqlSinkConfig};
 use exactly_postgres_sink::PostgresSinkConfig;
 
+pub mod admin_tls;
+pub mod records;
 mod sections;
 mod text;
 mod transform;
