@@ -108,8 +108,8 @@ fn kerberos_principal(security: &KafkaSecurity) -> Option<&str> {
 
 impl JobSection {
     /// The admin endpoint's client-certificate settings (`admin_tls_client_ca`, `_crl`).
-    fn client_auth(&self) -> Option<crate::admin::ClientAuth<'_>> {
-        self.admin_tls_client_ca.as_deref().map(|ca| crate::admin::ClientAuth {
+    fn client_auth(&self) -> Option<crate::admin_tls::ClientAuth<'_>> {
+        self.admin_tls_client_ca.as_deref().map(|ca| crate::admin_tls::ClientAuth {
             ca,
             crl: self.admin_tls_client_crl.as_deref(),
         })
@@ -134,7 +134,7 @@ impl Job {
     pub fn admin_tls(&self) -> anyhow::Result<Option<std::sync::Arc<rustls::ServerConfig>>> {
         let j = &self.file.job;
         match (&j.admin_tls_cert, &j.admin_tls_key) {
-            (Some(cert), Some(key)) => crate::admin::server_tls(cert, key, j.client_auth()).map(Some),
+            (Some(cert), Some(key)) => crate::admin_tls::server_tls(cert, key, j.client_auth()).map(Some),
             _ => Ok(None),
         }
     }
@@ -320,7 +320,7 @@ impl Job {
                         "needs admin_tls_client_ca (the CA whose certificates it revokes)".into(),
                     ));
                 }
-                if let Err(e) = crate::admin::server_tls(cert, key, j.client_auth()) {
+                if let Err(e) = crate::admin_tls::server_tls(cert, key, j.client_auth()) {
                     let said = format!("{e:#}");
                     let field = ["admin_tls_client_ca", "admin_tls_client_crl"]
                         .into_iter()

@@ -8,7 +8,7 @@ use exactly_postgres_sink::{PgOrigin, PgRecord};
 
 /// For the Kafka sink: key, value, timestamp and headers carried over (the partition is the
 /// sink's partitioner's to choose).
-pub(crate) fn to_kafka(r: KafkaRecord) -> ProducerRecord {
+pub fn to_kafka(r: KafkaRecord) -> ProducerRecord {
     ProducerRecord {
         key: r.key,
         value: r.value,
@@ -19,7 +19,7 @@ pub(crate) fn to_kafka(r: KafkaRecord) -> ProducerRecord {
 
 /// For the MySQL sink: no value is a tombstone; the coordinates name the record in errors and
 /// dead letters.
-pub(crate) fn to_mysql(r: KafkaRecord) -> SinkRecord {
+pub fn to_mysql(r: KafkaRecord) -> SinkRecord {
     SinkRecord {
         tombstone: r.value.is_none(),
         payload: r.value.unwrap_or_default(),
@@ -33,7 +33,7 @@ pub(crate) fn to_mysql(r: KafkaRecord) -> SinkRecord {
 }
 
 /// For the PostgreSQL sink, as for MySQL's.
-pub(crate) fn to_postgres(r: KafkaRecord) -> PgRecord {
+pub fn to_postgres(r: KafkaRecord) -> PgRecord {
     PgRecord {
         tombstone: r.value.is_none(),
         payload: r.value.unwrap_or_default(),

@@ -337,7 +337,7 @@ fn transforms_filter_project_rename_and_key() {
 /// deletions of their key, or errors for what cannot be applied row by row.
 #[test]
 fn a_debezium_change_event_becomes_its_row_or_a_deletion_of_its_key() {
-    use crate::jobfile::Change;
+    use crate::Change;
     let t = Transform::Debezium;
     let row = json!({"id": 1, "name": "a"});
     for op in ["c", "r", "u"] {
