@@ -12,4 +12,4 @@ pub mod metrics;
 use exactly_jobs::records;
 pub mod run;
 pub mod txn;
-pub mod verify;
+pub use exactly_verify as verify;
