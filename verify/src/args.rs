@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::SourceRange;
-use crate::jobfile::Job;
+use exactly_jobs::Job;
 
 /// Where the output is.
 #[derive(Debug, Clone, PartialEq, Eq)]

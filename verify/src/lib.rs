@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use crate::jobfile::{Job, SinkKind, Transform};
+use exactly_jobs::{Job, SinkKind, Transform};
 pub use args::{parse_output, Database, Output, VerifyArgs};
 use order::OrderCheck;
 pub use read::{parse_source, Bound, SourceRange};
@@ -470,7 +470,7 @@ fn read_id(id: &str, key: Option<&[u8]>, value: Option<&[u8]>, transforms: &[Tra
     let mut key = key.map(<[u8]>::to_vec);
     for t in transforms {
         match t.apply(&mut v, &mut key) {
-            Ok(crate::jobfile::Change::Keep) => {}
+            Ok(exactly_jobs::Change::Keep) => {}
             // A deletion carries no row to read an id from.
             Ok(_) => return Read::Filtered,
             Err(_) => return Read::Unreadable,

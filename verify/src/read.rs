@@ -19,7 +19,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::{Database, Example};
-use crate::jobfile::Transform;
+use exactly_jobs::Transform;
 
 /// One end of an input range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
