@@ -2,7 +2,8 @@
 //! progress line, checkpoint inspection, the transaction tool and the benchmarks.
 
 pub mod admin;
-pub mod bench;
+#[cfg(feature = "bench")]
+pub use exactly_bench as bench;
 pub mod checkpoints;
 pub mod credential_cache;
 pub mod datagen;
