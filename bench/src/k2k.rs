@@ -58,7 +58,7 @@ pub(super) fn k2k_job(
     job.source("in", pipeline.parallelism, move |_| {
         KafkaSource::new(source.clone(), RawBytes)
     })
-    .map(crate::records::to_kafka)
+    .map(exactly_jobs::records::to_kafka)
     .sink("out", move |_| KafkaSink::new(sink.clone()).expect("valid"));
     job.build().expect("valid job").start()
 }

@@ -87,7 +87,7 @@ pub(crate) async fn bench_mysql(cluster: &Cluster, mysql: &str, n: u64, report: 
         let dir = tempfile::tempdir()?;
         let mut job = JobBuilder::new(job_config(dir.path()));
         job.source("in", 1, move |_| KafkaSource::new(source.clone(), RawBytes))
-            .map(crate::records::to_mysql)
+            .map(exactly_jobs::records::to_mysql)
             .sink("mysql", move |_| MysqlSink::new(config.clone()).expect("valid"));
         let start = Instant::now();
         let started = (job.build()?.start(), start);

@@ -108,7 +108,7 @@ pub(crate) async fn bench_postgres(cluster: &Cluster, url: &str, n: u64, report:
         let dir = tempfile::tempdir()?;
         let mut job = JobBuilder::new(job_config(dir.path()));
         job.source("in", 1, move |_| KafkaSource::new(source.clone(), RawBytes))
-            .map(crate::records::to_postgres)
+            .map(exactly_jobs::records::to_postgres)
             .sink("postgres", move |_| PostgresSink::new(config.clone()).expect("valid"));
         let start = Instant::now();
         let started = (job.build()?.start(), start);

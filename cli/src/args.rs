@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+#[cfg(feature = "bench")]
 use exactly_cli::bench::{self, Which};
 use exactly_cli::logging::LogFormat;
 use exactly_cli::run;
@@ -188,6 +189,7 @@ pub(crate) enum Command {
         json: bool,
     },
     /// Benchmarks, each against its baseline in the same run.
+    #[cfg(feature = "bench")]
     Bench {
         /// Which benchmark.
         #[arg(value_enum)]

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use args::{CheckpointsCommand, Cli, Command, TxnCommand};
 use clap::Parser;
+#[cfg(feature = "bench")]
 use exactly_cli::bench::{self, BenchOptions};
 use exactly_cli::jobfile::Job;
 use exactly_cli::logging::{self, LogFormat};
@@ -42,10 +43,11 @@ impl Loaded {
         let kafka_config = match command {
             Command::Verify { kafka_config, .. }
             | Command::Datagen { kafka_config, .. }
-            | Command::Bench { kafka_config, .. }
             | Command::Txn {
                 command: TxnCommand::List { kafka_config, .. } | TxnCommand::Abort { kafka_config, .. },
             } => kafka_config.as_deref().map(txn::kafka_config),
+            #[cfg(feature = "bench")]
+            Command::Bench { kafka_config, .. } => kafka_config.as_deref().map(txn::kafka_config),
             _ => None,
         };
         Loaded { job, kafka_config }
@@ -296,6 +298,7 @@ async fn main_inner(cli: Cli, mut loaded: Loaded) -> anyhow::Result<ExitCode> {
             exactly_cli::datagen::orders(&cluster, &topic, partitions, first, count, rate).await?;
             println!("{count} orders ({first}..{}) written to {topic}", first + count);
         }
+        #[cfg(feature = "bench")]
         Command::Bench {
             which,
             records,

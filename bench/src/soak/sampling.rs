@@ -21,7 +21,7 @@ pub(super) async fn sample(
     let pid = job.child.0.id();
     let alive = job.child.0.try_wait()?.is_none();
     let process = |v: Option<f64>| v.filter(|_| alive).unwrap_or(f64::NAN);
-    let cpu = match crate::bench::cpu::child_cpu_secs(pid).filter(|_| alive) {
+    let cpu = match crate::cpu::child_cpu_secs(pid).filter(|_| alive) {
         Some(secs) => {
             let cores = (secs - job.cpu_secs).max(0.0) / job.cpu_at.elapsed().as_secs_f64();
             (job.cpu_secs, job.cpu_at) = (secs, Instant::now());

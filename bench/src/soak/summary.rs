@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 
 use super::{Sample, SoakOptions, POOL};
-use crate::bench::{median, Report};
+use crate::{median, Report};
 
 mod charts;
 use charts::charts;

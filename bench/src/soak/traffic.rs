@@ -13,7 +13,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Message};
 
 use super::TOPIC_PARTITIONS;
-use crate::bench::kafka::{consumer, now_ms, producer_config};
+use crate::kafka::{consumer, now_ms, producer_config};
 use exactly_kafka_client::Cluster;
 
 /// What the reader of the output has seen.

@@ -16,7 +16,7 @@ pub(super) fn charts(json: &Path, samples: &[Sample]) -> Result<Vec<PathBuf>> {
     let mut written = Vec::new();
     let mut chart = |name: &str, y: &str, series: Vec<(&str, Vec<(f64, f64)>)>| -> Result<()> {
         let path = dir.join(format!("{stem}-{name}.svg"));
-        crate::bench::chart::lines(&path, title, "minutes", y, &series)?;
+        crate::chart::lines(&path, title, "minutes", y, &series)?;
         written.push(path);
         Ok(())
     };
