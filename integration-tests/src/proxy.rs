@@ -93,11 +93,13 @@ async fn bind(listen: &str) -> Result<TcpListener> {
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Err(e) => return Err(e).with_context(|| {
-                format!(
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!(
                     "binding the test proxy to {listen} (tried for 30 s: is another proxy or program listening there?)"
                 )
-            }),
+                })
+            }
         }
     }
 }

@@ -109,10 +109,12 @@ fn kerberos_principal(security: &KafkaSecurity) -> Option<&str> {
 impl JobSection {
     /// The admin endpoint's client-certificate settings (`admin_tls_client_ca`, `_crl`).
     fn client_auth(&self) -> Option<crate::admin_tls::ClientAuth<'_>> {
-        self.admin_tls_client_ca.as_deref().map(|ca| crate::admin_tls::ClientAuth {
-            ca,
-            crl: self.admin_tls_client_crl.as_deref(),
-        })
+        self.admin_tls_client_ca
+            .as_deref()
+            .map(|ca| crate::admin_tls::ClientAuth {
+                ca,
+                crl: self.admin_tls_client_crl.as_deref(),
+            })
     }
 }
 

@@ -21,8 +21,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use exactly_jobs::{Job, SinkKind, Transform};
 pub use args::{parse_output, Database, Output, VerifyArgs};
+use exactly_jobs::{Job, SinkKind, Transform};
 use order::OrderCheck;
 pub use read::{parse_source, Bound, SourceRange};
 pub use report::{print, Example, Report};
