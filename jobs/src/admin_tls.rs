@@ -1,5 +1,5 @@
 //! The admin endpoint's HTTPS: its certificate and the client CA and CRLs, read again when their
-//! files change (the connections are served in `serve.rs`).
+//! files change (the endpoint itself, with its connections, is the `exactly` command's).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -527,7 +527,7 @@ impl Job {
             sinks,
         };
         // A process has one Kerberos credential cache, whose principal librdkafka's clients
-        // authenticate as (crate::credential_cache): every Kafka client names the same one.
+        // authenticate as (the command's `credential_cache`): every Kafka client names the same one.
         {
             let mut principals = job
                 .kafka_securities()
