@@ -23,6 +23,9 @@ pub(crate) struct Cli {
     pub(crate) command: Command,
 }
 
+// Parsed once per process: the size of its largest variant costs nothing (which variant is the
+// largest depends on whether the `bench` feature compiled `Bench` in).
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 pub(crate) enum Command {
     /// Run the job a TOML file describes (SIGTERM/Ctrl-C: final checkpoint and commits; twice: abort).
