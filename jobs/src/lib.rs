@@ -1,5 +1,6 @@
-//! Job files: a TOML description of a Kafka-to-Kafka or Kafka-to-MySQL job, and the checks that
-//! turn mistakes into messages naming the file, the line and the field.
+//! Job files: a TOML description of a job from Kafka to Kafka, MySQL/MariaDB or PostgreSQL (one
+//! sink or several), and the checks that turn mistakes into messages naming the file, the line and
+//! the field.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
