@@ -93,13 +93,12 @@ async fn bind(listen: &str) -> Result<TcpListener> {
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Err(e) => {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
                 return Err(e).with_context(|| {
-                    format!(
-                    "binding the test proxy to {listen} (tried for 30 s: is another proxy or program listening there?)"
-                )
+                    format!("binding the test proxy to {listen} (in use for 30 s: is another program listening there?)")
                 })
             }
+            Err(e) => return Err(e).with_context(|| format!("binding the test proxy to {listen}")),
         }
     }
 }
