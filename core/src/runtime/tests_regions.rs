@@ -168,17 +168,16 @@ async fn fanned_out_job(failover: FailoverStrategy) {
         0,
         "{failover:?}: all three failures injected"
     );
-    match failover {
-        FailoverStrategy::Full => assert_eq!(outcome.restarts, 3, "{failover:?}"),
-        // A failure while another region is restarting joins that restart (by design: "its
-        // region restarts together with the others failing now"): under load two of the three
-        // can overlap — a full run on 2 busy cores counted 2.
-        _ => assert!(
-            (1..=3).contains(&outcome.restarts),
-            "{failover:?}: {} restarts for 3 failures",
-            outcome.restarts
-        ),
-    }
+    // Failures in one attempt share its restart. With region failover a failure while another
+    // region is restarting joins that restart (by design: "its region restarts together with the
+    // others failing now"); with full restarts a subtask may fail before the first failure has
+    // stopped it (the failing numbers belong to different subtasks, which a loaded machine runs
+    // far apart: both strategies counted 2 on 2 busy cores).
+    assert!(
+        (1..=3).contains(&outcome.restarts),
+        "{failover:?}: {} restarts for 3 failures",
+        outcome.restarts
+    );
     assert_each_once(&format!("{failover:?}: first branch"), &all, total);
     assert_eq!(
         committed_numbers(&even),
