@@ -50,10 +50,10 @@ pub fn stderr_is_terminal() -> bool {
     std::io::stderr().is_terminal()
 }
 
-/// The default filter: `info` for exactly, `warn` else — but sqlx's URL parser, which logs an
-/// unknown PostgreSQL URL parameter with its value (`?sslpassword=…` would be printed), only
-/// at `error`.
-pub const DEFAULT_FILTER: &str = "warn,sqlx_postgres::options=error,exactly=info,exactly_cli=info,exactly_core=info,exactly_kafka_client=info,exactly_kafka_source=info,exactly_kafka_sink=info,exactly_mysql_sink=info,exactly_postgres_sink=info,exactly_twophase=info";
+/// The default filter: `info` for exactly (a target matches by prefix, so `exactly` takes in
+/// every `exactly_*` crate), `warn` else — but sqlx's URL parser, which logs an unknown
+/// PostgreSQL URL parameter with its value (`?sslpassword=…` would be printed), only at `error`.
+pub const DEFAULT_FILTER: &str = "warn,sqlx_postgres::options=error,exactly=info";
 
 /// Installs the subscriber (level from `RUST_LOG`, else [`DEFAULT_FILTER`]).
 pub fn init(format: LogFormat) {
@@ -117,5 +117,35 @@ mod tests {
             "sqlx logs it at warn (what the default filter must hide)"
         );
         assert!(!logged_parsing(DEFAULT_FILTER).contains("hunter2-secret"));
+    }
+
+    /// Every crate of the workspace logs at `info` by default, the others at `warn`.
+    #[test]
+    fn the_default_filter_shows_every_exactly_crate_at_info_and_others_from_warn() {
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(EnvFilter::new(DEFAULT_FILTER))
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(target: "exactly_core::runtime", "core-info");
+            tracing::info!(target: "exactly_jobs::warnings", "jobs-info");
+            tracing::info!(target: "exactly_verify::read", "verify-info");
+            tracing::info!(target: "exactly_bench::soak", "bench-info");
+            tracing::info!(target: "exactly_cli::run", "cli-info");
+            tracing::info!(target: "exactly", "binary-info");
+            tracing::debug!(target: "exactly_core::runtime", "core-debug");
+            tracing::info!(target: "rdkafka::client", "other-info");
+            tracing::warn!(target: "rdkafka::client", "other-warn");
+        });
+        let text = String::from_utf8_lossy(&out.0.lock().unwrap()).into_owned();
+        for shown in ["core", "jobs", "verify", "bench", "cli", "binary"] {
+            assert!(text.contains(&format!("{shown}-info")), "{shown} at info: {text}");
+        }
+        assert!(text.contains("other-warn"), "{text}");
+        for hidden in ["core-debug", "other-info"] {
+            assert!(!text.contains(hidden), "{hidden}: {text}");
+        }
     }
 }

@@ -294,7 +294,7 @@ pub(crate) fn exactly_verify(job_file: &str, extra: &[&str]) -> Result<()> {
     let output = match &job.sinks[0].kind {
         exactly_cli::jobfile::SinkKind::Kafka(k) => format!("topic:{}", k.topic),
         exactly_cli::jobfile::SinkKind::Mysql(m) => format!("mysql:{}", m.table),
-        exactly_cli::jobfile::SinkKind::Postgres(_) => bail!("exactly verify does not read PostgreSQL tables"),
+        exactly_cli::jobfile::SinkKind::Postgres(p) => format!("postgres:{}", p.table),
     };
     let out = std::process::Command::new(exactly())
         .args(["verify", "--source", &input, "--output", &output, "--job", job_file])
