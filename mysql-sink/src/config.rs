@@ -44,20 +44,6 @@ pub enum OnError {
     },
 }
 
-fn default_batch_size() -> usize {
-    500
-}
-
-fn default_progress_table() -> String {
-    "exactly_progress".into()
-}
-
-/// `${NAME}` parts of the URL read from the environment (see `exactly_core::secret`).
-fn expand_url<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<String, D::Error> {
-    let text = String::deserialize(d)?;
-    exactly_core::secret::expand_env(&text).map_err(serde::de::Error::custom)
-}
-
 /// The MySQL sink's configuration. `Debug` hides the URL's password.
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -66,7 +52,7 @@ pub struct MysqlSinkConfig {
     /// `${NAME}` parts come from the environment (write `mysql://app:${MYSQL_PASSWORD}@db/x`).
     /// TLS follows `ssl-mode`: `required` never falls back to plaintext, `verify_ca` and
     /// `verify_identity` check the server's certificate against `ssl-ca`.
-    #[serde(deserialize_with = "expand_url")]
+    #[serde(deserialize_with = "exactly_sql_sink::config::expand_url")]
     pub url: String,
     /// A file holding the password (e.g. a mounted Kubernetes Secret); overrides the URL's.
     #[serde(default)]
@@ -86,13 +72,13 @@ pub struct MysqlSinkConfig {
     /// Records to columns.
     pub mapping: Mapping,
     /// Rows per INSERT statement.
-    #[serde(default = "default_batch_size")]
+    #[serde(default = "exactly_sql_sink::config::default_batch_size")]
     pub batch_size: usize,
     /// Create the table from the mapping when it does not exist.
     #[serde(default)]
     pub create_table: bool,
     /// Table recording, per subtask and checkpoint, what was committed.
-    #[serde(default = "default_progress_table")]
+    #[serde(default = "exactly_sql_sink::config::default_progress_table")]
     pub progress_table: String,
     /// Records that do not fit.
     #[serde(default)]

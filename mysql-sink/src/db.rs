@@ -1,12 +1,8 @@
 //! Statements shared by both modes.
 
-use std::collections::BTreeMap;
-
-use std::future::Future;
-use std::pin::Pin;
-
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlRow};
 use sqlx::{ConnectOptions, Connection, MySql, QueryBuilder};
+use std::collections::BTreeMap;
 use tracing::warn;
 
 use crate::config::{MysqlSinkConfig, OnError};
@@ -14,9 +10,8 @@ use crate::error::{MysqlSinkError, Result};
 use crate::mapping::SqlValue;
 use crate::SinkRecord;
 
-/// A boxed, `Send` future. Every database call goes through one: sqlx's executor bounds trip the
-/// compiler's `Send` inference of futures in trait methods otherwise.
-pub(crate) type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub(crate) use exactly_sql_sink::BoxFut;
+use exactly_sql_sink::{Arg, Dialect, Progress, Set, Statement};
 
 /// Runs text-protocol SQL (XA statements need it).
 pub(crate) fn exec<'a>(conn: &'a mut MySqlConnection, sql: String) -> BoxFut<'a, Result<(), sqlx::Error>> {
@@ -67,24 +62,7 @@ pub async fn connect_url(url: &str, password_file: Option<&std::path::Path>) -> 
 /// Creates the progress table, the dead-letter table and (if asked) the target table.
 pub(crate) fn ensure_tables<'a>(conn: &'a mut MySqlConnection, c: &'a MysqlSinkConfig) -> BoxFut<'a, Result<()>> {
     Box::pin(async move {
-        let progress = format!(
-        "CREATE TABLE IF NOT EXISTS `{}` (job VARCHAR(64) NOT NULL, sink VARCHAR(64) NOT NULL, subtask INT NOT NULL, \
-         checkpoint_id BIGINT NOT NULL, offsets TEXT NOT NULL, rows_written BIGINT NOT NULL, \
-         committed_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3), \
-         PRIMARY KEY (job, sink, subtask, checkpoint_id)) ENGINE=InnoDB",
-        c.progress_table
-    );
-        exec(conn, progress)
-            .await
-            .map_err(|e| MysqlSinkError::db("creating the progress table", e))?;
-        let through = format!(
-            "CREATE TABLE IF NOT EXISTS `{}` (job VARCHAR(64) NOT NULL, sink VARCHAR(64) NOT NULL, subtask INT NOT NULL, \
-             committed_through BIGINT NOT NULL, PRIMARY KEY (job, sink, subtask)) ENGINE=InnoDB",
-            through_table(c)
-        );
-        exec(conn, through)
-            .await
-            .map_err(|e| MysqlSinkError::db("creating the progress summary table", e))?;
+        progress_tables(c).create(&MySqlDialect, conn).await?;
         if let OnError::DeadLetter { table } = &c.on_error {
             let ddl = format!(
             "CREATE TABLE IF NOT EXISTS `{table}` (id BIGINT AUTO_INCREMENT PRIMARY KEY, origin VARCHAR(255) NOT NULL, \
@@ -142,10 +120,7 @@ pub(crate) fn convert(
     let mut out = Converted::default();
     for r in records {
         if let Some(o) = &r.origin {
-            let e = offsets
-                .entry(format!("{}:{}", o.topic, o.partition))
-                .or_insert(o.offset + 1);
-            *e = (*e).max(o.offset + 1);
+            exactly_sql_sink::config::note_offset(offsets, &o.topic, o.partition, o.offset);
         }
         let op = match (&r.tombstone, c.upserts()) {
             (false, _) => c.mapping.row(&r.payload).map(Op::Row),
@@ -281,6 +256,15 @@ pub(crate) fn insert<'a>(
     })
 }
 
+/// The progress tables of this sink (`exactly_sql_sink::progress`).
+fn progress_tables(c: &MysqlSinkConfig) -> Progress<'_> {
+    Progress {
+        table: &c.progress_table,
+        job: &c.job_id,
+        sink: &c.sink_id,
+    }
+}
+
 /// Records checkpoint `id` of `subtask` in the progress table (in the caller's transaction).
 pub(crate) fn progress<'a>(
     conn: &'a mut MySqlConnection,
@@ -291,29 +275,10 @@ pub(crate) fn progress<'a>(
     rows: u64,
 ) -> BoxFut<'a, Result<()>> {
     Box::pin(async move {
-        let offsets = serde_json::to_string(offsets).expect("a map of strings to numbers serializes");
-        sqlx::query(&format!(
-        "INSERT INTO `{}` (job, sink, subtask, checkpoint_id, offsets, rows_written) VALUES (?, ?, ?, ?, ?, ?) \
-         ON DUPLICATE KEY UPDATE offsets = VALUES(offsets), rows_written = VALUES(rows_written), committed_at = CURRENT_TIMESTAMP(3)",
-        c.progress_table
-    ))
-    .bind(&c.job_id)
-    .bind(&c.sink_id)
-    .bind(subtask)
-    .bind(id)
-    .bind(offsets)
-    .bind(rows)
-    .execute(&mut *conn)
-    .await
-    .map_err(|e| MysqlSinkError::db("writing the progress row", e))?;
-        Ok(())
+        Ok(progress_tables(c)
+            .record(&MySqlDialect, conn, subtask, id, offsets, rows)
+            .await?)
     })
-}
-
-/// The summary table beside the progress table: per subtask, the checkpoint through which every
-/// branch it prepared has been committed.
-pub(crate) fn through_table(c: &MysqlSinkConfig) -> String {
-    format!("{}_through", c.progress_table)
 }
 
 /// Whether checkpoint `id` of `subtask` committed: its progress row exists, or the subtask's
@@ -324,72 +289,21 @@ pub(crate) fn has_progress<'a>(
     subtask: u32,
     id: u64,
 ) -> BoxFut<'a, Result<bool>> {
-    Box::pin(async move {
-        let n: i64 = sqlx::query_scalar(&format!(
-            "SELECT (SELECT COUNT(*) FROM `{}` WHERE job = ? AND sink = ? AND subtask = ? AND checkpoint_id = ?) \
-             + (SELECT COUNT(*) FROM `{}` WHERE job = ? AND sink = ? AND subtask = ? AND committed_through >= ?)",
-            c.progress_table,
-            through_table(c)
-        ))
-        .bind(&c.job_id)
-        .bind(&c.sink_id)
-        .bind(subtask)
-        .bind(id)
-        .bind(&c.job_id)
-        .bind(&c.sink_id)
-        .bind(subtask)
-        .bind(id)
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(|e| MysqlSinkError::db("reading the progress table", e))?;
-        Ok(n > 0)
-    })
+    Box::pin(async move { Ok(progress_tables(c).committed(&MySqlDialect, conn, subtask, id).await?) })
 }
 
-/// After checkpoint `id` of `subtask` committed: every branch of the subtask through `id` has
-/// committed (the driver commits in checkpoint order, and a lost one stops the job), so the
-/// summary row moves to `id` and the per-checkpoint rows before it go. The table stays at about
-/// one row per subtask plus the branches in flight, however old a restored savepoint is.
+/// After checkpoint `id` of `subtask` committed: the summary row moves to `id` and the
+/// per-checkpoint rows before it go (`Progress::summarise`).
 pub(crate) fn summarise_progress<'a>(
     conn: &'a mut MySqlConnection,
     c: &'a MysqlSinkConfig,
     subtask: u32,
     id: u64,
 ) -> BoxFut<'a, Result<()>> {
-    Box::pin(async move {
-        sqlx::query(&format!(
-            "INSERT INTO `{}` (job, sink, subtask, committed_through) VALUES (?, ?, ?, ?) \
-             ON DUPLICATE KEY UPDATE committed_through = GREATEST(committed_through, VALUES(committed_through))",
-            through_table(c)
-        ))
-        .bind(&c.job_id)
-        .bind(&c.sink_id)
-        .bind(subtask)
-        .bind(id)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| MysqlSinkError::db("writing the progress summary", e))?;
-        // Strictly before `id`: the scan stops at row `id` (committed), never reaching the locked
-        // row of a branch still prepared.
-        sqlx::query(&format!(
-            "DELETE FROM `{}` WHERE job = ? AND sink = ? AND subtask = ? AND checkpoint_id < ?",
-            c.progress_table
-        ))
-        .bind(&c.job_id)
-        .bind(&c.sink_id)
-        .bind(subtask)
-        .bind(id)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| MysqlSinkError::db("pruning the progress table", e))?;
-        Ok(())
-    })
+    Box::pin(async move { Ok(progress_tables(c).summarise(&MySqlDialect, conn, subtask, id).await?) })
 }
 
-/// The newest checkpoint `subtask` of this sink committed (for subtask 0, also subtasks at or
-/// above `parallelism`: a job rescaled down), by its progress rows and summaries; `None` when
-/// there are none. Per subtask: the ranges of a job split over processes keep checkpoint ids of
-/// their own.
+/// The newest checkpoint `subtask` of this sink committed (`Progress::committed_through`).
 pub(crate) fn committed_through<'a>(
     conn: &'a mut MySqlConnection,
     c: &'a MysqlSinkConfig,
@@ -397,31 +311,13 @@ pub(crate) fn committed_through<'a>(
     parallelism: u32,
 ) -> BoxFut<'a, Result<Option<u64>>> {
     Box::pin(async move {
-        let beyond = if subtask == 0 { parallelism } else { u32::MAX };
-        let newest: Option<i64> = sqlx::query_scalar(&format!(
-            "SELECT GREATEST(COALESCE((SELECT MAX(checkpoint_id) FROM `{}` WHERE job = ? AND sink = ? AND (subtask = ? OR subtask >= ?)), 0), \
-             COALESCE((SELECT MAX(committed_through) FROM `{}` WHERE job = ? AND sink = ? AND (subtask = ? OR subtask >= ?)), 0))",
-            c.progress_table,
-            through_table(c)
-        ))
-        .bind(&c.job_id)
-        .bind(&c.sink_id)
-        .bind(subtask)
-        .bind(beyond)
-        .bind(&c.job_id)
-        .bind(&c.sink_id)
-        .bind(subtask)
-        .bind(beyond)
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(|e| MysqlSinkError::db("reading the progress table", e))?;
-        Ok(newest.filter(|n| *n > 0).map(|n| n as u64))
+        Ok(progress_tables(c)
+            .committed_through(&MySqlDialect, conn, subtask, parallelism)
+            .await?)
     })
 }
 
-/// Forgets the commits of checkpoints after `id` of `subtask` (and, for subtask 0, of subtasks
-/// at or above `parallelism`: a job rescaled down): their progress rows go and the summaries
-/// come back to `id`.
+/// Forgets the commits of checkpoints after `id` of `subtask` (`Progress::forget_after`).
 pub(crate) fn forget_after<'a>(
     conn: &'a mut MySqlConnection,
     c: &'a MysqlSinkConfig,
@@ -430,34 +326,91 @@ pub(crate) fn forget_after<'a>(
     id: u64,
 ) -> BoxFut<'a, Result<()>> {
     Box::pin(async move {
-        let beyond = if subtask == 0 { parallelism } else { u32::MAX };
-        sqlx::query(&format!(
-            "DELETE FROM `{}` WHERE job = ? AND sink = ? AND (subtask = ? OR subtask >= ?) AND checkpoint_id > ?",
-            c.progress_table
-        ))
-        .bind(&c.job_id)
-        .bind(&c.sink_id)
-        .bind(subtask)
-        .bind(beyond)
-        .bind(id)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| MysqlSinkError::db("forgetting progress rows", e))?;
-        sqlx::query(&format!(
-            "UPDATE `{}` SET committed_through = ? WHERE job = ? AND sink = ? AND (subtask = ? OR subtask >= ?) AND committed_through > ?",
-            through_table(c)
-        ))
-        .bind(id)
-        .bind(&c.job_id)
-        .bind(&c.sink_id)
-        .bind(subtask)
-        .bind(beyond)
-        .bind(id)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| MysqlSinkError::db("forgetting the progress summary", e))?;
-        Ok(())
+        Ok(progress_tables(c)
+            .forget_after(&MySqlDialect, conn, subtask, parallelism, id)
+            .await?)
     })
+}
+
+/// MySQL's and MariaDB's SQL for what the SQL sinks share: backquoted names, `?` placeholders,
+/// `ON DUPLICATE KEY UPDATE`, InnoDB tables.
+pub(crate) struct MySqlDialect;
+
+fn bind_arg<'q>(
+    q: sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>,
+    arg: &'q Arg,
+) -> sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments> {
+    match arg {
+        Arg::Text(s) | Arg::Json(s) => q.bind(s.as_str()),
+        Arg::Int(i) => q.bind(*i),
+    }
+}
+
+impl Dialect for MySqlDialect {
+    type Connection = MySqlConnection;
+
+    fn quote(&self, name: &str) -> String {
+        format!("`{name}`")
+    }
+
+    fn placeholder(&self, _n: usize, _arg: &Arg) -> String {
+        "?".into()
+    }
+
+    fn create_progress_tables(&self, progress: &str, through: &str) -> [String; 2] {
+        [
+            format!(
+                "CREATE TABLE IF NOT EXISTS {progress} (job VARCHAR(64) NOT NULL, sink VARCHAR(64) NOT NULL, subtask INT NOT NULL, \
+                 checkpoint_id BIGINT NOT NULL, offsets TEXT NOT NULL, rows_written BIGINT NOT NULL, \
+                 committed_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3), \
+                 PRIMARY KEY (job, sink, subtask, checkpoint_id)) ENGINE=InnoDB"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {through} (job VARCHAR(64) NOT NULL, sink VARCHAR(64) NOT NULL, subtask INT NOT NULL, \
+                 committed_through BIGINT NOT NULL, PRIMARY KEY (job, sink, subtask)) ENGINE=InnoDB"
+            ),
+        ]
+    }
+
+    fn on_conflict(&self, _table: &str, _key: &[&str], set: &[(&str, Set)]) -> String {
+        let set: Vec<String> = set
+            .iter()
+            .map(|(c, how)| match how {
+                Set::New => format!("{c} = VALUES({c})"),
+                Set::Greatest => format!("{c} = GREATEST({c}, VALUES({c}))"),
+                Set::Now => format!("{c} = CURRENT_TIMESTAMP(3)"),
+            })
+            .collect();
+        format!("ON DUPLICATE KEY UPDATE {}", set.join(", "))
+    }
+
+    fn execute<'a>(
+        &'a self,
+        conn: &'a mut MySqlConnection,
+        statement: &'a Statement,
+    ) -> BoxFut<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            let q = statement.args.iter().fold(sqlx::query(&statement.sql), bind_arg);
+            q.execute(conn).await.map(|_| ())
+        })
+    }
+
+    fn fetch_int<'a>(
+        &'a self,
+        conn: &'a mut MySqlConnection,
+        statement: &'a Statement,
+    ) -> BoxFut<'a, Result<Option<i64>, sqlx::Error>> {
+        Box::pin(async move {
+            let mut q = sqlx::query_scalar::<_, Option<i64>>(&statement.sql);
+            for arg in &statement.args {
+                q = match arg {
+                    Arg::Text(s) | Arg::Json(s) => q.bind(s.as_str()),
+                    Arg::Int(i) => q.bind(*i),
+                };
+            }
+            q.fetch_one(conn).await
+        })
+    }
 }
 
 /// Sets the session's isolation to READ COMMITTED: committed rows only, whatever the server's
@@ -475,4 +428,56 @@ pub(crate) fn close(conn: MySqlConnection) -> BoxFut<'static, ()> {
     Box::pin(async move {
         let _ = conn.close().await;
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: Progress<'static> = Progress {
+        table: "exactly_progress",
+        job: "orders",
+        sink: "db",
+    };
+
+    /// The statements MySQL runs for the progress tables, as the sink wrote them before they
+    /// moved to exactly-sql-sink: `?` placeholders, one argument each in order.
+    #[test]
+    fn the_progress_statements_are_mysqls() {
+        let d = MySqlDialect;
+        let record = P.record_statement(&d, 1, 2, &BTreeMap::new(), 3);
+        assert_eq!(
+            record.sql,
+            "INSERT INTO `exactly_progress` (job, sink, subtask, checkpoint_id, offsets, rows_written) VALUES (?, ?, ?, ?, ?, ?) \
+             ON DUPLICATE KEY UPDATE offsets = VALUES(offsets), rows_written = VALUES(rows_written), committed_at = CURRENT_TIMESTAMP(3)"
+        );
+        let [summary, prune] = P.summarise_statements(&d, 1, 2);
+        assert_eq!(
+            summary.sql,
+            "INSERT INTO `exactly_progress_through` (job, sink, subtask, committed_through) VALUES (?, ?, ?, ?) \
+             ON DUPLICATE KEY UPDATE committed_through = GREATEST(committed_through, VALUES(committed_through))"
+        );
+        assert_eq!(
+            prune.sql,
+            "DELETE FROM `exactly_progress` WHERE job = ? AND sink = ? AND subtask = ? AND checkpoint_id < ?"
+        );
+        let newest = P.committed_through_statement(&d, 0, 2);
+        assert_eq!(
+            newest.sql,
+            "SELECT GREATEST(COALESCE((SELECT MAX(checkpoint_id) FROM `exactly_progress` WHERE job = ? AND sink = ? AND (subtask = ? OR subtask >= ?)), 0), \
+             COALESCE((SELECT MAX(committed_through) FROM `exactly_progress_through` WHERE job = ? AND sink = ? AND (subtask = ? OR subtask >= ?)), 0))"
+        );
+        let committed = P.committed_statement(&d, 0, 2);
+        let [forget, back] = P.forget_after_statements(&d, 0, 2, 5);
+        let [create, create_through] = P.create_statements(&d);
+        assert!(create
+            .sql
+            .starts_with("CREATE TABLE IF NOT EXISTS `exactly_progress` ("));
+        assert!(create_through
+            .sql
+            .starts_with("CREATE TABLE IF NOT EXISTS `exactly_progress_through` ("));
+        for s in [&record, &summary, &prune, &newest, &committed, &forget, &back] {
+            assert_eq!(s.sql.matches('?').count(), s.args.len(), "{}", s.sql);
+        }
+    }
 }

@@ -31,6 +31,12 @@ pub enum MysqlSinkError {
     XaRecoverDenied(String),
 }
 
+impl From<exactly_sql_sink::DbError> for MysqlSinkError {
+    fn from(e: exactly_sql_sink::DbError) -> Self {
+        MysqlSinkError::db(e.context, e.source)
+    }
+}
+
 impl MysqlSinkError {
     pub(crate) fn db(context: impl Into<String>, source: sqlx::Error) -> Self {
         MysqlSinkError::Database {
@@ -45,20 +51,6 @@ impl MysqlSinkError {
 /// (1049, 1146), or TLS failed (an untrusted certificate, a server without TLS under
 /// `ssl-mode=required`). They stop the job with the server's message instead of restarting it
 /// forever.
-/// A connection the server refused or lost, or none within the pool's timeout: what a server
-/// that is down or restarting answers.
-fn unreachable(e: &sqlx::Error) -> bool {
-    match e {
-        // Refused, reset, timed out: not a name that does not resolve (a configuration).
-        // (A server that closes the connection mid-handshake: restarting.)
-        sqlx::Error::Io(io) => {
-            exactly_core::error::unreachable_kind(io.kind()) || io.kind() == std::io::ErrorKind::UnexpectedEof
-        }
-        sqlx::Error::PoolTimedOut => true,
-        _ => false,
-    }
-}
-
 fn permanent(e: &sqlx::Error) -> bool {
     if matches!(e, sqlx::Error::Tls(_)) {
         return true;
@@ -73,11 +65,8 @@ fn permanent(e: &sqlx::Error) -> bool {
 impl From<MysqlSinkError> for CoreError {
     fn from(e: MysqlSinkError) -> Self {
         let class = match &e {
-            MysqlSinkError::Database { source, .. } if permanent(source) => ErrorClass::Fatal,
-            // The server cannot be reached now (refused, lost, no connection within the pool's
-            // timeout): an outage, for a job that ran before.
-            MysqlSinkError::Database { source, .. } if unreachable(source) => ErrorClass::Retriable,
-            MysqlSinkError::Database { .. } => ErrorClass::Restart,
+            // Permanent, or the server cannot be reached now (an outage), or a restart.
+            MysqlSinkError::Database { source, .. } => exactly_sql_sink::error::class(source, permanent),
             _ => ErrorClass::Fatal,
         };
         CoreError::operator("mysql sink", class, e)
@@ -86,28 +75,3 @@ impl From<MysqlSinkError> for CoreError {
 
 /// Result of the MySQL sink.
 pub type Result<T, E = MysqlSinkError> = std::result::Result<T, E>;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::{Error, ErrorKind};
-
-    /// A server that refuses, resets or does not answer is down (waited for by a job that ran
-    /// before); a name that does not resolve is a configuration to fix.
-    #[test]
-    fn a_server_down_is_told_from_a_wrong_address() {
-        for kind in [
-            ErrorKind::ConnectionRefused,
-            ErrorKind::ConnectionReset,
-            ErrorKind::TimedOut,
-            ErrorKind::UnexpectedEof,
-        ] {
-            assert!(unreachable(&sqlx::Error::Io(Error::from(kind))), "{kind:?}");
-        }
-        assert!(unreachable(&sqlx::Error::PoolTimedOut));
-        assert!(!unreachable(&sqlx::Error::Io(Error::other(
-            "failed to lookup address information"
-        ))));
-        assert!(!unreachable(&sqlx::Error::RowNotFound));
-    }
-}

@@ -68,22 +68,8 @@ impl Column {
     }
 }
 
-fn default_batch_size() -> usize {
-    500
-}
-
-fn default_progress_table() -> String {
-    "exactly_progress".into()
-}
-
 fn default_sink_id() -> String {
     "postgres-sink".into()
-}
-
-/// `${NAME}` parts of the URL read from the environment (see `exactly_core::secret`).
-fn expand_url<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<String, D::Error> {
-    let text = String::deserialize(d)?;
-    exactly_core::secret::expand_env(&text).map_err(serde::de::Error::custom)
 }
 
 /// The PostgreSQL sink's configuration. `Debug` hides the URL's password.
@@ -93,7 +79,7 @@ pub struct PostgresSinkConfig {
     /// `postgres://user:password@host:port/database?sslmode=verify-full&sslrootcert=ca.pem`;
     /// `${NAME}` parts come from the environment. TLS follows `sslmode` (`require` never falls
     /// back to plaintext; `verify-ca` / `verify-full` check the server's certificate).
-    #[serde(deserialize_with = "expand_url")]
+    #[serde(deserialize_with = "exactly_sql_sink::config::expand_url")]
     pub url: String,
     /// A file holding the password (e.g. a mounted Kubernetes Secret); overrides the URL's.
     #[serde(default)]
@@ -114,14 +100,14 @@ pub struct PostgresSinkConfig {
     /// The table's columns, filled from the JSON object each record holds.
     pub columns: Vec<Column>,
     /// Rows per INSERT statement.
-    #[serde(default = "default_batch_size")]
+    #[serde(default = "exactly_sql_sink::config::default_batch_size")]
     pub batch_size: usize,
     /// Create the table from `columns` when it does not exist (with a primary key of the key
     /// columns, if any).
     #[serde(default)]
     pub create_table: bool,
     /// The progress table (created when missing), and `<name>_through` beside it.
-    #[serde(default = "default_progress_table")]
+    #[serde(default = "exactly_sql_sink::config::default_progress_table")]
     pub progress_table: String,
     /// Records that do not fit.
     #[serde(default)]

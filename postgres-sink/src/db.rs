@@ -1,8 +1,6 @@
 //! Statements both modes share: connecting, tables, rows from records, the progress table.
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::pin::Pin;
 
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection};
@@ -12,9 +10,8 @@ use crate::config::{OnError, PostgresSinkConfig};
 use crate::error::{PostgresSinkError, Result};
 use crate::PgRecord;
 
-/// A boxed, `Send` future: sqlx's executor bounds trip the compiler's `Send` inference of
-/// futures in trait methods otherwise.
-pub(crate) type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub(crate) use exactly_sql_sink::BoxFut;
+use exactly_sql_sink::{Arg, Dialect, Progress, Set, Statement};
 
 /// Runs simple-protocol SQL (transaction control: `PREPARE TRANSACTION` takes no parameters).
 pub(crate) fn exec<'a>(conn: &'a mut PgConnection, sql: String) -> BoxFut<'a, Result<(), sqlx::Error>> {
@@ -60,35 +57,10 @@ pub(crate) fn close(conn: PgConnection) -> BoxFut<'static, ()> {
     })
 }
 
-fn through_table(c: &PostgresSinkConfig) -> String {
-    format!("\"{}_through\"", c.progress_table)
-}
-
-fn progress_table(c: &PostgresSinkConfig) -> String {
-    format!("\"{}\"", c.progress_table)
-}
-
 /// Creates the progress tables and (if asked) the target table.
 pub(crate) fn ensure_tables<'a>(conn: &'a mut PgConnection, c: &'a PostgresSinkConfig) -> BoxFut<'a, Result<()>> {
     Box::pin(async move {
-        let ddl = [
-            format!(
-                "CREATE TABLE IF NOT EXISTS {} (job text NOT NULL, sink text NOT NULL, subtask integer NOT NULL, \
-                 checkpoint_id bigint NOT NULL, offsets jsonb NOT NULL, rows_written bigint NOT NULL, \
-                 committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (job, sink, subtask, checkpoint_id))",
-                progress_table(c)
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {} (job text NOT NULL, sink text NOT NULL, subtask integer NOT NULL, \
-                 committed_through bigint NOT NULL, PRIMARY KEY (job, sink, subtask))",
-                through_table(c)
-            ),
-        ];
-        for sql in ddl {
-            exec(conn, sql)
-                .await
-                .map_err(|e| PostgresSinkError::db("creating the progress tables", e))?;
-        }
+        progress_tables(c).create(&PgDialect, conn).await?;
         if c.create_table {
             let mut cols: Vec<String> = c
                 .columns
@@ -150,7 +122,7 @@ pub(crate) fn convert(
     let mut rows = Rows::default();
     for r in records {
         if let Some(o) = &r.origin {
-            offsets.insert(format!("{}:{}", o.topic, o.partition), o.offset + 1);
+            exactly_sql_sink::config::note_offset(offsets, &o.topic, o.partition, o.offset);
         }
         let delete = r.tombstone;
         let row = if delete && !deletes_allowed {
@@ -308,6 +280,15 @@ fn last_per_key(c: &PostgresSinkConfig, run: Vec<serde_json::Value>) -> Vec<serd
     keep.into_iter().filter_map(|i| run[i].take()).collect()
 }
 
+/// The progress tables of this sink (`exactly_sql_sink::progress`).
+fn progress_tables(c: &PostgresSinkConfig) -> Progress<'_> {
+    Progress {
+        table: &c.progress_table,
+        job: &c.job_id,
+        sink: &c.sink_id,
+    }
+}
+
 /// Records checkpoint `id` of `subtask` in the progress table (in the caller's transaction).
 pub(crate) fn progress<'a>(
     conn: &'a mut PgConnection,
@@ -318,23 +299,9 @@ pub(crate) fn progress<'a>(
     rows: u64,
 ) -> BoxFut<'a, Result<()>> {
     Box::pin(async move {
-        let offsets = serde_json::to_string(offsets).expect("a map of strings to numbers serializes");
-        sqlx::query(&format!(
-            "INSERT INTO {} (job, sink, subtask, checkpoint_id, offsets, rows_written) VALUES ($1, $2, $3, $4, $5::jsonb, $6) \
-             ON CONFLICT (job, sink, subtask, checkpoint_id) DO UPDATE SET offsets = EXCLUDED.offsets, \
-             rows_written = EXCLUDED.rows_written, committed_at = now()",
-            progress_table(c)
-        ))
-        .bind(&c.job_id)
-        .bind(&c.sink_id)
-        .bind(subtask as i32)
-        .bind(id as i64)
-        .bind(offsets)
-        .bind(rows as i64)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| PostgresSinkError::db("writing the progress row", e))?;
-        Ok(())
+        Ok(progress_tables(c)
+            .record(&PgDialect, conn, subtask, id, offsets, rows)
+            .await?)
     })
 }
 
@@ -346,28 +313,10 @@ pub(crate) fn has_progress<'a>(
     subtask: u32,
     id: u64,
 ) -> BoxFut<'a, Result<bool>> {
-    Box::pin(async move {
-        let found: bool = sqlx::query_scalar(&format!(
-            "SELECT EXISTS (SELECT 1 FROM {} WHERE job = $1 AND sink = $2 AND subtask = $3 AND checkpoint_id = $4) \
-             OR EXISTS (SELECT 1 FROM {} WHERE job = $1 AND sink = $2 AND subtask = $3 AND committed_through >= $4)",
-            progress_table(c),
-            through_table(c)
-        ))
-        .bind(&c.job_id)
-        .bind(&c.sink_id)
-        .bind(subtask as i32)
-        .bind(id as i64)
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(|e| PostgresSinkError::db("reading the progress table", e))?;
-        Ok(found)
-    })
+    Box::pin(async move { Ok(progress_tables(c).committed(&PgDialect, conn, subtask, id).await?) })
 }
 
-/// The newest checkpoint `subtask` of this sink committed (for subtask 0, also subtasks at or
-/// above `parallelism`: a job rescaled down), by its progress rows and summaries; `None` when
-/// there are none. Per subtask: the ranges of a job split over processes keep checkpoint ids of
-/// their own.
+/// The newest checkpoint `subtask` of this sink committed (`Progress::committed_through`).
 pub(crate) fn committed_through<'a>(
     conn: &'a mut PgConnection,
     c: &'a PostgresSinkConfig,
@@ -375,26 +324,13 @@ pub(crate) fn committed_through<'a>(
     parallelism: u32,
 ) -> BoxFut<'a, Result<Option<u64>>> {
     Box::pin(async move {
-        let newest: Option<i64> = sqlx::query_scalar(&format!(
-            "SELECT GREATEST((SELECT MAX(checkpoint_id) FROM {} WHERE job = $1 AND sink = $2 AND (subtask = $3 OR subtask >= $4)), \
-             (SELECT MAX(committed_through) FROM {} WHERE job = $1 AND sink = $2 AND (subtask = $3 OR subtask >= $4)))",
-            progress_table(c),
-            through_table(c)
-        ))
-        .bind(&c.job_id)
-        .bind(&c.sink_id)
-        .bind(subtask as i32)
-        .bind(if subtask == 0 { parallelism as i64 } else { i64::MAX })
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(|e| PostgresSinkError::db("reading the progress table", e))?;
-        Ok(newest.filter(|n| *n > 0).map(|n| n as u64))
+        Ok(progress_tables(c)
+            .committed_through(&PgDialect, conn, subtask, parallelism)
+            .await?)
     })
 }
 
-/// Forgets the commits of checkpoints after `id` of `subtask` (and, for subtask 0, of subtasks
-/// at or above `parallelism`: a job rescaled down): their progress rows go and the summaries
-/// come back to `id`.
+/// Forgets the commits of checkpoints after `id` of `subtask` (`Progress::forget_after`).
 pub(crate) fn forget_after<'a>(
     conn: &'a mut PgConnection,
     c: &'a PostgresSinkConfig,
@@ -403,68 +339,151 @@ pub(crate) fn forget_after<'a>(
     id: u64,
 ) -> BoxFut<'a, Result<()>> {
     Box::pin(async move {
-        let beyond = if subtask == 0 { parallelism as i64 } else { i64::MAX };
-        sqlx::query(&format!(
-            "DELETE FROM {} WHERE job = $1 AND sink = $2 AND (subtask = $3 OR subtask >= $4) AND checkpoint_id > $5",
-            progress_table(c)
-        ))
-        .bind(&c.job_id)
-        .bind(&c.sink_id)
-        .bind(subtask as i32)
-        .bind(beyond)
-        .bind(id as i64)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| PostgresSinkError::db("forgetting progress rows", e))?;
-        sqlx::query(&format!(
-            "UPDATE {} SET committed_through = $5 WHERE job = $1 AND sink = $2 AND (subtask = $3 OR subtask >= $4) AND committed_through > $5",
-            through_table(c)
-        ))
-        .bind(&c.job_id)
-        .bind(&c.sink_id)
-        .bind(subtask as i32)
-        .bind(beyond)
-        .bind(id as i64)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| PostgresSinkError::db("forgetting the progress summary", e))?;
-        Ok(())
+        Ok(progress_tables(c)
+            .forget_after(&PgDialect, conn, subtask, parallelism, id)
+            .await?)
     })
 }
 
-/// After checkpoint `id` of `subtask` committed: every transaction of the subtask through `id`
-/// has committed (the driver commits in checkpoint order, and a lost one stops the job), so the
-/// summary row moves to `id` and the per-checkpoint rows before it go.
+/// After checkpoint `id` of `subtask` committed: the summary row moves to `id` and the
+/// per-checkpoint rows before it go (`Progress::summarise`).
 pub(crate) fn summarise_progress<'a>(
     conn: &'a mut PgConnection,
     c: &'a PostgresSinkConfig,
     subtask: u32,
     id: u64,
 ) -> BoxFut<'a, Result<()>> {
-    Box::pin(async move {
-        sqlx::query(&format!(
-            "INSERT INTO {} (job, sink, subtask, committed_through) VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (job, sink, subtask) DO UPDATE SET committed_through = GREATEST({0}.committed_through, EXCLUDED.committed_through)",
-            through_table(c)
-        ))
-        .bind(&c.job_id)
-        .bind(&c.sink_id)
-        .bind(subtask as i32)
-        .bind(id as i64)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| PostgresSinkError::db("writing the progress summary", e))?;
-        sqlx::query(&format!(
-            "DELETE FROM {} WHERE job = $1 AND sink = $2 AND subtask = $3 AND checkpoint_id < $4",
-            progress_table(c)
-        ))
-        .bind(&c.job_id)
-        .bind(&c.sink_id)
-        .bind(subtask as i32)
-        .bind(id as i64)
-        .execute(&mut *conn)
-        .await
-        .map_err(|e| PostgresSinkError::db("pruning the progress table", e))?;
-        Ok(())
-    })
+    Box::pin(async move { Ok(progress_tables(c).summarise(&PgDialect, conn, subtask, id).await?) })
+}
+
+/// PostgreSQL's SQL for what the SQL sinks share: double-quoted names, numbered placeholders
+/// (JSON cast to `jsonb`), `ON CONFLICT … DO UPDATE`.
+pub(crate) struct PgDialect;
+
+impl Dialect for PgDialect {
+    type Connection = PgConnection;
+
+    fn quote(&self, name: &str) -> String {
+        format!("\"{name}\"")
+    }
+
+    fn placeholder(&self, n: usize, arg: &Arg) -> String {
+        match arg {
+            Arg::Json(_) => format!("${n}::jsonb"),
+            Arg::Text(_) | Arg::Int(_) => format!("${n}"),
+        }
+    }
+
+    fn create_progress_tables(&self, progress: &str, through: &str) -> [String; 2] {
+        [
+            format!(
+                "CREATE TABLE IF NOT EXISTS {progress} (job text NOT NULL, sink text NOT NULL, subtask integer NOT NULL, \
+                 checkpoint_id bigint NOT NULL, offsets jsonb NOT NULL, rows_written bigint NOT NULL, \
+                 committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (job, sink, subtask, checkpoint_id))"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {through} (job text NOT NULL, sink text NOT NULL, subtask integer NOT NULL, \
+                 committed_through bigint NOT NULL, PRIMARY KEY (job, sink, subtask))"
+            ),
+        ]
+    }
+
+    fn on_conflict(&self, table: &str, key: &[&str], set: &[(&str, Set)]) -> String {
+        let set: Vec<String> = set
+            .iter()
+            .map(|(c, how)| match how {
+                Set::New => format!("{c} = EXCLUDED.{c}"),
+                Set::Greatest => format!("{c} = GREATEST({table}.{c}, EXCLUDED.{c})"),
+                Set::Now => format!("{c} = now()"),
+            })
+            .collect();
+        format!("ON CONFLICT ({}) DO UPDATE SET {}", key.join(", "), set.join(", "))
+    }
+
+    fn execute<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        statement: &'a Statement,
+    ) -> BoxFut<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            let mut q = sqlx::query(&statement.sql);
+            for arg in &statement.args {
+                q = match arg {
+                    Arg::Text(s) | Arg::Json(s) => q.bind(s.as_str()),
+                    Arg::Int(i) => q.bind(*i),
+                };
+            }
+            q.execute(conn).await.map(|_| ())
+        })
+    }
+
+    fn fetch_int<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        statement: &'a Statement,
+    ) -> BoxFut<'a, Result<Option<i64>, sqlx::Error>> {
+        Box::pin(async move {
+            let mut q = sqlx::query_scalar::<_, Option<i64>>(&statement.sql);
+            for arg in &statement.args {
+                q = match arg {
+                    Arg::Text(s) | Arg::Json(s) => q.bind(s.as_str()),
+                    Arg::Int(i) => q.bind(*i),
+                };
+            }
+            q.fetch_one(conn).await
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: Progress<'static> = Progress {
+        table: "exactly_progress",
+        job: "orders",
+        sink: "db",
+    };
+
+    /// The statements PostgreSQL runs for the progress tables: as the sink wrote them before they
+    /// moved to exactly-sql-sink, but for a commit's check (a sum of counts, where it was two
+    /// EXISTS) and the newest checkpoint (each side COALESCEd to 0, which PostgreSQL's GREATEST,
+    /// skipping NULLs, did not need); placeholders numbered in order.
+    #[test]
+    fn the_progress_statements_are_postgresqls() {
+        let d = PgDialect;
+        let record = P.record_statement(&d, 1, 2, &BTreeMap::new(), 3);
+        assert_eq!(
+            record.sql,
+            "INSERT INTO \"exactly_progress\" (job, sink, subtask, checkpoint_id, offsets, rows_written) VALUES ($1, $2, $3, $4, $5::jsonb, $6) \
+             ON CONFLICT (job, sink, subtask, checkpoint_id) DO UPDATE SET offsets = EXCLUDED.offsets, \
+             rows_written = EXCLUDED.rows_written, committed_at = now()"
+        );
+        let [summary, prune] = P.summarise_statements(&d, 1, 2);
+        assert_eq!(
+            summary.sql,
+            "INSERT INTO \"exactly_progress_through\" (job, sink, subtask, committed_through) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (job, sink, subtask) DO UPDATE SET committed_through = GREATEST(\"exactly_progress_through\".committed_through, EXCLUDED.committed_through)"
+        );
+        assert_eq!(
+            prune.sql,
+            "DELETE FROM \"exactly_progress\" WHERE job = $1 AND sink = $2 AND subtask = $3 AND checkpoint_id < $4"
+        );
+        let [forget, back] = P.forget_after_statements(&d, 0, 2, 5);
+        assert_eq!(
+            forget.sql,
+            "DELETE FROM \"exactly_progress\" WHERE job = $1 AND sink = $2 AND (subtask = $3 OR subtask >= $4) AND checkpoint_id > $5"
+        );
+        assert_eq!(
+            back.sql,
+            "UPDATE \"exactly_progress_through\" SET committed_through = $1 WHERE job = $2 AND sink = $3 AND (subtask = $4 OR subtask >= $5) AND committed_through > $6"
+        );
+        let [create, create_through] = P.create_statements(&d);
+        assert!(create
+            .sql
+            .starts_with("CREATE TABLE IF NOT EXISTS \"exactly_progress\" ("));
+        assert!(create_through
+            .sql
+            .starts_with("CREATE TABLE IF NOT EXISTS \"exactly_progress_through\" ("));
+    }
 }

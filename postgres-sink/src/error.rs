@@ -28,6 +28,12 @@ pub enum PostgresSinkError {
     },
 }
 
+impl From<exactly_sql_sink::DbError> for PostgresSinkError {
+    fn from(e: exactly_sql_sink::DbError) -> Self {
+        PostgresSinkError::db(e.context, e.source)
+    }
+}
+
 impl PostgresSinkError {
     pub(crate) fn db(context: impl Into<String>, source: sqlx::Error) -> Self {
         PostgresSinkError::Database {
@@ -46,20 +52,6 @@ pub(crate) fn sqlstate(e: &sqlx::Error) -> Option<String> {
 /// database, table or column (3D000, 42P01, 42703), data that does not fit a column's type
 /// (class 22: the same records would fail again), TLS refused or unverifiable. They stop the job
 /// with the server's message instead of restarting it forever.
-/// A connection the server refused or lost, or none within the pool's timeout: what a server
-/// that is down or restarting answers.
-fn unreachable(e: &sqlx::Error) -> bool {
-    match e {
-        // Refused, reset, timed out: not a name that does not resolve (a configuration).
-        // (A server that closes the connection mid-handshake: restarting.)
-        sqlx::Error::Io(io) => {
-            exactly_core::error::unreachable_kind(io.kind()) || io.kind() == std::io::ErrorKind::UnexpectedEof
-        }
-        sqlx::Error::PoolTimedOut => true,
-        _ => false,
-    }
-}
-
 fn permanent(e: &sqlx::Error) -> bool {
     if matches!(e, sqlx::Error::Tls(_)) {
         return true;
@@ -75,11 +67,8 @@ fn permanent(e: &sqlx::Error) -> bool {
 impl From<PostgresSinkError> for CoreError {
     fn from(e: PostgresSinkError) -> Self {
         let class = match &e {
-            PostgresSinkError::Database { source, .. } if permanent(source) => ErrorClass::Fatal,
-            // The server cannot be reached now (refused, lost, no connection within the pool's
-            // timeout): an outage, for a job that ran before.
-            PostgresSinkError::Database { source, .. } if unreachable(source) => ErrorClass::Retriable,
-            PostgresSinkError::Database { .. } => ErrorClass::Restart,
+            // Permanent, or the server cannot be reached now (an outage), or a restart.
+            PostgresSinkError::Database { source, .. } => exactly_sql_sink::error::class(source, permanent),
             _ => ErrorClass::Fatal,
         };
         CoreError::operator("postgres sink", class, e)
@@ -88,28 +77,3 @@ impl From<PostgresSinkError> for CoreError {
 
 /// Result of the PostgreSQL sink.
 pub type Result<T, E = PostgresSinkError> = std::result::Result<T, E>;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::{Error, ErrorKind};
-
-    /// A server that refuses, resets or does not answer is down (waited for by a job that ran
-    /// before); a name that does not resolve is a configuration to fix.
-    #[test]
-    fn a_server_down_is_told_from_a_wrong_address() {
-        for kind in [
-            ErrorKind::ConnectionRefused,
-            ErrorKind::ConnectionReset,
-            ErrorKind::TimedOut,
-            ErrorKind::UnexpectedEof,
-        ] {
-            assert!(unreachable(&sqlx::Error::Io(Error::from(kind))), "{kind:?}");
-        }
-        assert!(unreachable(&sqlx::Error::PoolTimedOut));
-        assert!(!unreachable(&sqlx::Error::Io(Error::other(
-            "failed to lookup address information"
-        ))));
-        assert!(!unreachable(&sqlx::Error::RowNotFound));
-    }
-}
