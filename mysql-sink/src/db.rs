@@ -468,7 +468,30 @@ mod tests {
              COALESCE((SELECT MAX(committed_through) FROM `exactly_progress_through` WHERE job = ? AND sink = ? AND (subtask = ? OR subtask >= ?)), 0))"
         );
         let committed = P.committed_statement(&d, 0, 2);
+        assert_eq!(
+            committed.sql,
+            "SELECT (SELECT COUNT(*) FROM `exactly_progress` WHERE job = ? AND sink = ? AND subtask = ? AND checkpoint_id = ?) \
+             + (SELECT COUNT(*) FROM `exactly_progress_through` WHERE job = ? AND sink = ? AND subtask = ? AND committed_through >= ?)"
+        );
         let [forget, back] = P.forget_after_statements(&d, 0, 2, 5);
+        assert_eq!(
+            forget.sql,
+            "DELETE FROM `exactly_progress` WHERE job = ? AND sink = ? AND (subtask = ? OR subtask >= ?) AND checkpoint_id > ?"
+        );
+        assert_eq!(
+            back.sql,
+            "UPDATE `exactly_progress_through` SET committed_through = ? WHERE job = ? AND sink = ? AND (subtask = ? OR subtask >= ?) AND committed_through > ?"
+        );
+        let of = |subtask, beyond| {
+            vec![
+                Arg::Text("orders".into()),
+                Arg::Text("db".into()),
+                Arg::Int(subtask),
+                Arg::Int(beyond),
+            ]
+        };
+        assert_eq!(forget.args, [of(0, 2), vec![Arg::Int(5)]].concat());
+        assert_eq!(back.args, [vec![Arg::Int(5)], of(0, 2), vec![Arg::Int(5)]].concat());
         let [create, create_through] = P.create_statements(&d);
         assert!(create
             .sql

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use exactly_core::runtime::SubtaskInfo;
 use exactly_core::CheckpointId;
-use exactly_twophase::prepared::{mysql_answer, CommitAnswer, Next, PreparedCommit};
+use exactly_twophase::prepared::{commit_result, mysql_answer, settle, CommitAnswer, Settle};
 use exactly_twophase::{CommitError, PreCommitted, RecoveryContext, TwoPhaseCommitSink};
 use serde::{Deserialize, Serialize};
 use sqlx::mysql::{MySqlConnection, MySqlDatabaseError};
@@ -108,6 +108,52 @@ impl XaMysqlSink {
     }
 }
 
+/// One prepared branch being settled on a connection ([`settle`]'s steps).
+struct XaBranch<'a> {
+    sink: &'a XaMysqlSink,
+    conn: &'a mut MySqlConnection,
+    c: &'a XaCommittable,
+}
+
+impl Settle for XaBranch<'_> {
+    type Error = CommitError;
+
+    async fn commit(&mut self) -> CommitAnswer {
+        match self.sink.xa(self.conn, "XA COMMIT", &self.c.bqual).await {
+            Ok(()) => CommitAnswer::Committed,
+            Err(e) => mysql_answer(code(&e), e.to_string()),
+        }
+    }
+
+    async fn listed(&mut self) -> Result<bool, CommitError> {
+        let listed = self
+            .sink
+            .recover(self.conn)
+            .await
+            .map_err(|e| CommitError::Retriable(e.into()))?
+            .contains(&self.c.bqual);
+        if listed {
+            warn!(bqual = %self.c.bqual, "XA COMMIT answered XAER_NOTA for a branch XA RECOVER lists; trying again.");
+        }
+        Ok(listed)
+    }
+
+    async fn recorded(&mut self) -> Result<bool, CommitError> {
+        // Committed rows only, whatever the server's default isolation (a prepared branch's rows
+        // are visible at READ UNCOMMITTED).
+        db::read_committed(self.conn)
+            .await
+            .map_err(|e| CommitError::Retriable(e.into()))?;
+        db::has_progress(self.conn, &self.sink.config, self.c.subtask, self.c.checkpoint_id)
+            .await
+            .map_err(|e| CommitError::Retriable(e.into()))
+    }
+
+    async fn pause(&mut self) {
+        tokio::time::sleep(NOTA_PAUSE).await;
+    }
+}
+
 /// Refuses servers whose prepared XA branches do not survive a crash or a disconnect: MariaDB
 /// before 10.5 and MySQL before 8.0.30 (their binary log and XA recovery disagree after a crash).
 pub(crate) fn check_xa_safe(version: &str) -> Result<()> {
@@ -144,59 +190,18 @@ const NOTA_PAUSE: std::time::Duration = std::time::Duration::from_millis(300);
 
 impl XaMysqlSink {
     /// Commits `c` on `conn`; already committed is success. The decisions are
-    /// [`PreparedCommit`]'s (shared with the PostgreSQL sink and simulated in `exactly-twophase`):
+    /// [`exactly_twophase::prepared::PreparedCommit`]'s, driven by [`settle`] (shared with the PostgreSQL sink and simulated in `exactly-twophase`):
     /// XAER_NOTA is not proof of anything — while XA RECOVER lists the branch it is alive (its
     /// preparing session may still be detaching, or another session is committing it) and the
     /// commit is tried again; only a branch absent from XA RECOVER, and then without a progress
     /// row, after every check, was rolled back.
     async fn commit_on(&self, conn: &mut MySqlConnection, c: &XaCommittable) -> Result<(), CommitError> {
-        let what = || format!("XA branch {} of checkpoint {}", c.bqual, c.checkpoint_id);
-        let mut steps = PreparedCommit::new(NOTA_CHECKS);
-        let commit = async |conn: &mut MySqlConnection| match self.xa(conn, "XA COMMIT", &c.bqual).await {
-            Ok(()) => CommitAnswer::Committed,
-            Err(e) => mysql_answer(code(&e), e.to_string()),
-        };
-        let mut next = steps.answered(commit(conn).await);
-        loop {
-            next = match next {
-                Next::CommitAgain => {
-                    tokio::time::sleep(NOTA_PAUSE).await;
-                    steps.answered(commit(conn).await)
-                }
-                Next::List => {
-                    let listed = self
-                        .recover(conn)
-                        .await
-                        .map_err(|e| CommitError::Retriable(e.into()))?
-                        .contains(&c.bqual);
-                    if listed {
-                        warn!(bqual = %c.bqual, "XA COMMIT answered XAER_NOTA for a branch XA RECOVER lists; trying again.");
-                    }
-                    steps.listed(listed)
-                }
-                Next::ReadRecord => {
-                    // Committed rows only, whatever the server's default isolation (a prepared
-                    // branch's rows are visible at READ UNCOMMITTED).
-                    db::read_committed(conn)
-                        .await
-                        .map_err(|e| CommitError::Retriable(e.into()))?;
-                    steps.recorded(
-                        db::has_progress(conn, &self.config, c.subtask, c.checkpoint_id)
-                            .await
-                            .map_err(|e| CommitError::Retriable(e.into()))?,
-                    )
-                }
-                Next::Committed => return Ok(()),
-                Next::Retry(why) => return Err(CommitError::Retriable(format!("{}: {why}", what()).into())),
-                Next::Fatal(why) => return Err(CommitError::Fatal(format!("{}: {why}", what()).into())),
-                Next::Lost(why) => {
-                    return Err(CommitError::Lost {
-                        what: what(),
-                        source: why.into(),
-                    })
-                }
-            };
-        }
+        let mut branch = XaBranch { sink: self, conn, c };
+        let decided = settle(&mut branch, NOTA_CHECKS).await?;
+        commit_result(
+            decided,
+            format!("XA branch {} of checkpoint {}", c.bqual, c.checkpoint_id),
+        )
     }
 
     /// The branch qualifiers of this sink's prepared branches (XA RECOVER, filtered by gtrid).

@@ -478,6 +478,16 @@ mod tests {
             back.sql,
             "UPDATE \"exactly_progress_through\" SET committed_through = $1 WHERE job = $2 AND sink = $3 AND (subtask = $4 OR subtask >= $5) AND committed_through > $6"
         );
+        assert_eq!(
+            P.committed_statement(&d, 1, 2).sql,
+            "SELECT (SELECT COUNT(*) FROM \"exactly_progress\" WHERE job = $1 AND sink = $2 AND subtask = $3 AND checkpoint_id = $4) \
+             + (SELECT COUNT(*) FROM \"exactly_progress_through\" WHERE job = $5 AND sink = $6 AND subtask = $7 AND committed_through >= $8)"
+        );
+        assert_eq!(
+            P.committed_through_statement(&d, 0, 2).sql,
+            "SELECT GREATEST(COALESCE((SELECT MAX(checkpoint_id) FROM \"exactly_progress\" WHERE job = $1 AND sink = $2 AND (subtask = $3 OR subtask >= $4)), 0), \
+             COALESCE((SELECT MAX(committed_through) FROM \"exactly_progress_through\" WHERE job = $5 AND sink = $6 AND (subtask = $7 OR subtask >= $8)), 0))"
+        );
         let [create, create_through] = P.create_statements(&d);
         assert!(create
             .sql

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use exactly_core::runtime::SubtaskInfo;
 use exactly_core::CheckpointId;
-use exactly_twophase::prepared::{postgres_answer, CommitAnswer, Next, PreparedCommit};
+use exactly_twophase::prepared::{commit_result, postgres_answer, settle, CommitAnswer, Settle};
 use exactly_twophase::{CommitError, PreCommitted, RecoveryContext, TwoPhaseCommitSink};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgConnection;
@@ -122,49 +122,17 @@ impl TwoPhasePostgresSink {
     }
 
     /// Commits `c` on `conn`; already committed is success. The decisions are
-    /// [`PreparedCommit`]'s (shared with the MySQL sink and simulated in `exactly-twophase`): a
+    /// [`exactly_twophase::prepared::PreparedCommit`]'s, driven by [`settle`] (shared with the MySQL sink and simulated in `exactly-twophase`): a
     /// transaction COMMIT PREPARED does not know is settled by listing the prepared transactions
     /// (still there: alive, tried again), then by its progress row (present: committed earlier;
     /// absent: rolled back). One that another session is committing (busy, 55000) is tried again.
     async fn commit_on(&self, conn: &mut PgConnection, c: &PgCommittable) -> Result<(), CommitError> {
-        let what = || format!("prepared transaction {} of checkpoint {}", c.gid, c.checkpoint_id);
-        let commit = async |conn: &mut PgConnection| match db::exec(
-            conn,
-            format!("COMMIT PREPARED {}", literal(&c.gid)),
+        let mut prepared = Prepared { sink: self, conn, c };
+        let decided = settle(&mut prepared, 1).await?;
+        commit_result(
+            decided,
+            format!("prepared transaction {} of checkpoint {}", c.gid, c.checkpoint_id),
         )
-        .await
-        {
-            Ok(()) => CommitAnswer::Committed,
-            Err(e) => postgres_answer(sqlstate(&e).as_deref(), e.to_string()),
-        };
-        let mut steps = PreparedCommit::new(1);
-        let mut next = steps.answered(commit(conn).await);
-        loop {
-            next = match next {
-                Next::CommitAgain => steps.answered(commit(conn).await),
-                Next::List => {
-                    let listed = self
-                        .prepared(conn)
-                        .await
-                        .map_err(|e| CommitError::Retriable(e.into()))?;
-                    steps.listed(listed.iter().any(|(g, _)| *g == c.gid))
-                }
-                Next::ReadRecord => steps.recorded(
-                    db::has_progress(conn, &self.config, c.subtask, c.checkpoint_id)
-                        .await
-                        .map_err(|e| CommitError::Retriable(e.into()))?,
-                ),
-                Next::Committed => return Ok(()),
-                Next::Retry(why) => return Err(CommitError::Retriable(format!("{}: {why}", what()).into())),
-                Next::Fatal(why) => return Err(CommitError::Fatal(format!("{}: {why}", what()).into())),
-                Next::Lost(why) => {
-                    return Err(CommitError::Lost {
-                        what: what(),
-                        source: why.into(),
-                    })
-                }
-            };
-        }
     }
 
     async fn write_connection(&mut self) -> Result<PgConnection> {
@@ -370,6 +338,43 @@ impl TwoPhaseCommitSink<PgRecord> for TwoPhasePostgresSink {
         db::close(conn).await;
         Ok(())
     }
+}
+
+/// One prepared transaction being settled on a connection ([`settle`]'s steps).
+struct Prepared<'a> {
+    sink: &'a TwoPhasePostgresSink,
+    conn: &'a mut PgConnection,
+    c: &'a PgCommittable,
+}
+
+impl Settle for Prepared<'_> {
+    type Error = CommitError;
+
+    async fn commit(&mut self) -> CommitAnswer {
+        match db::exec(self.conn, format!("COMMIT PREPARED {}", literal(&self.c.gid))).await {
+            Ok(()) => CommitAnswer::Committed,
+            Err(e) => postgres_answer(sqlstate(&e).as_deref(), e.to_string()),
+        }
+    }
+
+    async fn listed(&mut self) -> Result<bool, CommitError> {
+        let listed = self
+            .sink
+            .prepared(self.conn)
+            .await
+            .map_err(|e| CommitError::Retriable(e.into()))?;
+        Ok(listed.iter().any(|(g, _)| *g == self.c.gid))
+    }
+
+    async fn recorded(&mut self) -> Result<bool, CommitError> {
+        db::has_progress(self.conn, &self.sink.config, self.c.subtask, self.c.checkpoint_id)
+            .await
+            .map_err(|e| CommitError::Retriable(e.into()))
+    }
+
+    /// PostgreSQL settles a transaction at once (no session detaching from it): the one check
+    /// allowed never pauses.
+    async fn pause(&mut self) {}
 }
 
 #[cfg(test)]

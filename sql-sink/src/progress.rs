@@ -147,9 +147,22 @@ pub struct Progress<'a> {
     pub sink: &'a str,
 }
 
-/// A checkpoint id as the tables hold it (`BIGINT`; ids stay far below 2⁶³).
+/// A checkpoint id as the tables hold it (`BIGINT`; [`fits`] refuses larger ones before a
+/// statement is built).
 fn id_arg(id: u64) -> Arg {
     Arg::Int(i64::try_from(id).unwrap_or(i64::MAX))
+}
+
+/// Refuses a checkpoint id the tables' `BIGINT` cannot hold (ids count up from 1; one this large
+/// would otherwise read as every larger one).
+fn fits(id: u64, context: &'static str) -> Result<(), DbError> {
+    if i64::try_from(id).is_ok() {
+        return Ok(());
+    }
+    Err(DbError {
+        context,
+        source: sqlx::Error::Encode(format!("checkpoint id {id} is beyond the progress tables' BIGINT").into()),
+    })
 }
 
 impl<'a> Progress<'a> {
@@ -333,6 +346,7 @@ impl<'a> Progress<'a> {
         offsets: &BTreeMap<String, i64>,
         rows: u64,
     ) -> Result<(), DbError> {
+        fits(id, "writing the progress row")?;
         let statement = self.record_statement(d, subtask, id, offsets, rows);
         d.execute(conn, &statement)
             .await
@@ -348,6 +362,7 @@ impl<'a> Progress<'a> {
         subtask: u32,
         id: u64,
     ) -> Result<bool, DbError> {
+        fits(id, "reading the progress table")?;
         let statement = self.committed_statement(d, subtask, id);
         let n = d
             .fetch_int(conn, &statement)
@@ -366,6 +381,7 @@ impl<'a> Progress<'a> {
         subtask: u32,
         id: u64,
     ) -> Result<(), DbError> {
+        fits(id, "writing the progress summary")?;
         let [summary, prune] = self.summarise_statements(d, subtask, id);
         d.execute(conn, &summary)
             .await
@@ -403,6 +419,7 @@ impl<'a> Progress<'a> {
         parallelism: u32,
         id: u64,
     ) -> Result<(), DbError> {
+        fits(id, "forgetting progress rows")?;
         let [rows, summaries] = self.forget_after_statements(d, subtask, parallelism, id);
         d.execute(conn, &rows)
             .await

@@ -183,3 +183,19 @@ async fn the_answers_are_read_as_committed_or_not_and_the_newest_or_none() {
     assert_eq!(conn.ran[4].sql, "CREATE \"exactly_progress\"");
     assert_eq!(conn.ran[5].sql, "CREATE \"exactly_progress_through\"");
 }
+
+/// A checkpoint id the tables' BIGINT cannot hold is refused, never written as another id.
+#[tokio::test]
+async fn an_id_beyond_bigint_is_refused_before_any_statement_runs() {
+    let mut conn = Recorded::default();
+    let too_large = i64::MAX as u64 + 1;
+    let offsets = BTreeMap::new();
+    assert!(P.record(&Numbered, &mut conn, 0, too_large, &offsets, 1).await.is_err());
+    assert!(P.committed(&Numbered, &mut conn, 0, too_large).await.is_err());
+    assert!(P.summarise(&Numbered, &mut conn, 0, too_large).await.is_err());
+    assert!(P.forget_after(&Numbered, &mut conn, 0, 1, too_large).await.is_err());
+    assert!(conn.ran.is_empty());
+    P.record(&Numbered, &mut conn, 0, i64::MAX as u64, &offsets, 1)
+        .await
+        .unwrap();
+}

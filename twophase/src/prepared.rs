@@ -160,6 +160,60 @@ impl PreparedCommit {
     }
 }
 
+/// What settling a commit asks of the database, one step per call: the sink's side of
+/// [`settle`].
+pub trait Settle: Send {
+    /// A failed listing or reading of the record (the try ends; the commit is tried again later).
+    type Error: Send;
+    /// Sends the commit of the prepared transaction; what the server answered.
+    fn commit(&mut self) -> impl std::future::Future<Output = CommitAnswer> + Send;
+    /// Whether the server lists the transaction as prepared.
+    fn listed(&mut self) -> impl std::future::Future<Output = Result<bool, Self::Error>> + Send;
+    /// Whether the transaction's progress record is visible (committed data only).
+    fn recorded(&mut self) -> impl std::future::Future<Output = Result<bool, Self::Error>> + Send;
+    /// Waits before the commit is sent again (the server may still be detaching the transaction).
+    fn pause(&mut self) -> impl std::future::Future<Output = ()> + Send;
+}
+
+/// One try of committing a prepared transaction, driven through `db` with [`PreparedCommit`]'s
+/// decisions (believing "rolled back" after `max_checks` commits the server did not know):
+/// [`Next::Committed`], [`Next::Lost`], [`Next::Retry`] or [`Next::Fatal`]; or the error of a
+/// listing or a record that could not be read.
+pub async fn settle<S: Settle>(db: &mut S, max_checks: u32) -> Result<Next, S::Error> {
+    let mut steps = PreparedCommit::new(max_checks);
+    let mut next = steps.answered(db.commit().await);
+    loop {
+        next = match next {
+            Next::CommitAgain => {
+                db.pause().await;
+                steps.answered(db.commit().await)
+            }
+            Next::List => steps.listed(db.listed().await?),
+            Next::ReadRecord => steps.recorded(db.recorded().await?),
+            decided => return Ok(decided),
+        };
+    }
+}
+
+/// The commit's result for the driver, from [`settle`]'s decision about `what` ("XA branch … of
+/// checkpoint 42"): committed, retried later, fatal, or lost (DATA LOST).
+pub fn commit_result(decided: Next, what: String) -> Result<(), crate::CommitError> {
+    use crate::CommitError;
+    match decided {
+        Next::Committed => Ok(()),
+        Next::Retry(why) => Err(CommitError::Retriable(format!("{what}: {why}").into())),
+        Next::Fatal(why) => Err(CommitError::Fatal(format!("{what}: {why}").into())),
+        Next::Lost(why) => Err(CommitError::Lost {
+            what,
+            source: why.into(),
+        }),
+        // Steps, not decisions (settle never ends on one): undecided, tried again later.
+        step @ (Next::CommitAgain | Next::List | Next::ReadRecord) => Err(CommitError::Retriable(
+            format!("{what}: the try ended undecided at {step:?}").into(),
+        )),
+    }
+}
+
 /// The answers of MySQL and MariaDB to `XA COMMIT`: `code` is the server's error number (`None`:
 /// no answer, a lost connection), `error` the error as text.
 pub fn mysql_answer(code: Option<u16>, error: String) -> CommitAnswer {

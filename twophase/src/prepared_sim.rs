@@ -24,7 +24,8 @@ use std::hash::{Hash, Hasher};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::prepared::{mysql_answer, postgres_answer, CommitAnswer, Next, PreparedCommit};
+use crate::prepared::{mysql_answer, postgres_answer, settle, CommitAnswer, Next, Settle};
+use std::future::Future;
 
 /// Known bugs, put back on purpose (one at a time, per thread): the simulation must catch each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,38 +195,45 @@ impl World {
     }
 }
 
-/// One try, as a sink runs it: the decision, or `Retry`.
+/// The world as the sinks' driver ([`settle`]) sees it: each step one tick of the model.
+impl Settle for World {
+    type Error = &'static str;
+    fn commit(&mut self) -> impl std::future::Future<Output = CommitAnswer> + Send {
+        let answer = World::commit(self);
+        std::future::ready(classify(self.dialect, answer))
+    }
+    fn listed(&mut self) -> impl std::future::Future<Output = Result<bool, &'static str>> + Send {
+        std::future::ready(self.list().ok_or("listing failed"))
+    }
+    fn recorded(&mut self) -> impl std::future::Future<Output = Result<bool, &'static str>> + Send {
+        let present = self.record();
+        if let Some(present) = present {
+            self.by_record = present;
+        }
+        std::future::ready(present.ok_or("reading the record failed"))
+    }
+    fn pause(&mut self) -> impl std::future::Future<Output = ()> + Send {
+        self.tick();
+        std::future::ready(())
+    }
+}
+
+/// One try, as a sink runs it (the sinks' own driver, [`settle`]): the decision, or `Retry`.
 fn one_try(w: &mut World) -> Next {
     w.by_record = false;
     let max_checks = match w.dialect {
         Dialect::MariaDb => 10,
         Dialect::Postgres => 1,
     };
-    let mut steps = PreparedCommit::new(max_checks);
-    let mut next = {
-        let answer = w.commit();
-        steps.answered(classify(w.dialect, answer))
-    };
-    loop {
-        next = match next {
-            Next::CommitAgain => {
-                w.tick(); // the pause
-                let answer = w.commit();
-                steps.answered(classify(w.dialect, answer))
-            }
-            Next::List => match w.list() {
-                Some(listed) => steps.listed(listed),
-                None => return Next::Retry("listing failed".into()),
-            },
-            Next::ReadRecord => match w.record() {
-                Some(present) => {
-                    w.by_record = present;
-                    steps.recorded(present)
-                }
-                None => return Next::Retry("reading the record failed".into()),
-            },
-            decided => return decided,
-        };
+    // Every step of the model is ready at once: one poll runs the whole try.
+    let mut run = std::pin::pin!(settle(w, max_checks));
+    match run
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+    {
+        std::task::Poll::Ready(Ok(decided)) => decided,
+        std::task::Poll::Ready(Err(why)) => Next::Retry(why.into()),
+        std::task::Poll::Pending => unreachable!("the model's steps never wait"),
     }
 }
 
