@@ -1,6 +1,84 @@
 //! The exactly-once sink: a pool of transactional producers driven by the two-phase driver
 //! (pre-commit at the barrier, commit when the checkpoint completes, recovery of what a
 //! restored checkpoint left to commit, clean-up of lingering transactions).
+//!
+//! # Design notes
+//!
+//! Why this part is built as it is, with the measurements and failures that shaped it.
+//!
+//! `exactly_once.rs` (its `TwoPhaseCommitSink` calls in `exactly_once/two_phase.rs`): `TransactionalKafkaSink` keeps a
+//! pool of transactional producers (`{prefix}-{subtask}-{slot}`; each request given up after a
+//! quarter of the transaction timeout, at most 10 s, just past the brokers' 9 s session —
+//! `pool::request_timeout`, librdkafka's `socket.timeout.ms` unless the job sets it, and the
+//! sink's protocol client's per-request timeout — not librdkafka's transactional default of the
+//! transaction timeout less 100 ms, with which an EndTxn sent to a coordinator whose node stalled
+//! was given up only after the new coordinator had aborted the transaction; nor the Java client's
+//! 30 s, with which each producer paid two or three timeouts in a row to find the moved
+//! coordinator, since librdkafka asks the silent node too, and no checkpoint completed for over
+//! a minute); at pre-commit it flushes and reads
+//! producer id, epoch and transaction start time from the broker (`protocol.rs`: DescribeTransactions).
+//! At start (after the lingering-transaction clean-up) the pool's ids are initialised side by side,
+//! each on a thread of its own (`init_transactions` blocks for its round trips and for the abort of
+//! what a predecessor left open). When every producer waits (checkpoints keep failing: each failed
+//! checkpoint's transaction waits for the next completed one) it grows the pool up to
+//! `max_pool_size` (32; Flink's KafkaSink grows without a bound), then declines, which fails the
+//! attempt; once commits free them, the producers beyond `pool_size` are closed again. A decline at
+//! twice the pool size used to restart the job during a checkpoint-storage outage, when the restart
+//! itself cannot list the storage: `object_store_outage` failed once that way in a full run. Producers
+//! default to a queue of 200 messages per partition of the output, at least 20 000 and at most
+//! 500 000 (every checkpoint flushes it; at-least-once's pipeline waits for that; with checkpoints a
+//! second or more apart a larger one, set in the sink's `client`, waits less for room). librdkafka
+//! batches per partition out of the queue and the broker pays per batch: a fixed 20 000 left
+//! 600 partitions batches of ~30 records and cost the broker twice the CPU per record
+//! (docs/benchmarks.md, "As the partitions grow");
+//! delivery callbacks run per record on librdkafka's thread and take no lock.
+//!
+//! The records after the barrier wait for the previous transaction's flush in memory, not on the
+//! record path: sent at once from the next pooled producer they could land before the previous
+//! transaction's last batches, and read_committed readers see a partition in log order. A flush in
+//! the background without a hold did that: a full run's `kafka_broker_restart` failed with "k0: 2
+//! after 5", and `kafka_sink_transactions`' order test (a slow first flush, a second transaction
+//! written at once) reproduces it ("log order broken 3 times"). So `pre_commit` marks the slot
+//! `Prepared(checkpoint)`, starts the flush at once on tokio's blocking pool (`pool::flush_blocking`)
+//! and returns `InBackground` with the flush's end and then the DescribeTransactions round trip (a
+//! clone of the wire client). The sink keeps that producer as `draining`: `write` holds the next
+//! transaction's records while it still has records without a handled delivery report (librdkafka's
+//! out-queue length, checked at every write), then sends the held ones and the new ones in their
+//! order; beyond a producer queue's worth (`queue.buffering.max.messages`: the job's, checked to be
+//! a plain count librdkafka reads the same, or the default for the partitions it writes) or 64 MiB it
+//! waits for the drain; the next `pre_commit` sends what is held before its own flush; `abort`
+//! drops it. A first hold (2026-12-01) measured slower than flushing on the task (0.46, 0.61, 0.38
+//! against 0.71, 0.70, 0.90 × the plain loop at 100 ms); it differed in its flush starting inside
+//! the deferred part (a spawned task) instead of at once, in the hold ending when the flush's thread
+//! reported back rather than at the last delivery report, and in holding up to 100 000 records.
+//! This one measured faster than flushing on the task in 10 of 13 alternating pairs at 100 ms (9
+//! of the 10 run while the machine was slow, 1 of 3 once it was fast: docs/benchmarks.md,
+//! 2026-12-03) and no differently at 1 s (three pairs); peak RSS up to ≈20 MB higher (6 partitions,
+//! a 20 000-record hold; the hold grows with the queue on more partitions). The
+//! next transaction begins on the next free slot, so the pool size bounds the transactions waiting
+//! for commits; a slot is free again only after its commit. `commit` and `start_commit` find their own slot by transactional id and
+//! checkpoint id (ids never repeat within a run; restored committables are committed before the
+//! pool exists). The flush is librdkafka's own (`pool::wait_delivered`), which waits on a condition
+//! the producer's polling thread signals after the last delivery report; rdkafka's `flush` on a
+//! `ThreadedProducer` polls the event queue itself in 100 ms waits while the polling thread takes
+//! the reports, so every checkpoint cost at least 100 ms (measured; now a few ms). The commit at
+//! completion runs in the background (`start_commit`): the slot is `Committing(checkpoint)` while
+//! `commit_transaction` runs on a blocking thread (the producer is shared through an `Arc`), and a
+//! oneshot channel tells the slot what it becomes (free; prepared again after a retriable error,
+//! for the driver's retry through `commit`; free after aborting a lost transaction; broken when
+//! fenced). A transaction whose librdkafka commit already failed retriably is not given to
+//! librdkafka again: the retry commits it through the protocol (`recovery.rs`'s restart path:
+//! describe, then EndTxn at the coordinator most bootstrap servers name) and the slot gets a
+//! new producer of its id (whose epoch bump fences the old one's EndTxn) — librdkafka
+//! keeps its coordinator, and one cut off from its
+//! peers never completes the EndTxn while the real one aborts the transaction at its timeout (seen
+//! on the partition test: "DATA LOST" reported and the job stopped, or checkpoints stalled for
+//! minutes). A producer's `init_transactions` that times out or fails retriably is tried again
+//! with a new producer (tries of 10, 20 and 30 s): librdkafka asks a random broker for the coordinator, and
+//! the cut-off node names itself and answers CONCURRENT_TRANSACTIONS until the try times out (seen:
+//! the task restarted over and over for minutes). On the task it cost the records after each completion p50 1 ms, p90 6 ms, p99 21 ms
+//! (≈2 % of a backlog at 100 ms checkpoints). A pre-commit finding no free producer waits for
+//! the commits still completing before it grows the pool.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -21,6 +21,34 @@
 //! ([`Wire::describe_open`]). A node cut off from its peers but not from its clients answers from
 //! its old view for as long as the partition lasts: coordinators are looked up at every bootstrap
 //! server at once and the answer most of them give is taken ([`Wire::coordinator_of`]).
+//!
+//! # Design notes
+//!
+//! Why this part is built as it is, with the measurements and failures that shaped it.
+//!
+//! `protocol.rs`: a minimal Kafka wire client over `kafka-protocol` (FindCoordinator,
+//! DescribeTransactions and EndTxn in `protocol/txn.rs`, ListTransactions and Metadata for the live
+//! brokers in `protocol/listing.rs`, the record's offsets in `protocol/offsets.rs`). A coordinator
+//! that is unreachable or answers NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE /
+//! COORDINATOR_LOAD_IN_PROGRESS is found again and the request retried (100 ms doubling to 1 s) for
+//! up to 60 s (`FAILOVER`: a dead broker is fenced after `broker.session.timeout.ms`, then the new
+//! leader loads the transaction log) — EndTxn only where it cannot have left (no connection): a
+//! coordinator-moving answer or a lost one returns to the recovery, which describes the id again
+//! before another EndTxn (`send_again`); a listing that a broker fails starts again at the brokers
+//! the cluster's metadata lists then (a fenced broker drops out, the one that took over its
+//! transactions is listed afresh). Configuration errors (credentials, certificates) return at once.
+//! The bootstrap server that answered last is asked first for metadata and versions (a node that
+//! stalls with its connections open costs one request timeout, not one per request: with the
+//! first bootstrap server SIGSTOPped every pre-commit waited 10 s for it). FindCoordinator goes to
+//! every bootstrap server at once and takes the answer more than half give, as soon as they have
+//! (else the most given): a node cut off from its peers but not from its clients names itself and
+//! answers from its stale view (a transaction "CompleteCommit" at pre-commit, CONCURRENT_TRANSACTIONS
+//! while its log append waits for peers) for as long as the partition lasts — with the first
+//! answer taken, the job restarted for all of it (`cli/tests/kafka_network_partition.rs`). The pre-commit's
+//! DescribeTransactions (`describe_open`: the producer has the transaction open) asks again when
+//! the answer says the id is unknown — a node back from a stall answers for a moment from its old
+//! view (seen right after SIGCONT: the attempt restarted); elsewhere an unknown id is an answer.
+//! `admin.rs`: inspection for tools and tests.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -12,6 +12,31 @@
 //! In the log but skipped by read_committed readers: aborted (data lost). Gone from the log
 //! (retention, compaction): unknown — the job stops rather than guess, unless the operator
 //! accepted unknown outcomes up to that checkpoint.
+//!
+//! # Design notes
+//!
+//! Why this part is built as it is, with the measurements and failures that shaped it.
+//!
+//! `recovery.rs`: commit after restart with EndTxn (version 3: transaction version 1, as librdkafka
+//! speaks) — only after DescribeTransactions shows the open transaction *is* the recorded one
+//! (`KafkaCommittable::is_same_transaction`: producer id, epoch and start time, the one definition
+//! used by recovery, lingering clean-up and `exactly txn`), and describing again after the EndTxn
+//! (a zombie's transaction committed in its place is a loud fatal error, not a success). The
+//! decisions are a state machine fed with the answers (`recovery/steps.rs`): an EndTxn answered
+//! NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS, timed out or lost may
+//! have been applied, so the id is described before anything else (committing or committed: done;
+//! still ours and Ongoing: sent again, at most 5 times; a later transaction of our producer id,
+//! under our epoch or one a timeout bumped since: a stop, as that EndTxn may have committed a
+//! zombie's transaction); never resent blind. Otherwise
+//! (another transaction, or an id the coordinator no longer knows: expired) one of its records
+//! decides (`recovery/probe.rs`), from evidence only: seen by a read_committed reader → committed;
+//! a record delivered past its offset, or the reader's position past it, without it → skipped, and
+//! then in the log for a read_uncommitted reader → aborted (DATA LOST) — reaching the end of the
+//! partition decides nothing (a watermark asked afterwards may show a later stable offset the
+//! reader never read: a committed transaction taken for aborted); gone from the log (retention,
+//! compaction; the probe consumers use `auto.offset.reset=error`) → unknown: a fatal error naming the checkpoint, the record and the
+//! setting that accepts it (`delivery.accept_unknown_outcome_up_to`: the operator checked the
+//! output of checkpoints up to N; those pass as committed with a warning, later ones are checked).
 
 mod probe;
 #[cfg(test)]

@@ -19,6 +19,23 @@
 //! - slices borrowed from a message ([`RawMessage`]) cannot outlive the batch;
 //! - the queue's wake-up callback is disabled before the queue is destroyed, and the `Notify` it
 //!   points to outlives the queue (it is dropped after it).
+//!
+//! # Design notes
+//!
+//! Why this part is built as it is, with the measurements and failures that shaped it.
+//!
+//! `fetch.rs`: the read path. rdkafka hands out one message per poll (an event wrapper, an `Arc`
+//! allocation and clock reads each); librdkafka can hand out a batch, which rdkafka does not wrap.
+//! Each owned partition's fetch queue is forwarded to a queue of the source's own *before* the
+//! partition is added with `incremental_assign` (a full `assign` would restart every partition and
+//! reset the forwarding), and that queue is read with `rd_kafka_consume_batch_queue`; a callback on
+//! it wakes the source's task when it turns non-empty. The consumer's own queue keeps carrying
+//! statistics, errors, logs and commit results, served with rdkafka's `poll` once per batch; a
+//! record arriving there would mean a partition lost its routing, and fails the attempt (restart
+//! from the checkpoint) rather than be handed on out of order. This module and `kafka-sink`'s
+//! `pool::wait_delivered` are the only unsafe code of the workspace (those two crates deny unsafe
+//! code instead of forbidding it; each unsafe block states why it is sound). Measured: 0.78–0.92 ×
+//! → 1.3–1.4 × the plain rdkafka consumer loop (`exactly bench source`).
 #![allow(unsafe_code)]
 
 use std::ffi::{c_void, CStr, CString};

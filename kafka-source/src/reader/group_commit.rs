@@ -1,5 +1,19 @@
 //! The commit of a completed checkpoint's offsets to the consumer group (for monitoring: the
 //! checkpoint holds the offsets).
+//!
+//! # Design notes
+//!
+//! Why this part is built as it is, with the measurements and failures that shaped it.
+//!
+//! The group commit is asynchronous, one on its way at a time (offsets of checkpoints completed
+//! meanwhile are merged and sent when its result is served from the consumer's queue, so the
+//! group's offsets never go back); it was synchronous on the source's task, and a group coordinator
+//! that stopped answering (its node SIGSTOPped on the three-node cluster) held every record and
+//! barrier of the subtask for librdkafka's 60 s request timeout: every checkpoint timed out
+//! meanwhile. A commit still waiting when the source is dropped (a stop right after the final
+//! checkpoint) is sent then, and closing the consumer waits for both. Periodic commits (no
+//! checkpointing) are not merged: one is sent only right after the topic-ID check it follows, and
+//! while the last is on its way the next turn checks again.
 
 use super::*;
 

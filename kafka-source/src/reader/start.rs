@@ -1,6 +1,63 @@
 //! Where each partition starts — the start position of a first run, or a restored offset — checked
 //! against the log's range and the topic's ID before librdkafka gets it; and the topic-ID check
 //! before each snapshot.
+//!
+//! # Design notes
+//!
+//! Why this part is built as it is, with the measurements and failures that shaped it.
+//!
+//! `auto.offset.reset` is the source's own, `error`: librdkafka never jumps on its own. A start
+//! position that may be the end of a log as it is now (`StartPosition::may_resolve_to_the_end`:
+//! `latest`, a `latest` reset, a timestamp) of a source that restored nothing is read only once a
+//! checkpoint has recorded it (`Source::reads_after_first_checkpoint`, see the source task in
+//! core): a restart before the first checkpoint completed — in a new process too — restores it
+//! rather than resolving `latest` again, later, which would skip what the failed run read and never
+//! committed (an in-process memory of the first attempt's start, before, covered neither a new
+//! process nor jobs without checkpointing, where it replayed from the process's start). A restored
+//! offset, and a group's or `specific` start offset, is checked when assigned against the log's
+//! range and the topic's ID (`start::position`; the decision is `offsets::resume`, unit-tested case
+//! by case). Checkpoints record each topic's ID (KIP-516, from a Metadata v10 request of the wire
+//! client, `wire::topic_ids`) with its offsets. Another ID now → the topic was deleted and
+//! recreated: the new one is read from its first offset, wherever the old offset falls (inside the
+//! new log's range librdkafka would have read on, skipping records). Below the first offset
+//! (retention deleted records the job had not read: after downtime, from an old checkpoint) the
+//! source reads on from the first offset, logs an error naming the offsets lost and counts them
+//! (`lost_to_retention`; `/metrics` `exactly_source_offsets_lost_to_retention_total`). Beyond the
+//! end the first answer gives, the brokers' views are asked first (`end_most_brokers_agree_on`): a
+//! broker cut off from its peers still leads in its own view, at the ends its partitions had when
+//! it was cut off, and a client whose metadata came from it sees a "truncation" that is not one
+//! (re-reading what was committed: duplicates). Every broker the metadata lists is asked, through a
+//! client knowing only it, who leads the partition and where it ends; the leader a strict majority
+//! names decides (not the largest end: a cut-off in-sync leader of a log the others truncated by an
+//! unclean election is ahead, and the largest end would skip records); no majority →
+//! `ViewsDisagree`, retriable. Beyond the majority leader's end of the same topic → the log was
+//! truncated (unclean leader election): on from its end, with an error naming the offsets read that
+//! the log no longer holds (what Kafka's consumers do on a detected truncation). Beyond the end
+//! with no ID to tell (a checkpoint of an earlier build, a broker before 2.8) →
+//! `SourceError::BeyondEnd` (fatal) unless `position_beyond_end` says `truncated` or `recreated`; a
+//! group's offset beyond the end is a truncation (Kafka deletes a group's offsets with their
+//! topic); a `specific` start offset beyond it is refused. A topic deleted and recreated *while*
+//! the source reads it: librdkafka (2.12) reads the new topic on from the old position when the new
+//! log has reached it (a FIXME in its metadata update), skipping the new topic's first records. So
+//! each snapshot first asks for the topics' IDs (one Metadata round trip on a kept connection,
+//! `wire::TopicIds`; `check_topic_ids`) and fails with `SourceError::Recreated` (restart) if one
+//! changed: the last completed checkpoint recorded the old ID (its own snapshot checked it), so the
+//! restore reads the new topic from its first offset and what the attempt read of it is never
+//! committed. A broker that does not answer holds the snapshot (retrying each second, 10 s per
+//! request) for up to 2 minutes before the attempt fails, as it would hold the sinks' pre-commit.
+//! Without checkpointing (no snapshots) the source asks every 5 s while it reads and before each
+//! periodic offset commit, asking once (a broker that does not answer is asked again at the next
+//! turn, and a periodic commit whose check got no answer waits for a check that did, 5 s on); a
+//! changed ID fails the attempt, whose successor starts where the start position says — the old
+//! topic's group offsets went with it. (Left open: a bootstrap broker whose metadata lags the
+//! partition leader's by the moment between a fetch and a snapshot; a topic recreated in the
+//! milliseconds between a periodic check's answer and its commit, which only an OffsetCommit
+//! carrying topic IDs (v10, still marked unstable in Kafka 4.1; sent by neither librdkafka nor
+//! kafka-protocol) would refuse.) A position that leaves the range while the source runs (retention
+//! overtaking a lagging job) comes back as a fetch error, `SourceError::OutOfRange`, which restarts
+//! the attempt: librdkafka has stopped fetching the partition (a seek answers "erroneous state";
+//! assigning it again raced with the stop, and lost the partition in 3 of 7 runs), and the restart
+//! checks the restored offset as above.
 
 use super::*;
 use exactly_kafka_client::leader::{asking_again, asking_the_coordinator_again, coordinator_moving, leader_moving};
