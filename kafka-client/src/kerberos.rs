@@ -8,6 +8,29 @@
 //! broker (refused by this realm, ≈35 refused requests a second in the KDC's log while a job ran;
 //! in a realm whose tickets are forwardable it would have given every broker the job's TGT).
 //! Kafka's own clients and librdkafka (Cyrus SASL) delegate nothing; neither does this one.
+//!
+//! # Design notes
+//!
+//! Why this part is built as it is, with the measurements and failures that shaped it.
+//!
+//! GSSAPI: librdkafka's clients get `sasl.kerberos.*` (Cyrus SASL, rdkafka's `gssapi` feature; its
+//! kinit command with the keytab, or none — `min.time.before.relogin = 0` — without one); the wire
+//! client runs `kinit -k -t` itself (`kerberos::ensure_tickets`, at most once a minute per keytab
+//! and principal in the process, one kinit at a time) and then `kerberos::Gssapi`, RFC 4752 on
+//! `libgssapi` (the system's MIT Kerberos; the service principal `service@host` of the address it
+//! connected to; mutual authentication, no security layer, no credential delegation — rsasl's
+//! GSSAPI client asks for delegation, which sent the KDC two refused requests per connection and
+//! would hand a forwardable TGT to every broker), its blocking calls inside `block_in_place`. A
+//! kinit that fails (its failure stands 10 s) is logged and the cached tickets tried — librdkafka's
+//! clients go on the same way, so a KDC outage shorter than the tickets' lifetime stops nothing;
+//! only when no context can be established is it an error naming both: a `Transport` error when no
+//! KDC answered (retried), an `Authentication` error otherwise (a refused key, no tickets: the job
+//! stops). Both kinds of client read and write the process's credential cache (`KRB5CCNAME`, else
+//! the OS user's default): every `exactly` command whose Kafka clients have a keytab (a job file's,
+//! a `--kafka-config` file's), without `KRB5CCNAME`, sets one of the process's own before any
+//! thread starts (`cli/src/credential_cache.rs`, a private temporary directory dropped at exit;
+//! `main` reads those files once, then), and the job file check refuses Kafka clients of one job
+//! naming different principals (one cache, one principal).
 
 use std::collections::HashMap;
 use std::path::PathBuf;

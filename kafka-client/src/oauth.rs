@@ -5,6 +5,23 @@
 //! lifetime has passed (librdkafka's refresh point), so a job's many wire connections do not ask
 //! the provider each time. A token the broker refuses is forgotten ([`forget`]): the next
 //! connection asks for a new one.
+//!
+//! # Design notes
+//!
+//! Why this part is built as it is, with the measurements and failures that shaped it.
+//!
+//! OAUTHBEARER: librdkafka's clients get `sasl.oauthbearer.method = oidc` (librdkafka fetches and
+//! refreshes their tokens on its background thread — its OIDC is built in only with libcurl, hence
+//! rdkafka's `curl` feature and the system's libcurl — with curl-sys's bundled static curl
+//! librdkafka's configure finds none and builds without OIDC; rdkafka's own token-refresh events
+//! are not used); the wire client's tokens come from `oauth`: the same client-credentials request
+//! with ureq (rustls; `https.ca.location` or the system store), kept per endpoint, client and scope
+//! for the process until 80 % of their lifetime, forgotten when a broker refuses one. Its SASL
+//! message is written by `oauth::initial_response` (RFC 7628), not `rsasl`: rsasl's OAUTHBEARER
+//! client answers the broker's error challenge without the `%x01` the broker waits for. A token
+//! endpoint that refuses the client (4xx but 429) is an `Authentication` error (permanent); one
+//! that cannot be reached or answers 5xx is a `Transport` error (retried like a broker that does
+//! not answer).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};

@@ -14,6 +14,29 @@
 //! identical connection error at most every 30 s, and statistics showing the broker still being
 //! connected to keep the outage going: a client that stopped failing has its connection, or no
 //! longer needs one — a bootstrap address, an idle producer).
+//!
+//! # Design notes
+//!
+//! Why this part is built as it is, with the measurements and failures that shaped it.
+//!
+//! `outage` is what the log says while a broker cannot be reached: the source's, the sink's, the
+//! dead-letter producer's and `exactly verify`'s contexts hand librdkafka's log and error callbacks
+//! to a `BrokerLog` of their kind; a failed connection (parsed from librdkafka's text: the broker
+//! named before "Connect to", "Failed to resolve", "Connection setup timed out") opens an outage
+//! for that kind and broker in a process-wide table — WARN once, debug after, WARN again every 5
+//! minutes — and a connection that came up after it began ends it (the statistics' broker `state`,
+//! emission `time` and `stateage` against the outage's start on the wall clock, parsed only while
+//! an outage is open; the clients set `statistics.interval.ms` to 5 s unless the job does), at INFO
+//! with how long it lasted; 30 s without a failure end it too (a bootstrap address nobody
+//! reconnects to). Only the TCP connection counts (a set-up timeout in a later state, TLS and login
+//! failures keep librdkafka's level); "all brokers down" names none and stays at debug. The
+//! source's wire client (the topic-ID check) reports its TCP failures to the same table; the
+//! source's consumer errors of transport kinds (BrokerTransportFailure, AllBrokersDown) go to
+//! debug: librdkafka hands each to the error callback, which reported it, before the consumer sees
+//! it. QUIET is 90 s: librdkafka reports an identical connection error at most every 30 s, and
+//! statistics showing a connection still being tried keep an outage going. A broker that accepts
+//! the TCP connection and then hangs (TLS handshake, ApiVersion) is not an outage here:
+//! librdkafka's "Connection setup timed out in state …" stays at WARN on every retry.
 
 use std::collections::HashMap;
 use std::fmt;
