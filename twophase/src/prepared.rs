@@ -163,7 +163,8 @@ impl PreparedCommit {
 /// What settling a commit asks of the database, one step per call: the sink's side of
 /// [`settle`].
 pub trait Settle: Send {
-    /// A failed listing or reading of the record (the try ends; the commit is tried again later).
+    /// A failed listing or reading of the record: the try ends undecided, and the sink returns it
+    /// as a retriable error (the commit is tried again later), never as an answer.
     type Error: Send;
     /// Sends the commit of the prepared transaction; what the server answered.
     fn commit(&mut self) -> impl std::future::Future<Output = CommitAnswer> + Send;
@@ -188,7 +189,14 @@ pub async fn settle<S: Settle>(db: &mut S, max_checks: u32) -> Result<Next, S::E
                 db.pause().await;
                 steps.answered(db.commit().await)
             }
-            Next::List => steps.listed(db.listed().await?),
+            Next::List => match db.listed().await {
+                Ok(listed) => steps.listed(listed),
+                #[cfg(test)]
+                Err(_) if crate::prepared_sim::mutant() == crate::prepared_sim::Mutant::FailedListingIsNotListed => {
+                    steps.listed(false)
+                }
+                Err(e) => return Err(e),
+            },
             Next::ReadRecord => steps.recorded(db.recorded().await?),
             decided => return Ok(decided),
         };
@@ -261,6 +269,36 @@ pub fn postgres_answer(sqlstate: Option<&str>, error: String) -> CommitAnswer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The driver hears what the decision was: committed is success, a retry retriable, a refusal
+    /// fatal, a rollback DATA LOST naming the transaction; a step is never taken for a decision.
+    #[test]
+    fn each_decision_is_the_drivers_result_of_its_kind() {
+        use crate::CommitError;
+        let what = || "XA branch 0:7 of checkpoint 7".to_string();
+        assert!(commit_result(Next::Committed, what()).is_ok());
+        match commit_result(Next::Retry("busy".into()), what()) {
+            Err(CommitError::Retriable(e)) => assert_eq!(e.to_string(), "XA branch 0:7 of checkpoint 7: busy"),
+            other => panic!("{other:?}"),
+        }
+        match commit_result(Next::Fatal("refused".into()), what()) {
+            Err(CommitError::Fatal(e)) => assert_eq!(e.to_string(), "XA branch 0:7 of checkpoint 7: refused"),
+            other => panic!("{other:?}"),
+        }
+        match commit_result(Next::Lost("rolled back".into()), what()) {
+            Err(CommitError::Lost { what, source }) => {
+                assert_eq!(what, "XA branch 0:7 of checkpoint 7");
+                assert_eq!(source.to_string(), "rolled back");
+            }
+            other => panic!("{other:?}"),
+        }
+        for step in [Next::CommitAgain, Next::List, Next::ReadRecord] {
+            assert!(
+                matches!(commit_result(step, what()), Err(CommitError::Retriable(_))),
+                "a step is undecided"
+            );
+        }
+    }
 
     #[test]
     fn not_found_is_settled_by_the_listing_then_the_record() {

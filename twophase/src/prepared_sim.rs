@@ -1,5 +1,5 @@
-//! Deterministic simulation of settling a prepared transaction's commit: the real steps
-//! ([`PreparedCommit`]) and the real classification of the servers' answers ([`mysql_answer`],
+//! Deterministic simulation of settling a prepared transaction's commit: the real driver
+//! ([`settle`]) and its steps ([`PreparedCommit`](crate::prepared::PreparedCommit)), and the real classification of the servers' answers ([`mysql_answer`],
 //! [`postgres_answer`]) — what the MySQL/MariaDB and PostgreSQL sinks run — against a model of
 //! one prepared transaction on each kind of server, with faults chosen by a seeded generator
 //! (ChaCha8: the same seed gives the same trace anywhere).
@@ -39,6 +39,9 @@ pub(crate) enum Mutant {
     NotFoundIsCommitted,
     /// PostgreSQL's "busy" (55000) taken as a refusal: the job stops while a commit runs.
     BusyRefused,
+    /// The driver ([`settle`]) takes a listing that failed for "not listed": the record is read
+    /// while the transaction may still be prepared or committing, and its absence reads as lost.
+    FailedListingIsNotListed,
 }
 
 thread_local! {
@@ -425,6 +428,7 @@ mod tests {
             (Mutant::RecordBeforeList, "reported lost"),
             (Mutant::NotFoundIsCommitted, "reported committed"),
             (Mutant::BusyRefused, "stopped (fatal"),
+            (Mutant::FailedListingIsNotListed, "reported lost"),
         ] {
             let (found, _) = run_seeds(0, 100_000, m);
             let found = found.unwrap_or_else(|| panic!("{m:?} was not caught in 100 000 seeds"));
