@@ -99,8 +99,8 @@ use crate::config::{DeliveryGuarantee, KafkaSinkConfig};
 use crate::error::{Result, SinkError};
 use crate::partitioner::Partitioner;
 use crate::pool::{
-    all_delivered, check_deliveries, create_producer, flush_blocking, queue_cap, send_all, wait_all_delivered,
-    Deliveries, Producer_,
+    all_delivered, check_deliveries, create_producer, flush_blocking, queue_cap, queue_partitions, send_all,
+    wait_all_delivered, Deliveries, Producer_,
 };
 use crate::progress;
 use crate::protocol::{TxnDescription, TxnOffset, Wire};

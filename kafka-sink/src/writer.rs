@@ -12,7 +12,7 @@ use crate::config::{DeliveryGuarantee, KafkaSinkConfig};
 use crate::error::Result;
 use crate::exactly_once::TransactionalKafkaSink;
 use crate::partitioner::Partitioner;
-use crate::pool::{create_producer, flush, queue_cap, send_all, Deliveries, Producer_};
+use crate::pool::{create_producer, flush, queue_cap, queue_partitions, send_all, Deliveries, Producer_};
 use crate::ProducerRecord;
 
 /// The sink for `none` and `at_least_once`: one idempotent producer.
@@ -48,8 +48,9 @@ impl Sink<ProducerRecord> for KafkaWriter {
         let facts = broker_facts(&self.config, ctx.info.starting).await?;
         self.partitions = facts.partitions;
         self.partitioner.open(ctx.info.index, ctx.info.parallelism);
-        let written = self.partitioner.partitions_written(self.partitions.len());
-        let queue = queue_cap(&self.config.client, written);
+        let n = self.partitions.len();
+        let written = self.partitioner.partitions_written(n);
+        let queue = queue_cap(&self.config.client, queue_partitions(written, n, ctx.info.parallelism));
         self.producer = Some(create_producer(
             &self.config.cluster(),
             &self.config.client,

@@ -25,9 +25,10 @@ impl TwoPhaseCommitSink<ProducerRecord> for TransactionalKafkaSink {
         self.partitions = facts.partitions;
         self.brokers = facts.brokers;
         self.partitioner.open(info.index, info.parallelism);
+        let n = self.partitions.len();
         self.hold_limit = queue_cap(
             &self.config.client,
-            self.partitioner.partitions_written(self.partitions.len()),
+            queue_partitions(self.partitioner.partitions_written(n), n, info.parallelism),
         );
         self.progress = progress::group(&self.prefix, info.index);
         self.info = Some(info.clone());
