@@ -104,14 +104,54 @@ pub async fn create_topic_with(env: &TestEnv, topic: &str, partitions: i32, conf
             Err(e) => return Err(e).with_context(|| format!("CreateTopics {topic}")),
         };
         match results.into_iter().next().context("CreateTopics: no result")? {
-            Ok(_) => return Ok(()),
-            Err((_, C::TopicAlreadyExists)) if tries > 1 => return Ok(()),
+            Ok(_) => return until_visible(&admin, topic, partitions),
+            Err((_, C::TopicAlreadyExists)) if tries > 1 => return until_visible(&admin, topic, partitions),
             Err((_, code)) if timed_out(Some(code)) && tries < 3 => {
                 eprintln!("CreateTopics {topic}: {code}; asking again");
             }
             Err((name, code)) => bail!("creating topic {name} failed: {code}"),
         }
     }
+}
+
+/// Waits until the broker's metadata shows `topic` with its `partitions`, each with a leader:
+/// CreateTopics answers once the controller has the topic, and a broker serves it in its metadata
+/// a moment later — a client asking in between (a job started at once) is told it does not exist.
+/// Seen: a job started right after its topics' creation on a busy broker stopped with "topic …
+/// does not exist or has no partitions".
+fn until_visible(admin: &AdminClient<DefaultClientContext>, topic: &str, partitions: i32) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen = admin
+            .inner()
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .ok()
+            .and_then(|m| {
+                m.topics()
+                    .iter()
+                    .find(|t| t.name() == topic && t.error().is_none())
+                    .map(|t| t.partitions().iter().filter(|p| p.leader() >= 0).count())
+            })
+            .unwrap_or(0);
+        if seen >= partitions as usize {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("topic {topic} was created, but the broker's metadata showed {seen} of its {partitions} partitions with a leader after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether a consumer's error is the connection's, which librdkafka recovers from by itself
+/// (reconnecting): a reader waiting for records goes on until its deadline. Seen: a busy broker
+/// (long collection pauses) made a verifying consumer report all brokers down for a moment.
+fn transient(err: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        err,
+        KafkaError::MessageConsumption(C::AllBrokersDown | C::BrokerTransportFailure)
+    )
 }
 
 /// A producer with `transactional.id = id`, transactions initialised.
@@ -254,6 +294,7 @@ fn read_to_end(env: &TestEnv, topic: &str, timeout: Duration, isolation: &str) -
             Some(Err(KafkaError::PartitionEOF(p))) => {
                 at_end.insert(p);
             }
+            Some(Err(err)) if transient(&err) => {}
             Some(Err(err)) => return Err(err).context("polling the verifying consumer"),
         }
     }
@@ -290,6 +331,7 @@ fn wait_for(
         match consumer.poll(Duration::from_millis(200)) {
             None | Some(Err(KafkaError::PartitionEOF(_))) => {}
             Some(Ok(msg)) => records.push(to_record(&msg)),
+            Some(Err(err)) if transient(&err) => {}
             Some(Err(err)) => return Err(err).context("polling the verifying consumer"),
         }
     }

@@ -27,7 +27,7 @@
 //! minutes — and a connection that came up after it began ends it (the statistics' broker `state`,
 //! emission `time` and `stateage` against the outage's start on the wall clock, parsed only while
 //! an outage is open; the clients set `statistics.interval.ms` to 5 s unless the job does), at INFO
-//! with how long it lasted; 30 s without a failure end it too (a bootstrap address nobody
+//! with how long it lasted; [`QUIET`] without a failure ends it too (a bootstrap address nobody
 //! reconnects to). Only the TCP connection counts (a set-up timeout in a later state, TLS and login
 //! failures keep librdkafka's level); "all brokers down" names none and stays at debug. The
 //! source's wire client (the topic-ID check) reports its TCP failures to the same table; the

@@ -25,8 +25,9 @@
 //! attempt; once commits free them, the producers beyond `pool_size` are closed again. A decline at
 //! twice the pool size used to restart the job during a checkpoint-storage outage, when the restart
 //! itself cannot list the storage: `object_store_outage` failed once that way in a full run. Producers
-//! default to a queue of 200 messages per partition of the output, at least 20 000 and at most
-//! 500 000 (every checkpoint flushes it; at-least-once's pipeline waits for that; with checkpoints a
+//! default to a queue of 200 messages per partition of the output — the job's, each subtask's
+//! producer its share where every subtask writes every partition (`pool::queue_partitions`) — at
+//! least 20 000 and at most 500 000 (every checkpoint flushes it; at-least-once's pipeline waits for that; with checkpoints a
 //! second or more apart a larger one, set in the sink's `client`, waits less for room). librdkafka
 //! batches per partition out of the queue and the broker pays per batch: a fixed 20 000 left
 //! 600 partitions batches of ~30 records and cost the broker twice the CPU per record
@@ -45,7 +46,7 @@
 //! transaction's records while it still has records without a handled delivery report (librdkafka's
 //! out-queue length, checked at every write), then sends the held ones and the new ones in their
 //! order; beyond a producer queue's worth (`queue.buffering.max.messages`: the job's, checked to be
-//! a plain count librdkafka reads the same, or the default for the partitions it writes) or 64 MiB it
+//! a plain count librdkafka reads the same, or the default: its share of the output's partitions) or 64 MiB it
 //! waits for the drain; the next `pre_commit` sends what is held before its own flush; `abort`
 //! drops it. A first hold (2026-12-01) measured slower than flushing on the task (0.46, 0.61, 0.38
 //! against 0.71, 0.70, 0.90 × the plain loop at 100 ms); it differed in its flush starting inside

@@ -9,7 +9,8 @@ pub trait Partitioner: Send + Sync + 'static {
     /// The partition (an index into `partitions`) for a record. `partitions` is non-empty.
     fn partition(&self, key: Option<&[u8]>, value: Option<&[u8]>, topic: &str, partitions: &[i32]) -> i32;
     /// How many of an output's `partitions` this subtask writes to, at most (after `open`): the
-    /// producer's queue is sized for them. All of them unless the partitioner says fewer.
+    /// producer's queue is sized for them (at most its share of them among the subtasks). All of
+    /// them unless the partitioner says fewer.
     fn partitions_written(&self, partitions: usize) -> usize {
         partitions
     }

@@ -108,7 +108,8 @@ pub(crate) type Producer_ = ThreadedProducer<SinkContext>;
 pub(crate) const QUEUE_CAP_KEY: &str = "queue.buffering.max.messages";
 /// The default queue's floor: what a subtask writing up to 100 partitions gets.
 const DEFAULT_QUEUE_CAP: usize = 20_000;
-/// Records the default queue holds per partition the subtask writes to (beyond the floor).
+/// Records the default queue holds per partition of the output, for the job: each subtask's
+/// producer queues this for its share of the partitions ([`queue_partitions`]), beyond the floor.
 /// librdkafka batches per partition out of the records queued, and the broker's cost is per
 /// batch: a queue of 20 000 spread over 600 partitions gave batches of about 30 records, and the
 /// broker spent 12–16 µs of CPU per record against the plain loop's 5–6 (the job ran at
@@ -174,12 +175,15 @@ pub(crate) fn queue_cap(client: &std::collections::BTreeMap<String, String>, par
 /// How many partitions' worth of queue ([`queue_cap`]) one subtask's producer gets: those it
 /// writes (`written`, its partitioner's answer), but at most its share of the output's
 /// `partitions` among the job's `parallelism` subtasks — where every subtask writes every
-/// partition, the job's producers together queue [`QUEUE_PER_PARTITION`] per partition, whatever
-/// the parallelism. Measured with `exactly bench partitions` (600 partitions, parallelism 2, 3 M ×
-/// 100 B, 1 s checkpoints, 3 rounds each, 2026-12-07): each producer queueing 120 000 (all 600
-/// partitions' worth) peaked at 696–749 MB (1.19–1.29 × the plain loop) with checkpoints of p50
-/// 835 ms; 60 000 (its share) at 650–693 MB (1.12–1.19 ×), p50 495 ms, at the same rate (0.88
-/// against 0.87 × the loop, medians).
+/// partition, the job's producers together queue [`QUEUE_PER_PARTITION`] per partition (more where
+/// the floor of [`DEFAULT_QUEUE_CAP`] applies; and each producer of the exactly-once pool has such a
+/// queue, with as many records held while one flushes). It assumes the records spread over the
+/// subtasks: a job whose records reach few of its subtasks (skewed keys) sets
+/// `queue.buffering.max.messages` itself. Measured with `exactly bench partitions` (600
+/// partitions, parallelism 2, 3 M × 100 B, 1 s checkpoints, 3 rounds each, 2026-12-07): each
+/// producer queueing 120 000 (all 600 partitions' worth) peaked at 696–749 MB (median 1.26 × the
+/// plain loop) with checkpoints of p50 835 ms; queueing its share (60 000) at 619–719 MB (median
+/// 1.16 ×), p50 456 ms, at the same rate (0.87 × the loop, medians, both).
 pub(crate) fn queue_partitions(written: usize, partitions: usize, parallelism: u32) -> usize {
     written.min(partitions.div_ceil(parallelism.max(1) as usize))
 }

@@ -15,8 +15,8 @@
 //! of the last 7 alternating pairs; 1 KB: better in 4 of 8), but the source alone did (`bench
 //! source`: 0.90–1.22 × the plain consumer against 1.04–1.37 with 100 000; 50 000: 1.10–1.60), so
 //! 50 000. A byte limit instead (`queued.max.messages.kbytes=4096`) cost a sixth to a half of the
-//! pipeline's rate at 1 KB (4 of 4 pairs). These defaults (`consumer_config`) give way to the job's
-//! `client`.
+//! pipeline's rate at 1 KB (4 of 4 pairs). These defaults (`consumer_config`, with `statistics.interval.ms`) give way to
+//! the job's `client`; `auto.offset.reset=error` is set after it.
 
 use super::*;
 
@@ -108,7 +108,7 @@ pub(super) const CLIENT_DEFAULTS: &[(&str, &str)] = &[
     // librdkafka prefetches until each partition holds 100 000 records (or 64 MiB): at 100 B,
     // ≈ 30 MB more peak memory for a subtask of three partitions than 50 000, which measured no
     // slower in `bench source`; 20 000 saves ≈ 15 MB more and did not slow the pipeline, but
-    // slowed the source alone by a fifth (measured: see ARCHITECTURE.md).
+    // slowed the source alone by a fifth (measured: see this module's Design notes).
     ("queued.min.messages", "50000"),
 ];
 
