@@ -336,16 +336,6 @@ pub(crate) fn forget_after<'a>(
 /// `ON DUPLICATE KEY UPDATE`, InnoDB tables.
 pub(crate) struct MySqlDialect;
 
-fn bind_arg<'q>(
-    q: sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>,
-    arg: &'q Arg,
-) -> sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments> {
-    match arg {
-        Arg::Text(s) | Arg::Json(s) => q.bind(s.as_str()),
-        Arg::Int(i) => q.bind(*i),
-    }
-}
-
 impl Dialect for MySqlDialect {
     type Connection = MySqlConnection;
 
@@ -390,7 +380,8 @@ impl Dialect for MySqlDialect {
         statement: &'a Statement,
     ) -> BoxFut<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
-            let q = statement.args.iter().fold(sqlx::query(&statement.sql), bind_arg);
+            let args = statement.arguments::<MySql>().map_err(sqlx::Error::Encode)?;
+            let q = sqlx::query_with(&statement.sql, args);
             q.execute(conn).await.map(|_| ())
         })
     }
@@ -401,13 +392,8 @@ impl Dialect for MySqlDialect {
         statement: &'a Statement,
     ) -> BoxFut<'a, Result<Option<i64>, sqlx::Error>> {
         Box::pin(async move {
-            let mut q = sqlx::query_scalar::<_, Option<i64>>(&statement.sql);
-            for arg in &statement.args {
-                q = match arg {
-                    Arg::Text(s) | Arg::Json(s) => q.bind(s.as_str()),
-                    Arg::Int(i) => q.bind(*i),
-                };
-            }
+            let args = statement.arguments::<MySql>().map_err(sqlx::Error::Encode)?;
+            let q = sqlx::query_scalar_with::<_, Option<i64>, _>(&statement.sql, args);
             q.fetch_one(conn).await
         })
     }

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::postgres::{PgConnectOptions, PgConnection, Postgres};
 use sqlx::{ConnectOptions, Connection};
 use tracing::warn;
 
@@ -406,13 +406,8 @@ impl Dialect for PgDialect {
         statement: &'a Statement,
     ) -> BoxFut<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
-            let mut q = sqlx::query(&statement.sql);
-            for arg in &statement.args {
-                q = match arg {
-                    Arg::Text(s) | Arg::Json(s) => q.bind(s.as_str()),
-                    Arg::Int(i) => q.bind(*i),
-                };
-            }
+            let args = statement.arguments::<Postgres>().map_err(sqlx::Error::Encode)?;
+            let q = sqlx::query_with(&statement.sql, args);
             q.execute(conn).await.map(|_| ())
         })
     }
@@ -423,13 +418,8 @@ impl Dialect for PgDialect {
         statement: &'a Statement,
     ) -> BoxFut<'a, Result<Option<i64>, sqlx::Error>> {
         Box::pin(async move {
-            let mut q = sqlx::query_scalar::<_, Option<i64>>(&statement.sql);
-            for arg in &statement.args {
-                q = match arg {
-                    Arg::Text(s) | Arg::Json(s) => q.bind(s.as_str()),
-                    Arg::Int(i) => q.bind(*i),
-                };
-            }
+            let args = statement.arguments::<Postgres>().map_err(sqlx::Error::Encode)?;
+            let q = sqlx::query_scalar_with::<_, Option<i64>, _>(&statement.sql, args);
             q.fetch_one(conn).await
         })
     }

@@ -42,6 +42,28 @@ pub struct Statement {
     pub args: Vec<Arg>,
 }
 
+impl Statement {
+    /// The statement's arguments as the database `DB`'s: each [`Arg::Text`] and [`Arg::Json`]
+    /// bound as a string, each [`Arg::Int`] as a 64-bit integer. For a [`Dialect`]'s `execute`
+    /// (`sqlx::query_with`) and `fetch_int` (`sqlx::query_scalar_with`).
+    pub fn arguments<'q, DB>(&'q self) -> Result<DB::Arguments<'q>, sqlx::error::BoxDynError>
+    where
+        DB: sqlx::Database,
+        &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    {
+        use sqlx::Arguments as _;
+        let mut out = DB::Arguments::<'q>::default();
+        for arg in &self.args {
+            match arg {
+                Arg::Text(s) | Arg::Json(s) => out.add(s.as_str())?,
+                Arg::Int(i) => out.add(*i)?,
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// What an upsert sets a column of the row already there to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Set {

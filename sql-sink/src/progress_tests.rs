@@ -199,3 +199,19 @@ async fn an_id_beyond_bigint_is_refused_before_any_statement_runs() {
         .await
         .unwrap();
 }
+
+#[test]
+fn arguments_bind_every_arg_in_order() {
+    use sqlx::Arguments as _;
+    let statement = Statement {
+        sql: "INSERT INTO t VALUES (?, ?, ?)".into(),
+        args: vec![Arg::Text("job".into()), Arg::Int(-7), Arg::Json("{}".into())],
+    };
+    let args = statement.arguments::<sqlx::MySql>().expect("binds");
+    assert_eq!(args.len(), 3);
+    let none = Statement {
+        sql: "SELECT 1".into(),
+        args: vec![],
+    };
+    assert_eq!(none.arguments::<sqlx::MySql>().expect("binds").len(), 0);
+}
