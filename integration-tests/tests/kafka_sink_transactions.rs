@@ -188,6 +188,40 @@ async fn a_transaction_timeout_above_the_brokers_maximum_is_refused_at_start() -
     Ok(())
 }
 
+/// A script that creates the job's topics and starts it at once can start the sink before the
+/// topic is in the broker's metadata: the sink waits for it (and then writes to it) rather than
+/// call it missing. Failed before the wait: "topic … does not exist or has no partitions" at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_topic_created_while_the_sink_starts_is_waited_for() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let topic = unique("sink-late");
+    let mut s = sink(env, &topic, &unique("late"), 2, Duration::from_secs(60));
+    let later = topic.clone();
+    let creating = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        create_topic(env, &later, 3).await
+    });
+    let opened = start(&mut s, &info(0, 1), &[]).await;
+    creating.await??;
+    opened?;
+    let t = txn(&mut s, 1, &["late"]).await?;
+    let c = prepared(&mut s, t, 1).await?;
+    s.commit(&c).await?;
+    assert_eq!(values(env, &topic)?, ["late"]);
+    Ok(())
+}
+
+/// A topic that never appears is still called missing, by name, once the wait is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_topic_never_created_is_called_missing_by_name() -> Result<()> {
+    let env = TestEnv::get().await?;
+    let topic = unique("sink-never");
+    let mut s = sink(env, &topic, &unique("never"), 2, Duration::from_secs(60));
+    let err = s.open(&info(0, 1)).await.unwrap_err().to_string();
+    assert!(err.contains(&topic) && err.contains("does not exist"), "{err}");
+    Ok(())
+}
+
 /// A record the broker refuses (larger than the topic's `max.message.bytes`) is a delivery error
 /// that fails the flush at the barrier: the exactly-once pre-commit and the at-least-once
 /// snapshot both fail, naming the topic, rather than let the checkpoint complete without it.
