@@ -3,7 +3,7 @@
 //! root; the checkpoint layout on top of them is in [`super::layout`], the same for both.
 
 use std::fs::{self, File};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use crate::error::{CoreError, Result};
@@ -20,6 +20,54 @@ pub(crate) enum Put {
     Create,
 }
 
+/// The size and CRC32 of what a copy passed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Sum {
+    pub(crate) size: u64,
+    pub(crate) crc32: u32,
+}
+
+impl Sum {
+    pub(crate) fn of(bytes: &[u8]) -> Sum {
+        Sum {
+            size: bytes.len() as u64,
+            crc32: crc32fast::hash(bytes),
+        }
+    }
+}
+
+/// How much of a file a copy holds at once.
+pub(crate) const PIECE: usize = 1 << 20;
+
+/// Copies `from` into `to` a piece at a time ([`PIECE`]), summing what passed: memory does not
+/// grow with the file (a RocksDB file of a large state is tens to hundreds of megabytes).
+pub(crate) fn copy_summed(from: &mut impl Read, to: &mut impl Write) -> std::io::Result<Sum> {
+    let mut buf = vec![0u8; PIECE];
+    let mut crc = crc32fast::Hasher::new();
+    let mut size = 0u64;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        crc.update(&buf[..n]);
+        to.write_all(&buf[..n])?;
+        size += n as u64;
+    }
+    Ok(Sum {
+        size,
+        crc32: crc.finalize(),
+    })
+}
+
+/// The size and CRC32 of the file at `path`, read a piece at a time.
+pub(crate) fn file_sum(path: &Path) -> Result<Sum> {
+    let mut f = File::open(path).map_err(|e| CoreError::io("reading", path, e))?;
+    copy_summed(&mut f, &mut std::io::sink()).map_err(|e| CoreError::io("reading", path, e))
+}
+
 /// A place to keep checkpoint files.
 pub(crate) trait Blobs: Send + Sync {
     /// Where `key` is, for messages and for locations handed to users (a path or a URL).
@@ -30,6 +78,20 @@ pub(crate) trait Blobs: Send + Sync {
     fn size(&self, key: &str) -> Result<Option<u64>>;
     /// Writes `key`. For [`Put::Create`], `Ok(false)` when it existed (and is left as it was).
     fn put(&self, key: &str, bytes: &[u8], how: Put) -> Result<bool>;
+    /// Writes `key` from the file `src`, replacing what was there (as [`Put::Replace`]); what
+    /// was sent. The places stream it, a piece at a time (this default reads it whole).
+    fn put_file(&self, key: &str, src: &Path) -> Result<Sum> {
+        let bytes = fs::read(src).map_err(|e| CoreError::io("reading", src, e))?;
+        self.put(key, &bytes, Put::Replace)?;
+        Ok(Sum::of(&bytes))
+    }
+    /// Writes the content of `key` into the file `dest` (created or truncated); what was
+    /// received. The places stream it, a piece at a time (this default reads it whole).
+    fn get_file(&self, key: &str, dest: &Path) -> Result<Sum> {
+        let bytes = self.get(key)?;
+        crate::private_fs::write(dest, &bytes).map_err(|e| CoreError::io("writing", dest, e))?;
+        Ok(Sum::of(&bytes))
+    }
     /// The names directly under the root that hold files (`chk-1`, `shared`, ...).
     fn dirs(&self) -> Result<Vec<String>>;
     /// Deletes `key`; a missing one is fine.
@@ -124,6 +186,38 @@ impl Blobs for Dir {
             }
         }
         Ok(true)
+    }
+
+    fn put_file(&self, key: &str, src: &Path) -> Result<Sum> {
+        let path = self.locate(key);
+        if let Some(parent) = path.parent() {
+            crate::private_fs::create_dir_all(parent).map_err(|e| CoreError::io("creating", parent, e))?;
+        }
+        let mut from = File::open(src).map_err(|e| CoreError::io("reading", src, e))?;
+        let tmp = path.with_extension(format!("tmp-{}-{:x}", std::process::id(), rand::random::<u32>()));
+        let copied = (|| {
+            let mut to = crate::private_fs::create_new_file(&tmp).map_err(|e| CoreError::io("creating", &tmp, e))?;
+            let sum = copy_summed(&mut from, &mut to).map_err(|e| CoreError::io("copying into", &tmp, e))?;
+            to.sync_all().map_err(|e| CoreError::io("fsyncing", &tmp, e))?;
+            Ok(sum)
+        })();
+        let sum = match copied {
+            Ok(sum) => sum,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        fs::rename(&tmp, &path).map_err(|e| CoreError::io("renaming into place", &path, e))?;
+        fsync_parent(&path)?;
+        Ok(sum)
+    }
+
+    fn get_file(&self, key: &str, dest: &Path) -> Result<Sum> {
+        let path = self.locate(key);
+        let mut from = File::open(&path).map_err(|e| CoreError::io("reading", &path, e))?;
+        let mut to = crate::private_fs::create_file(dest).map_err(|e| CoreError::io("creating", dest, e))?;
+        copy_summed(&mut from, &mut to).map_err(|e| CoreError::io("copying into", dest, e))
     }
 
     fn dirs(&self) -> Result<Vec<String>> {

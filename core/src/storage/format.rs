@@ -99,15 +99,17 @@ fn decode_exact<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> std::result::Re
 
 /// Checks `bytes`, read from `path`, against the size and checksum `file` records.
 pub(crate) fn verify(path: &Path, file: &FileHandle, bytes: &[u8]) -> Result<()> {
-    if bytes.len() as u64 != file.size || crc32fast::hash(bytes) != file.crc32 {
+    verify_sum(path, file, super::blobs::Sum::of(bytes))
+}
+
+/// [`verify`] of a file streamed elsewhere, by what passed.
+pub(crate) fn verify_sum(path: &Path, file: &FileHandle, got: super::blobs::Sum) -> Result<()> {
+    if got.size != file.size || got.crc32 != file.crc32 {
         return Err(CoreError::Corrupt {
             path: path.to_path_buf(),
             reason: format!(
                 "expected {} bytes with crc32 {:08x}, found {} bytes with crc32 {:08x}",
-                file.size,
-                file.crc32,
-                bytes.len(),
-                crc32fast::hash(bytes)
+                file.size, file.crc32, got.size, got.crc32
             ),
         });
     }

@@ -22,8 +22,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::blobs::{Blobs, Dir, Put};
-use super::format::{decode_metadata, encode_metadata, verify};
+use super::blobs::{file_sum, Blobs, Dir, Put};
+use super::format::{decode_metadata, encode_metadata, verify, verify_sum};
 use super::object::{is_url, Bucket};
 use super::owner::Claim;
 use super::{CheckpointStorage, Snapshot, SnapshotReader, SnapshotWriter};
@@ -455,8 +455,14 @@ impl SnapshotReader for Reader {
     }
 
     fn download(&self, file: &FileHandle, dest: &Path) -> Result<()> {
-        let bytes = self.read(file)?;
-        crate::private_fs::write(dest, &bytes).map_err(|e| CoreError::io("writing", dest, e))
+        // Streamed: a restore's memory does not grow with its largest file.
+        let key = self.key(file);
+        let got = self.blobs.get_file(&key, dest);
+        let checked = got.and_then(|sum| verify_sum(&self.blobs.locate(&key), file, sum));
+        if checked.is_err() {
+            let _ = fs::remove_file(dest);
+        }
+        checked
     }
 
     fn check(&self, file: &FileHandle) -> Result<()> {
@@ -503,24 +509,26 @@ impl SnapshotWriter for Writer {
     }
 
     fn upload_shared(&self, name: &str, local_name: &str, src: &Path) -> Result<FileHandle> {
-        let bytes = fs::read(src).map_err(|e| CoreError::io("reading", src, e))?;
-        let handle = FileHandle {
+        // Shared files are immutable: one already there with this name and size is this one,
+        // uploaded by an earlier checkpoint (of this location: a file restored from another
+        // location is uploaded here on its first use). Streamed, read a piece at a time: a
+        // checkpoint's memory does not grow with the state's largest file.
+        let key = join(SHARED, name);
+        let size = fs::metadata(src).map_err(|e| CoreError::io("reading", src, e))?.len();
+        let sum = if self.blobs.size(&key)? == Some(size) {
+            file_sum(src)?
+        } else {
+            let sent = self.blobs.put_file(&key, src)?;
+            self.written.fetch_add(sent.size, Ordering::Relaxed);
+            sent
+        };
+        Ok(FileHandle {
             scope: FileScope::Shared,
             name: name.to_owned(),
             local_name: local_name.to_owned(),
-            size: bytes.len() as u64,
-            crc32: crc32fast::hash(&bytes),
-        };
-        // Shared files are immutable: one already there with this name and size is this one,
-        // uploaded by an earlier checkpoint (of this location: a file restored from another
-        // location is uploaded here on its first use).
-        let key = join(SHARED, name);
-        if self.blobs.size(&key)? == Some(handle.size) {
-            return Ok(handle);
-        }
-        self.blobs.put(&key, &bytes, Put::Replace)?;
-        self.written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        Ok(handle)
+            size: sum.size,
+            crc32: sum.crc32,
+        })
     }
 
     fn bytes_written(&self) -> u64 {

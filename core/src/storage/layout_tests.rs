@@ -117,6 +117,17 @@ fn a_truncated_or_missing_state_file_of_the_newest_checkpoint_is_an_error() {
     fs::write(dir.path().join("shared/a.sst"), "content of a.ss!").unwrap();
     let a = s1.meta.files().find(|f| f.name == "a.sst").unwrap().clone();
     assert!(matches!(s1.reader.read(&a), Err(CoreError::Corrupt { .. })));
+    // And on a download, streamed: the file half written is removed, not left for RocksDB.
+    let dest = dir.path().join("restored-a.sst");
+    let err = s1.reader.download(&a, &dest).unwrap_err();
+    assert!(
+        matches!(&err, CoreError::Corrupt { reason, .. } if reason.contains("crc32")),
+        "{err}"
+    );
+    assert!(!dest.exists(), "a corrupt download is not left behind");
+    fs::write(dir.path().join("shared/a.sst"), "content of a.sst").unwrap();
+    s1.reader.download(&a, &dest).unwrap();
+    assert_eq!(fs::read(&dest).unwrap(), b"content of a.sst");
 }
 
 #[test]

@@ -20,6 +20,7 @@
 //! runtime of their own so they work from any thread.
 
 use std::future::Future;
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -30,7 +31,7 @@ use object_store::path::Path as Key;
 use object_store::{BackoffConfig, ObjectStore, PutMode, PutOptions, PutPayload, RetryConfig};
 use tracing::warn;
 
-use super::blobs::{Blobs, Put};
+use super::blobs::{Blobs, Put, Sum};
 use crate::error::{CoreError, Result};
 
 /// URL schemes that name an object store.
@@ -83,6 +84,8 @@ const QUICK_TIMEOUT: &str = "3s";
 const CONNECT_TIMEOUT: &str = "2s";
 /// Writes up to this size go through the quick client.
 const QUICK_PUT_BYTES: usize = 1 << 20;
+/// A file larger than this is uploaded in parts of this size (S3's smallest part is 5 MiB).
+const PART: usize = 8 << 20;
 
 /// A prefix of a bucket (or container).
 pub(crate) struct Bucket {
@@ -442,6 +445,80 @@ impl Blobs for Bucket {
             }
             Err(e) => Err(self.error("writing", key, e)),
         }
+    }
+
+    fn put_file(&self, key: &str, src: &Path) -> Result<Sum> {
+        let size = std::fs::metadata(src)
+            .map_err(|e| CoreError::io("reading", src, e))?
+            .len();
+        if size <= PART as u64 {
+            let bytes = std::fs::read(src).map_err(|e| CoreError::io("reading", src, e))?;
+            self.put(key, &bytes, Put::Replace)?;
+            return Ok(Sum::of(&bytes));
+        }
+        // A multipart upload, one part in flight: memory holds one part, whatever the file's
+        // size. The object appears when the upload completes; a failed one is aborted.
+        let (store, k) = (self.store.clone(), self.key(key));
+        let mut upload =
+            block(async move { store.put_multipart(&k).await }).map_err(|e| self.error("writing", key, e))?;
+        let mut file = std::fs::File::open(src).map_err(|e| CoreError::io("reading", src, e))?;
+        let mut crc = crc32fast::Hasher::new();
+        let mut sent = 0u64;
+        let parts = loop {
+            let mut part = Vec::with_capacity(PART);
+            match (&mut file).take(PART as u64).read_to_end(&mut part) {
+                Ok(0) => break Ok(()),
+                Ok(n) => sent += n as u64,
+                Err(e) => break Err(CoreError::io("reading", src, e)),
+            }
+            crc.update(&part);
+            if let Err(e) = block(upload.put_part(PutPayload::from(part))) {
+                break Err(self.error("writing", key, e));
+            }
+        };
+        let done = match parts {
+            Ok(()) => {
+                block(async move { upload.complete().await.map(|_| ()) }).map_err(|e| self.error("writing", key, e))
+            }
+            Err(e) => {
+                let _ = block(async move { upload.abort().await });
+                Err(e)
+            }
+        };
+        done.map(|()| Sum {
+            size: sent,
+            crc32: crc.finalize(),
+        })
+    }
+
+    fn get_file(&self, key: &str, dest: &Path) -> Result<Sum> {
+        use std::io::Write as _;
+        // Streamed: what the store sends is written as it arrives.
+        let (store, k) = (self.store.clone(), self.key(key));
+        let mut stream = block(async move { store.get(&k).await.map(|got| got.into_stream()) })
+            .map_err(|e| self.error("reading", key, e))?;
+        let mut to = crate::private_fs::create_file(dest).map_err(|e| CoreError::io("creating", dest, e))?;
+        let mut crc = crc32fast::Hasher::new();
+        let mut size = 0u64;
+        loop {
+            let (rest, next) = block(async move {
+                let next = stream.try_next().await;
+                (stream, next)
+            });
+            stream = rest;
+            match next.map_err(|e| self.error("reading", key, e))? {
+                None => break,
+                Some(chunk) => {
+                    crc.update(&chunk);
+                    size += chunk.len() as u64;
+                    to.write_all(&chunk).map_err(|e| CoreError::io("writing", dest, e))?;
+                }
+            }
+        }
+        Ok(Sum {
+            size,
+            crc32: crc.finalize(),
+        })
     }
 
     fn dirs(&self) -> Result<Vec<String>> {
