@@ -458,10 +458,10 @@ impl Blobs for Bucket {
         }
         // A multipart upload, one part in flight: memory holds one part, whatever the file's
         // size. The object appears when the upload completes; a failed one is aborted.
+        let mut file = std::fs::File::open(src).map_err(|e| CoreError::io("reading", src, e))?;
         let (store, k) = (self.store.clone(), self.key(key));
         let mut upload =
             block(async move { store.put_multipart(&k).await }).map_err(|e| self.error("writing", key, e))?;
-        let mut file = std::fs::File::open(src).map_err(|e| CoreError::io("reading", src, e))?;
         let mut crc = crc32fast::Hasher::new();
         let mut sent = 0u64;
         let parts = loop {
@@ -477,9 +477,16 @@ impl Blobs for Bucket {
             }
         };
         let done = match parts {
-            Ok(()) => {
-                block(async move { upload.complete().await.map(|_| ()) }).map_err(|e| self.error("writing", key, e))
-            }
+            // A failed completion is aborted too (its parts would stay in the bucket otherwise);
+            // one whose answer was lost finds the upload gone, and the object there.
+            Ok(()) => block(async move {
+                let completed = upload.complete().await.map(|_| ());
+                if completed.is_err() {
+                    let _ = upload.abort().await;
+                }
+                completed
+            })
+            .map_err(|e| self.error("writing", key, e)),
             Err(e) => {
                 let _ = block(async move { upload.abort().await });
                 Err(e)

@@ -190,16 +190,21 @@ impl CheckpointStorage for Storage {
         let source = self.open(id)?;
         let target = place(dest)?;
         let mut meta = source.meta.clone();
+        // Each file passes through a temporary one, verified on the way in and streamed both
+        // ways: memory does not grow with the state's largest file.
+        let tmp = tempfile::tempdir()
+            .map_err(|e| CoreError::io("creating a temporary directory in", std::env::temp_dir(), e))?;
+        let local = tmp.path().join("file");
         for op in meta.operators.values_mut() {
             for sub in &mut op.subtasks {
                 if let Some(keyed) = &mut sub.keyed {
                     for file in &mut keyed.files {
-                        let bytes = source.reader.read(file)?;
+                        source.reader.download(file, &local)?;
                         if file.scope == FileScope::Shared {
                             file.name = format!("shared-{}", file.name);
                             file.scope = FileScope::Private;
                         }
-                        target.put(&file.name, &bytes, Put::Replace)?;
+                        target.put_file(&file.name, &local)?;
                     }
                 }
             }
