@@ -477,6 +477,10 @@ pub fn client_config(bootstrap_servers: &str, security: &KafkaSecurity) -> Resul
         "reconnect.backoff.max.ms",
         RECONNECT_BACKOFF_MAX.as_millis().to_string(),
     );
+    // No client creates topics: librdkafka lets a producer's (and an admin client's) metadata
+    // request create a missing topic on a broker with `auto.create.topics.enable` (Kafka's
+    // default), so a misspelled output topic would be made with the broker's defaults and written.
+    c.set("allow.auto.create.topics", "false");
     security.apply(&mut c)?;
     // librdkafka quotes the value of a property it refuses ("... not supported in this build:
     // ... sasl.oauthbearer.client.secret <the secret>"), and callers print the errors of the

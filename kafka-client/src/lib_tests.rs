@@ -206,3 +206,12 @@ fn gssapi_settings_that_do_not_fit_name_the_key() {
     );
     assert!(e("sasl.kerberos.principal = \"a@B\"\n").contains("security.protocol is PLAINTEXT"));
 }
+
+/// A producer's or admin client's metadata request would create a missing topic on a broker
+/// with `auto.create.topics.enable` (Kafka's default; the test brokers turn it off, so only the
+/// setting can be checked here): every client the toolkit makes asks for no creation.
+#[test]
+fn no_client_asks_the_broker_to_create_topics() {
+    let c = client_config("b:9092", &KafkaSecurity::default()).unwrap();
+    assert_eq!(c.get("allow.auto.create.topics"), Some("false"));
+}

@@ -83,10 +83,19 @@ pub(crate) async fn broker_facts(config: &KafkaSinkConfig, starting: bool) -> Re
                 SinkError::kafka(format!("fetching metadata from {bootstrap} ({why})"), e)
             })
         })?;
-        let partitions: Vec<i32> = md
-            .topics()
-            .iter()
-            .find(|t| t.name() == config.topic)
+        let topic = md.topics().iter().find(|t| t.name() == config.topic);
+        // Only a topic the broker does not know (yet) is waited for: one the principal may not
+        // Describe is refused at once, by name.
+        let refused = topic
+            .and_then(|t| t.error())
+            .map(rdkafka::types::RDKafkaErrorCode::from);
+        if refused == Some(rdkafka::types::RDKafkaErrorCode::TopicAuthorizationFailed) {
+            return Err(SinkError::Config(format!(
+                "the job's principal may not Describe topic {:?} at {}: grant it the ACLs docs/security.md lists (Write, Describe, Read on the topic; Write, Describe on the transactional-id prefix; Read on groups under it)",
+                config.topic, config.bootstrap_servers
+            )));
+        }
+        let partitions: Vec<i32> = topic
             .map(|t| t.partitions().iter().map(|p| p.id()).collect())
             .unwrap_or_default();
         if !partitions.is_empty() {
