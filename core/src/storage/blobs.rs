@@ -36,6 +36,27 @@ impl Sum {
     }
 }
 
+/// A [`Sum`] taken as the bytes pass, piece by piece.
+#[derive(Default)]
+pub(crate) struct Summing {
+    crc: crc32fast::Hasher,
+    size: u64,
+}
+
+impl Summing {
+    pub(crate) fn update(&mut self, piece: &[u8]) {
+        self.crc.update(piece);
+        self.size += piece.len() as u64;
+    }
+
+    pub(crate) fn sum(self) -> Sum {
+        Sum {
+            size: self.size,
+            crc32: self.crc.finalize(),
+        }
+    }
+}
+
 /// How much of a file a copy holds at once.
 pub(crate) const PIECE: usize = 1 << 20;
 
@@ -43,8 +64,7 @@ pub(crate) const PIECE: usize = 1 << 20;
 /// grow with the file (a RocksDB file of a large state is tens to hundreds of megabytes).
 pub(crate) fn copy_summed(from: &mut impl Read, to: &mut impl Write) -> std::io::Result<Sum> {
     let mut buf = vec![0u8; PIECE];
-    let mut crc = crc32fast::Hasher::new();
-    let mut size = 0u64;
+    let mut summing = Summing::default();
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) => break,
@@ -52,14 +72,16 @@ pub(crate) fn copy_summed(from: &mut impl Read, to: &mut impl Write) -> std::io:
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
-        crc.update(&buf[..n]);
+        summing.update(&buf[..n]);
         to.write_all(&buf[..n])?;
-        size += n as u64;
     }
-    Ok(Sum {
-        size,
-        crc32: crc.finalize(),
-    })
+    Ok(summing.sum())
+}
+
+/// A name beside `path` for a file written before it is moved into place: unique, so two
+/// writers of one name (a renewal and a release) never share a file.
+fn beside(path: &Path) -> PathBuf {
+    path.with_extension(format!("tmp-{}-{:x}", std::process::id(), rand::random::<u64>()))
 }
 
 /// The size and CRC32 of the file at `path`, read a piece at a time.
@@ -164,8 +186,7 @@ impl Blobs for Dir {
         match how {
             Put::InProgress => write_synced(&path, bytes)?,
             Put::Replace => {
-                // Unique: two writers of one name (a renewal and a release) never share a file.
-                let tmp = path.with_extension(format!("tmp-{}-{:x}", std::process::id(), rand::random::<u32>()));
+                let tmp = beside(&path);
                 write_synced_new(&tmp, bytes)?;
                 fs::rename(&tmp, &path).map_err(|e| CoreError::io("renaming into place", &path, e))?;
                 fsync_parent(&path)?;
@@ -173,7 +194,7 @@ impl Blobs for Dir {
             Put::Create => {
                 // A hard link never replaces an existing file: a second writer of the same name
                 // (another process on the same directory) finds it there.
-                let tmp = path.with_extension(format!("tmp-{}-{:x}", std::process::id(), rand::random::<u64>()));
+                let tmp = beside(&path);
                 write_synced_new(&tmp, bytes)?;
                 let linked = fs::hard_link(&tmp, &path);
                 let _ = fs::remove_file(&tmp);
@@ -194,7 +215,7 @@ impl Blobs for Dir {
             crate::private_fs::create_dir_all(parent).map_err(|e| CoreError::io("creating", parent, e))?;
         }
         let mut from = File::open(src).map_err(|e| CoreError::io("reading", src, e))?;
-        let tmp = path.with_extension(format!("tmp-{}-{:x}", std::process::id(), rand::random::<u32>()));
+        let tmp = beside(&path);
         let copied = (|| {
             let mut to = crate::private_fs::create_new_file(&tmp).map_err(|e| CoreError::io("creating", &tmp, e))?;
             let sum = copy_summed(&mut from, &mut to).map_err(|e| CoreError::io("copying into", &tmp, e))?;

@@ -31,7 +31,7 @@ use object_store::path::Path as Key;
 use object_store::{BackoffConfig, ObjectStore, PutMode, PutOptions, PutPayload, RetryConfig};
 use tracing::warn;
 
-use super::blobs::{Blobs, Put, Sum};
+use super::blobs::{Blobs, Put, Sum, Summing};
 use crate::error::{CoreError, Result};
 
 /// URL schemes that name an object store.
@@ -462,16 +462,14 @@ impl Blobs for Bucket {
         let (store, k) = (self.store.clone(), self.key(key));
         let mut upload =
             block(async move { store.put_multipart(&k).await }).map_err(|e| self.error("writing", key, e))?;
-        let mut crc = crc32fast::Hasher::new();
-        let mut sent = 0u64;
+        let mut sent = Summing::default();
         let parts = loop {
             let mut part = Vec::with_capacity(PART);
             match (&mut file).take(PART as u64).read_to_end(&mut part) {
                 Ok(0) => break Ok(()),
-                Ok(n) => sent += n as u64,
+                Ok(_) => sent.update(&part),
                 Err(e) => break Err(CoreError::io("reading", src, e)),
             }
-            crc.update(&part);
             if let Err(e) = block(upload.put_part(PutPayload::from(part))) {
                 break Err(self.error("writing", key, e));
             }
@@ -492,10 +490,7 @@ impl Blobs for Bucket {
                 Err(e)
             }
         };
-        done.map(|()| Sum {
-            size: sent,
-            crc32: crc.finalize(),
-        })
+        done.map(|()| sent.sum())
     }
 
     fn get_file(&self, key: &str, dest: &Path) -> Result<Sum> {
@@ -505,8 +500,7 @@ impl Blobs for Bucket {
         let mut stream = block(async move { store.get(&k).await.map(|got| got.into_stream()) })
             .map_err(|e| self.error("reading", key, e))?;
         let mut to = crate::private_fs::create_file(dest).map_err(|e| CoreError::io("creating", dest, e))?;
-        let mut crc = crc32fast::Hasher::new();
-        let mut size = 0u64;
+        let mut got = Summing::default();
         loop {
             let (rest, next) = block(async move {
                 let next = stream.try_next().await;
@@ -516,16 +510,12 @@ impl Blobs for Bucket {
             match next.map_err(|e| self.error("reading", key, e))? {
                 None => break,
                 Some(chunk) => {
-                    crc.update(&chunk);
-                    size += chunk.len() as u64;
+                    got.update(&chunk);
                     to.write_all(&chunk).map_err(|e| CoreError::io("writing", dest, e))?;
                 }
             }
         }
-        Ok(Sum {
-            size,
-            crc32: crc.finalize(),
-        })
+        Ok(got.sum())
     }
 
     fn dirs(&self) -> Result<Vec<String>> {
